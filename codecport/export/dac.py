@@ -1,0 +1,229 @@
+"""DAC -> fixed-length ONNX graphs, validated against torch before anything is written.
+
+Four graphs are written:
+- `encoder.onnx` / `decoder.onnx`: official padding, exactly `length` samples in (right-padded
+  inside the graph to a hop multiple, as the official `preprocess` does) and the matching frames.
+- `encoder_chunked.onnx` / `decoder_chunked.onnx`: padding off, one window of the official
+  chunked `compress` mode; the runtime slides it over audio of any length.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ExportError
+from ..models.dac import DAC
+from ..runtime.rvq import DacRvq
+from .graph import GraphSpec, Tensor, save_atomic, static_check, to_onnx
+from .validate import AUDIO_ATOL, check_close, check_codes, run
+
+log = logging.getLogger(__name__)
+
+
+class EncoderGraph(nn.Module):
+    """audio `[1, 1, samples]` -> latent `[1, L, frames]`, or codes `[1, K, frames]` in-graph."""
+
+    def __init__(self, dac: DAC, samples: int, padding: bool, n_codebooks: int | None):
+        super().__init__()
+        self.dac, self.samples, self.padding, self.n_codebooks = dac, samples, padding, n_codebooks
+
+    def forward(self, audio: torch.Tensor) -> torch.Tensor:
+        self.dac.set_padding(self.padding)
+        z = self.dac.encoder(self.dac.preprocess(audio))
+        return z if self.n_codebooks is None else self.dac.quantizer.encode(z, self.n_codebooks)
+
+
+class DecoderGraph(nn.Module):
+    """latent `[1, L, frames]` (or codes `[1, K, frames]` in-graph) -> audio `[1, 1, samples]`."""
+
+    def __init__(self, dac: DAC, padding: bool, codes_in: bool):
+        super().__init__()
+        self.dac, self.padding, self.codes_in = dac, padding, codes_in
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.dac.set_padding(self.padding)
+        return self.dac.decoder(self.dac.quantizer.decode(x) if self.codes_in else x)
+
+
+@dataclass
+class Geometry:
+    """Lengths of the four graphs, all derived from the model and the requested lengths."""
+
+    samples: int  # padded encoder input (the user's --len)
+    frames: int  # padded graphs' frames
+    samples_out: int  # padded decoder output
+    window: int  # chunked encoder input, a hop multiple
+    chunk_frames: int  # chunked graphs' frames (official `chunk_length`)
+    chunk_step: int  # chunked decoder output = samples the window advances (official `hop`)
+    delay: int  # zeros padded on both sides of the signal in chunked mode
+
+    @classmethod
+    def of(cls, dac: DAC, samples: int, window: int) -> "Geometry":
+        hop = dac.cfg.hop_length
+        frames = math.ceil(samples / hop)
+        window = math.ceil(window / hop) * hop
+        step = dac.output_length(window)
+        chunk_frames = _chunk_frames(dac, window)
+        if step <= 0 or chunk_frames <= 0:
+            raise ExportError(f"chunk window of {window} samples is shorter than the model's "
+                              "receptive field; pass a longer --chunk-len (a few seconds)")
+        return cls(samples, frames, _padded_out(dac, frames), window, chunk_frames, step, dac.delay())
+
+
+def _padded_out(dac: DAC, frames: int) -> int:
+    """Decoder output length with padding: each transposed conv gives `s*T + s - 2*ceil(s/2)`."""
+    n = frames
+    for s in dac.cfg.decoder_rates:
+        n = n * s + s - 2 * math.ceil(s / 2)
+    return n
+
+
+def _chunk_frames(dac: DAC, window: int) -> int:
+    n = window
+    for m in dac.encoder.modules():
+        if isinstance(m, nn.Conv1d):
+            n = (n - m.dilation[0] * (m.kernel_size[0] - 1) - 1) // m.stride[0] + 1
+    return n
+
+
+def graph_specs(dac: DAC, geo: Geometry, meta: dict[str, str],
+                in_graph_codebooks: int | None = None) -> list[GraphSpec]:
+    """The four graphs. `in_graph_codebooks` puts the quantizer (that many levels) inside."""
+    cfg = dac.cfg
+    k = in_graph_codebooks
+    quant = {"quantizer": "numpy" if k is None else "graph",
+             "n_codebooks": str(cfg.n_codebooks if k is None else k)}
+
+    def enc(name: str, samples: int, frames: int, padding: bool, extra: dict) -> GraphSpec:
+        out = Tensor("latent", (1, cfg.latent_dim, frames), "float32") if k is None else \
+            Tensor("codes", (1, k, frames), "int64")
+        return GraphSpec(name, EncoderGraph(dac, samples, padding, k),
+                         [Tensor("audio", (1, 1, samples), "float32")], [out],
+                         {**meta, **quant, "role": "encoder", "padding": _mode(padding),
+                          "samples": str(samples), "frames": str(frames), **extra})
+
+    def dec(name: str, frames: int, samples: int, padding: bool, extra: dict) -> GraphSpec:
+        inp = Tensor("latent", (1, cfg.latent_dim, frames), "float32") if k is None else \
+            Tensor("codes", (1, k, frames), "int64")
+        return GraphSpec(name, DecoderGraph(dac, padding, k is not None), [inp],
+                         [Tensor("audio", (1, 1, samples), "float32")],
+                         {**meta, **quant, "role": "decoder", "padding": _mode(padding),
+                          "samples": str(samples), "frames": str(frames), **extra})
+
+    chunk = {"chunk_step": str(geo.chunk_step), "delay": str(geo.delay),
+             "window": str(geo.window), "chunk_frames": str(geo.chunk_frames)}
+    return [
+        enc("encoder", geo.samples, geo.frames, True, {}),
+        dec("decoder", geo.frames, geo.samples_out, True, {}),
+        enc("encoder_chunked", geo.window, geo.chunk_frames, False, chunk),
+        dec("decoder_chunked", geo.chunk_frames, geo.chunk_step, False, chunk),
+    ]
+
+
+def _mode(padding: bool) -> str:
+    return "same" if padding else "none"
+
+
+def rvq_of(dac: DAC) -> DacRvq:
+    """The quantizer's arrays for the numpy layer (no torch needed to read them back)."""
+    qs = dac.quantizer.quantizers
+    stack = lambda f: np.stack([f(q).detach().numpy() for q in qs]).astype(np.float32)  # noqa: E731
+    return DacRvq({
+        "in_proj_weight": stack(lambda q: q.in_proj.weight[..., 0]),
+        "in_proj_bias": stack(lambda q: q.in_proj.bias),
+        "out_proj_weight": stack(lambda q: q.out_proj.weight[..., 0]),
+        "out_proj_bias": stack(lambda q: q.out_proj.bias),
+        "codebook": stack(lambda q: q.codebook.weight),
+    })
+
+
+def validate(spec: GraphSpec, model, dac: DAC, rvq: DacRvq, seed: int = 1) -> dict[str, float]:
+    """Compare ONNX Runtime with torch on inputs other than the export dummy.
+
+    Encoders must give identical codes (through the numpy RVQ when the quantizer is outside the
+    graph); decoders must match the audio to `AUDIO_ATOL`. Returns the measured errors.
+    """
+    cfg = dac.cfg
+    x = spec.random_inputs(seed, high=cfg.codebook_size)[0]
+    if spec.metadata["role"] == "decoder" and spec.inputs[0].dtype == "float32":
+        # A decoder sees quantized latents in use: feed the latent of random codes.
+        codes = np.random.default_rng(seed).integers(0, cfg.codebook_size,
+                                                     (cfg.n_codebooks, x.shape[-1]))
+        x = rvq.decode(codes)[None]
+    with torch.no_grad():
+        want = spec.module(torch.from_numpy(x)).numpy()
+    got = run(model, {spec.inputs[0].name: x})[0]
+    if spec.metadata["role"] == "decoder":
+        return {"audio_max_abs_err": check_close(spec.name, got, want, AUDIO_ATOL)}
+    if spec.outputs[0].dtype == "float32":
+        k = int(spec.metadata["n_codebooks"])
+        with torch.no_grad():
+            want = dac.quantizer.encode(torch.from_numpy(want), k).numpy()
+        got = rvq.encode(got[0], k)[None]
+    check_codes(spec.name, got, want)
+    return {"codes_identical": 1.0}
+
+
+def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None, *,
+               variant: str, weights: str, weights_sha256: str,
+               in_graph_codebooks: int | None = None) -> dict:
+    """Export, check and validate every graph, then write them all; returns the report.
+
+    Nothing is written unless every graph passes; each file is written atomically.
+    """
+    cfg = dac.cfg
+    if samples < cfg.hop_length:
+        raise ExportError(f"--len {samples} is shorter than one frame ({cfg.hop_length} samples)")
+    if in_graph_codebooks is not None and not 1 <= in_graph_codebooks <= cfg.n_codebooks:
+        raise ExportError(f"--codebooks must be between 1 and {cfg.n_codebooks}")
+    geo = Geometry.of(dac, samples, window or samples)
+    meta = {"codec": "dac", "variant": variant, "sample_rate": str(cfg.sample_rate),
+            "hop_length": str(cfg.hop_length), "latent_dim": str(cfg.latent_dim),
+            "codebook_size": str(cfg.codebook_size), "codebook_dim": str(cfg.codebook_dim),
+            "weights": weights, "weights_sha256": weights_sha256}
+    rvq = rvq_of(dac)
+    models, report = {}, {"files": {}, "validation": {}, "geometry": vars(geo)}
+    for spec in graph_specs(dac.eval(), geo, meta, in_graph_codebooks):
+        t0 = time.perf_counter()
+        model = to_onnx(spec)
+        static_check(model, spec)
+        report["validation"][spec.name] = validate(spec, model, dac, rvq)
+        models[spec.name] = model
+        log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
+    dac.set_padding(True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, model in models.items():
+        save_atomic(model, out_dir / f"{name}.onnx")
+        report["files"][name] = f"{name}.onnx"
+    if in_graph_codebooks is None:
+        _write_atomic(out_dir / "rvq.npz", lambda f: np.savez(f, **rvq.arrays()))
+        report["files"]["rvq"] = "rvq.npz"
+    manifest = {**meta, "quantizer": "numpy" if in_graph_codebooks is None else "graph",
+                "n_codebooks": in_graph_codebooks or cfg.n_codebooks, **report}
+    _write_atomic(out_dir / "manifest.json",
+                  lambda f: f.write(json.dumps(manifest, indent=2).encode()))
+    report["files"]["manifest"] = "manifest.json"
+    return report
+
+
+def _write_atomic(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

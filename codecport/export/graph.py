@@ -1,0 +1,119 @@
+"""Codec-independent export machinery: torch -> ONNX, simplification, static checks, metadata.
+
+A `GraphSpec` declares a graph's inputs and outputs once; export, validation and the written
+metadata all read it.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from .. import __version__
+from ..errors import ExportError
+
+log = logging.getLogger(__name__)
+
+OPSET = 17
+# onnxsim may fold an explicit Pad back into the Conv's `pads`, which is what we avoid.
+_SKIPPED_OPTIMIZERS = ["fuse_pad_into_conv"]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name: "float32" or "int64"
+
+
+@dataclass
+class GraphSpec:
+    """One fixed-shape graph: the torch module computing it, its I/O, and its metadata."""
+
+    name: str  # file stem, e.g. "encoder"
+    module: torch.nn.Module
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def random_inputs(self, seed: int, high: int = 0) -> list[np.ndarray]:
+        """Inputs for a check: audio-like floats, or integer codes in `[0, high)`."""
+        rng = np.random.default_rng(seed)
+        out = []
+        for t in self.inputs:
+            if t.dtype == "int64":
+                out.append(rng.integers(0, high, size=t.shape, dtype=np.int64))
+            else:
+                out.append((rng.standard_normal(t.shape) * 0.3).astype(np.float32))
+        return out
+
+
+def to_onnx(spec: GraphSpec) -> onnx.ModelProto:
+    """Trace `spec.module` at its static shapes and simplify the result."""
+    import onnxsim
+
+    dummy = tuple(torch.from_numpy(a) for a in spec.random_inputs(seed=0, high=1))
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(spec.module, dummy, buf, input_names=[t.name for t in spec.inputs],
+                          output_names=[t.name for t in spec.outputs], opset_version=OPSET,
+                          do_constant_folding=True, dynamo=False)
+    model = onnx.load_from_string(buf.getvalue())
+    simplified, ok = onnxsim.simplify(model, skipped_optimizers=_SKIPPED_OPTIMIZERS)
+    if not ok:
+        raise ExportError(f"{spec.name}: onnxsim could not verify the simplified graph")
+    del simplified.metadata_props[:]
+    for k, v in {**spec.metadata, "codecport_version": __version__}.items():
+        simplified.metadata_props.add(key=k, value=str(v))
+    return simplified
+
+
+def static_check(model: onnx.ModelProto, spec: GraphSpec) -> None:
+    """Raise `ExportError` unless the graph is portable: checked, static, plain convs."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except onnx.checker.ValidationError as e:
+        raise ExportError(f"{spec.name}: onnx.checker rejects the graph: {e}") from e
+    for node in model.graph.node:
+        if node.op_type == "ConvTranspose":
+            raise ExportError(f"{spec.name}: node {node.name} is a ConvTranspose; it must be "
+                              "decomposed (polyphase) before export")
+        if node.op_type == "Conv":
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            if any(attrs.get("pads", [])) or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
+                raise ExportError(f"{spec.name}: Conv {node.name} pads its input itself "
+                                  f"({attrs.get('pads')}); padding must be an explicit op")
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    for vi in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
+        dims = vi.type.tensor_type.shape.dim
+        if not vi.type.tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
+            raise ExportError(f"{spec.name}: tensor {vi.name} has a dynamic shape; "
+                              "every shape must be static")
+    declared = {t.name: t.shape for t in [*spec.inputs, *spec.outputs]}
+    for vi in [*inferred.graph.input, *inferred.graph.output]:
+        shape = tuple(d.dim_value for d in vi.type.tensor_type.shape.dim)
+        if declared.get(vi.name) != shape:
+            raise ExportError(f"{spec.name}: {vi.name} has shape {shape}, declared "
+                              f"{declared.get(vi.name)}")
+
+
+def save_atomic(model: onnx.ModelProto, path: Path) -> None:
+    """Write to a temporary file beside `path`, then rename: never a half-written model."""
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+    os.close(fd)
+    try:
+        onnx.save(model, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

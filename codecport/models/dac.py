@@ -1,0 +1,256 @@
+"""DAC (Descript Audio Codec) reference model in torch, written for export.
+
+Module names and `nn.Sequential` indices follow the official `dac.model.dac.DAC`, so an official
+state dict (after folding weight norm) loads with the same keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import PaddedConv1d, ResidualUnit, Snake, UpConv1d, set_padding
+
+
+@dataclass(frozen=True)
+class DacConfig:
+    sample_rate: int = 44100  # Hz
+    encoder_dim: int = 64  # channels after the stem conv; doubled by every encoder block
+    encoder_rates: tuple[int, ...] = (2, 4, 8, 8)  # encoder strides; their product is the hop
+    latent_dim: int = 1024  # channels of the latent the quantizer sees
+    decoder_dim: int = 1536  # channels after the decoder stem; halved by every decoder block
+    decoder_rates: tuple[int, ...] = (8, 8, 4, 2)  # decoder upsampling strides
+    n_codebooks: int = 9  # residual quantizer levels
+    codebook_size: int = 1024  # entries per codebook
+    codebook_dim: int = 8  # dimension of the factorised code space
+
+    @property
+    def hop_length(self) -> int:
+        """Audio samples per code frame."""
+        return math.prod(self.encoder_rates)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict) -> "DacConfig":
+        """Config from the official checkpoint's `metadata.kwargs` (unknown keys ignored)."""
+        enc_rates = tuple(int(r) for r in kwargs.get("encoder_rates", cls.encoder_rates))
+        encoder_dim = int(kwargs.get("encoder_dim", cls.encoder_dim))
+        latent = kwargs.get("latent_dim")
+        codebook_dim = kwargs.get("codebook_dim", cls.codebook_dim)
+        if isinstance(codebook_dim, (list, tuple)):
+            if len(set(codebook_dim)) != 1:
+                raise ValueError(f"per-codebook dimensions {codebook_dim} are not supported; "
+                                 "all released DAC models use one dimension")
+            codebook_dim = codebook_dim[0]
+        return cls(
+            sample_rate=int(kwargs.get("sample_rate", cls.sample_rate)),
+            encoder_dim=encoder_dim,
+            encoder_rates=enc_rates,
+            latent_dim=int(latent) if latent is not None else encoder_dim * 2 ** len(enc_rates),
+            decoder_dim=int(kwargs.get("decoder_dim", cls.decoder_dim)),
+            decoder_rates=tuple(int(r) for r in kwargs.get("decoder_rates", cls.decoder_rates)),
+            n_codebooks=int(kwargs.get("n_codebooks", cls.n_codebooks)),
+            codebook_size=int(kwargs.get("codebook_size", cls.codebook_size)),
+            codebook_dim=int(codebook_dim),
+        )
+
+    def to_kwargs(self) -> dict:
+        """The official `metadata.kwargs` spelling of this config."""
+        d = dataclasses.asdict(self)
+        d["encoder_rates"], d["decoder_rates"] = list(self.encoder_rates), list(self.decoder_rates)
+        d["quantizer_dropout"] = False
+        return d
+
+
+PRESETS: dict[str, DacConfig] = {
+    "44khz": DacConfig(),
+    "24khz": DacConfig(sample_rate=24000, encoder_rates=(2, 4, 5, 8), decoder_rates=(8, 5, 4, 2),
+                       n_codebooks=32),
+    "16khz": DacConfig(sample_rate=16000, encoder_rates=(2, 4, 5, 8), decoder_rates=(8, 5, 4, 2),
+                       n_codebooks=12),
+    "44khz-16kbps": DacConfig(latent_dim=128, n_codebooks=18),
+    # Not a released model: small enough for unit tests, with an odd stride like 24/16 kHz.
+    "tiny": DacConfig(sample_rate=16000, encoder_dim=4, encoder_rates=(2, 3), latent_dim=16,
+                      decoder_dim=32, decoder_rates=(3, 2), n_codebooks=4, codebook_size=64,
+                      codebook_dim=4),
+}
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, dim: int, stride: int):
+        super().__init__()
+        self.block = nn.Sequential(
+            ResidualUnit(dim // 2, 1), ResidualUnit(dim // 2, 3), ResidualUnit(dim // 2, 9),
+            Snake(dim // 2),
+            PaddedConv1d(dim // 2, dim, 2 * stride, stride=stride, pad=math.ceil(stride / 2)),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: DacConfig):
+        super().__init__()
+        d = cfg.encoder_dim
+        layers: list[nn.Module] = [PaddedConv1d(1, d, 7, pad=3)]
+        for stride in cfg.encoder_rates:
+            d *= 2
+            layers.append(EncoderBlock(d, stride))
+        layers += [Snake(d), PaddedConv1d(d, cfg.latent_dim, 3, pad=1)]
+        self.block = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int, polyphase: bool):
+        super().__init__()
+        self.block = nn.Sequential(
+            Snake(c_in),
+            UpConv1d(c_in, c_out, stride, pad=math.ceil(stride / 2), polyphase=polyphase),
+            ResidualUnit(c_out, 1), ResidualUnit(c_out, 3), ResidualUnit(c_out, 9),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: DacConfig, polyphase: bool):
+        super().__init__()
+        d = cfg.decoder_dim
+        layers: list[nn.Module] = [PaddedConv1d(cfg.latent_dim, d, 7, pad=3)]
+        for i, stride in enumerate(cfg.decoder_rates):
+            layers.append(DecoderBlock(d // 2**i, d // 2 ** (i + 1), stride, polyphase))
+        out = d // 2 ** len(cfg.decoder_rates)
+        layers += [Snake(out), PaddedConv1d(out, 1, 7, pad=3), nn.Tanh()]
+        self.model = nn.Sequential(*layers)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.model(z)
+
+
+class VectorQuantizer(nn.Module):
+    def __init__(self, cfg: DacConfig):
+        super().__init__()
+        self.in_proj = nn.Conv1d(cfg.latent_dim, cfg.codebook_dim, 1)
+        self.out_proj = nn.Conv1d(cfg.codebook_dim, cfg.latent_dim, 1)
+        self.codebook = nn.Embedding(cfg.codebook_size, cfg.codebook_dim)
+
+    def nearest(self, e: torch.Tensor) -> torch.Tensor:
+        """Codes `[B, T]` for projected latents `[B, D, T]` (official cosine-distance formula)."""
+        enc = F.normalize(e.transpose(1, 2), dim=-1)  # [B, T, D]
+        cb = F.normalize(self.codebook.weight, dim=-1)  # [N, D]
+        dist = enc.pow(2).sum(-1, keepdim=True) - 2 * enc @ cb.t() + cb.pow(2).sum(-1)
+        return (-dist).argmax(-1)
+
+    def lookup(self, codes: torch.Tensor) -> torch.Tensor:
+        """Projected-back latent `[B, latent, T]` of codes `[B, T]` (raw, un-normalised rows)."""
+        return self.out_proj(self.codebook(codes).transpose(1, 2))
+
+
+class ResidualVectorQuantizer(nn.Module):
+    def __init__(self, cfg: DacConfig):
+        super().__init__()
+        self.quantizers = nn.ModuleList(VectorQuantizer(cfg) for _ in range(cfg.n_codebooks))
+
+    def encode(self, z: torch.Tensor, n_codebooks: int | None = None) -> torch.Tensor:
+        """Codes `[B, K, T]` for latents `[B, latent, T]`."""
+        residual, codes = z, []
+        for q in self.quantizers[:n_codebooks]:
+            c = q.nearest(q.in_proj(residual))
+            residual = residual - q.lookup(c)
+            codes.append(c)
+        return torch.stack(codes, dim=1)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Latent `[B, latent, T]` from codes `[B, K, T]`, K <= n_codebooks."""
+        return sum(self.quantizers[i].lookup(codes[:, i]) for i in range(codes.shape[1]))
+
+
+class DAC(nn.Module):
+    """Encoder, residual vector quantizer and decoder; audio is `[B, 1, T]` in [-1, 1]."""
+
+    def __init__(self, cfg: DacConfig, polyphase: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = Encoder(cfg)
+        self.quantizer = ResidualVectorQuantizer(cfg)
+        self.decoder = Decoder(cfg, polyphase)
+        self.padding = True
+
+    def set_padding(self, value: bool) -> None:
+        """Official padding (`True`) or the padding-off mode of chunked compression."""
+        set_padding(self, value)
+        self.padding = value
+
+    def preprocess(self, audio: torch.Tensor) -> torch.Tensor:
+        """Right-pad to a hop multiple, as the official `preprocess` does."""
+        hop = self.cfg.hop_length
+        return F.pad(audio, (0, -audio.shape[-1] % hop))
+
+    def encode(self, audio: torch.Tensor, n_codebooks: int | None = None) -> torch.Tensor:
+        """Codes `[B, K, frames]` for audio `[B, 1, T]`."""
+        return self.quantizer.encode(self.encoder(self.preprocess(audio)), n_codebooks)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Audio `[B, 1, samples]` from codes `[B, K, frames]`."""
+        return self.decoder(self.quantizer.decode(codes))
+
+    def conv_geometry(self) -> list[tuple[bool, int, int, int]]:
+        """(is_transposed, kernel, stride, dilation) of every conv, in the official module order."""
+        return [(isinstance(m, UpConv1d), m.kernel_size[0], m.stride[0], m.dilation[0])
+                for m in self.modules() if isinstance(m, nn.Conv1d | nn.ConvTranspose1d)]
+
+    def output_length(self, n: int) -> int:
+        """Samples out of encode+decode with padding off (official `get_output_length`)."""
+        for transposed, k, s, d in self.conv_geometry():
+            n = (n - 1) * s + d * (k - 1) + 1 if transposed else (n - d * (k - 1) - 1) // s + 1
+        return n
+
+    def delay(self) -> int:
+        """Zero padding put on both sides of the signal in chunked mode (official `get_delay`)."""
+        l_out = self.output_length(0)
+        n = l_out
+        for transposed, k, s, d in reversed(self.conv_geometry()):
+            n = math.ceil((n - d * (k - 1) - 1) / s + 1) if transposed else (n - 1) * s + d * (k - 1) + 1
+        return (n - l_out) // 2
+
+
+def init_random(model: DAC, seed: int) -> DAC:
+    """Seeded random weights scaled so activations stay O(1): not a trained model.
+
+    Official init (trunc-normal std 0.02) makes the decoder output almost constant, which would
+    make parity checks meaningless; fan-in scaling keeps every layer's output informative.
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def randn(p: torch.Tensor, std: float) -> None:
+        p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, Snake):
+                m.alpha.copy_(0.5 + torch.rand(m.alpha.shape, generator=g) * 1.5)
+            elif isinstance(m, nn.Embedding):
+                randn(m.weight, 1.0)
+            elif isinstance(m, nn.Conv1d | nn.ConvTranspose1d):
+                # A transposed conv output sees 2 taps of each input channel (kernel = 2 stride).
+                fan_in = m.in_channels * (2 if isinstance(m, UpConv1d) else m.kernel_size[0])
+                randn(m.weight, fan_in ** -0.5)
+                if m.bias is not None:
+                    randn(m.bias, 0.01)
+        # Damp each residual branch so the three units per block do not blow activations up
+        # (the decoder would otherwise saturate its tanh).
+        for m in model.modules():
+            if isinstance(m, ResidualUnit):
+                m.block[3].weight.mul_(0.3)
+        # Keep the output tanh mostly linear, as in a trained model.
+        model.decoder.model[-2].weight.mul_(0.1)
+    return model

@@ -1,0 +1,198 @@
+"""Loading DAC weights: official `.pth`, transformers safetensors, or a released model by name."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import re
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError
+from .dac import DAC, PRESETS, DacConfig
+from .hub import cache_dir, cached_url, download, sha256_file
+
+log = logging.getLogger(__name__)
+
+# Official release assets: (git tag, file). No checksums are published for them.
+RELEASES = {
+    "44khz": ("0.0.1", "weights.pth"),
+    "24khz": ("0.0.4", "weights_24khz.pth"),
+    "16khz": ("0.0.5", "weights_16khz.pth"),
+    "44khz-16kbps": ("1.0.0", "weights_44khz_16kbps.pth"),
+}
+RELEASE_BASE = "https://github.com/descriptinc/descript-audio-codec/releases/download"
+BASE_URL_ENV = "CODECPORT_DAC_BASE_URL"  # mirror (or test server) laid out as <base>/<tag>/<file>
+
+
+def release_url(name: str) -> str:
+    tag, file = RELEASES[name]
+    return f"{os.environ.get(BASE_URL_ENV, RELEASE_BASE).rstrip('/')}/{tag}/{file}"
+
+
+def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Replace (g, v) pairs by `w = g * v / ||v||` (norm over every dim but 0), once.
+
+    Handles both spellings: `weight_g`/`weight_v` (torch.nn.utils.weight_norm) and
+    `parametrizations.weight.original0`/`original1` (torch.nn.utils.parametrizations).
+    """
+    out: dict[str, torch.Tensor] = {}
+    pairs = {".weight_g": ".weight_v", ".parametrizations.weight.original0":
+             ".parametrizations.weight.original1"}
+    for key, value in sd.items():
+        for g_suffix, v_suffix in pairs.items():
+            if key.endswith(v_suffix):
+                break
+            if key.endswith(g_suffix):
+                stem = key[: -len(g_suffix)]
+                v = sd.get(stem + v_suffix)
+                if v is None:
+                    raise CheckpointError(f"{key} has no matching {stem + v_suffix}; "
+                                          "the checkpoint is incomplete")
+                norm = v.float().flatten(1).norm(dim=1).reshape(-1, *([1] * (v.dim() - 1)))
+                out[stem + ".weight"] = (value.float() * v.float() / norm).to(v.dtype)
+                break
+        else:
+            out[key] = value
+    return out
+
+
+def load_state(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str) -> None:
+    """Strict load that names the first missing/unexpected key or mismatched shape."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in sd]
+    unexpected = [k for k in sd if k not in expected]
+    if missing:
+        raise CheckpointError(f"{source}: missing key {missing[0]} ({len(missing)} missing); "
+                              "is this a checkpoint of this model and variant?")
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected key {unexpected[0]} ({len(unexpected)} "
+                              "unexpected); is this a checkpoint of this model and variant?")
+    for k, v in expected.items():
+        if tuple(sd[k].shape) != tuple(v.shape):
+            raise CheckpointError(f"{source}: {k} has shape {tuple(sd[k].shape)}, the model "
+                                  f"expects {tuple(v.shape)}; the config does not match the weights")
+    model.load_state_dict({k: v.float() for k, v in sd.items()})
+
+
+def read_official(path: Path) -> tuple[dict[str, torch.Tensor], DacConfig | None]:
+    """State dict (weight norm folded) and config of an official `.pth`."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: refused to unpickle it: it holds objects other than "
+                              f"tensors and plain data ({reason}); only load files you trust, "
+                              "re-saved as a plain state dict") from e
+    except (RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({e}); "
+                              "re-download it") from e
+    if not isinstance(ckpt, dict):
+        raise CheckpointError(f"{path}: expected a dict with 'state_dict', got {type(ckpt).__name__}")
+    sd = ckpt.get("state_dict", ckpt)
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{path}: 'state_dict' is not a mapping of names to tensors")
+    kwargs = (ckpt.get("metadata") or {}).get("kwargs") if isinstance(ckpt.get("metadata"), dict) else None
+    cfg = DacConfig.from_kwargs(kwargs) if isinstance(kwargs, dict) else None
+    return fold_weight_norm(sd), cfg
+
+
+# transformers residual-unit part -> index in the official nn.Sequential.
+_RU_INDEX = {"snake1": 0, "conv1": 1, "snake2": 2, "conv2": 3}
+
+
+def _hf_to_official(key: str, n_blocks: int) -> str:
+    m = re.match(r"^(encoder|decoder)\.block\.(\d+)\.res_unit(\d)\.(snake1|conv1|snake2|conv2)\.(.*)$", key)
+    if m:
+        side, k, j, part, rest = m.groups()
+        if side == "encoder":
+            return f"encoder.block.{int(k) + 1}.block.{int(j) - 1}.block.{_RU_INDEX[part]}.{rest}"
+        return f"decoder.model.{int(k) + 1}.block.{int(j) + 1}.block.{_RU_INDEX[part]}.{rest}"
+    m = re.match(r"^encoder\.block\.(\d+)\.(snake1|conv1)\.(.*)$", key)
+    if m:
+        k, part, rest = m.groups()
+        return f"encoder.block.{int(k) + 1}.block.{3 if part == 'snake1' else 4}.{rest}"
+    m = re.match(r"^decoder\.block\.(\d+)\.(snake1|conv_t1)\.(.*)$", key)
+    if m:
+        k, part, rest = m.groups()
+        return f"decoder.model.{int(k) + 1}.block.{0 if part == 'snake1' else 1}.{rest}"
+    for side, seq in (("encoder", "block"), ("decoder", "model")):
+        m = re.match(rf"^{side}\.(conv1|snake1|conv2)\.(.*)$", key)
+        if m:
+            part, rest = m.groups()
+            idx = {"conv1": 0, "snake1": n_blocks + 1, "conv2": n_blocks + 2}[part]
+            return f"{side}.{seq}.{idx}.{rest}"
+    return key
+
+
+def read_transformers(path: Path) -> tuple[dict[str, torch.Tensor], DacConfig]:
+    """State dict and config of a transformers `DacModel` folder (config.json + safetensors)."""
+    from safetensors.torch import load_file
+
+    folder = path if path.is_dir() else path.parent
+    files = sorted(folder.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files or not (folder / "config.json").is_file():
+        raise CheckpointError(f"{path}: a transformers checkpoint needs config.json and "
+                              "*.safetensors in one folder")
+    try:
+        conf = json.loads((folder / "config.json").read_text())
+        sd: dict[str, torch.Tensor] = {}
+        for f in files:
+            sd.update(load_file(f))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read the transformers checkpoint ({e})") from e
+    if conf.get("model_type", "dac") != "dac":
+        raise CheckpointError(f"{path}: config.json is for model_type {conf['model_type']!r}, not dac")
+    rates = tuple(conf.get("downsampling_ratios", (2, 4, 8, 8)))
+    enc_dim = conf.get("encoder_hidden_size", 64)
+    cfg = DacConfig.from_kwargs({
+        "sample_rate": conf.get("sampling_rate", 16000), "encoder_dim": enc_dim,
+        "encoder_rates": rates, "latent_dim": conf.get("hidden_size", enc_dim * 2 ** len(rates)),
+        "decoder_dim": conf.get("decoder_hidden_size", 1536),
+        "decoder_rates": conf.get("upsampling_ratios", rates[::-1]),
+        "n_codebooks": conf.get("n_codebooks", 9), "codebook_size": conf.get("codebook_size", 1024),
+        "codebook_dim": conf.get("codebook_dim", 8),
+    })
+    sd = fold_weight_norm(sd)
+    return {_hf_to_official(k, len(rates)): v for k, v in sd.items()}, cfg
+
+
+def resolve_weights(weights: str) -> Path:
+    """A released name, URL or local path -> a local file or folder (downloading if needed)."""
+    if weights in RELEASES:
+        tag, file = RELEASES[weights]
+        return download(release_url(weights), cache_dir() / "dac" / tag / file)
+    if re.match(r"^https?://", weights):
+        return download(weights, cached_url(weights))
+    path = Path(weights).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"{weights}: no such file; pass a path, a URL, or one of "
+                              f"{', '.join(RELEASES)}")
+    return path
+
+
+def load_dac(weights: str, variant: str | None = None,
+             polyphase: bool = True) -> tuple[DAC, str]:
+    """Model with weights loaded, and the sha256 of the weights file (for export metadata).
+
+    The config comes from the checkpoint when it carries one, else from `variant`.
+    """
+    path = resolve_weights(weights)
+    if path.is_dir() or path.suffix == ".safetensors":
+        sd, cfg = read_transformers(path)
+        digest_file = path if path.is_file() else sorted(path.glob("*.safetensors"))[0]
+    else:
+        sd, cfg = read_official(path)
+        digest_file = path
+    if cfg is None:
+        if variant is None:
+            raise CheckpointError(f"{path}: the checkpoint carries no config; pass --variant")
+        cfg = PRESETS[variant]
+    elif variant is not None and cfg != PRESETS[variant] and variant in RELEASES:
+        log.warning("checkpoint config differs from preset %s; using the checkpoint's", variant)
+    model = DAC(cfg, polyphase=polyphase)
+    load_state(model, sd, str(path))
+    return model.eval(), sha256_file(digest_file)

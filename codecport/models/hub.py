@@ -1,0 +1,75 @@
+"""Downloading released weights into a local cache (XDG_CACHE_HOME), with atomic rename."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..errors import DownloadError
+
+log = logging.getLogger(__name__)
+
+
+def cache_dir() -> Path:
+    """`$XDG_CACHE_HOME/codecport`, defaulting to `~/.cache/codecport`."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "codecport"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download(url: str, dest: Path, sha256: str | None = None) -> Path:
+    """Fetch `url` to `dest` unless it is already cached; returns `dest`.
+
+    `sha256` is checked only when the publisher gives one (DAC releases publish none).
+    The bytes go to a temporary file beside `dest` and are renamed in place when complete,
+    so an interrupted download never leaves a truncated checkpoint in the cache.
+    """
+    if dest.is_file():
+        log.info("using cached %s", dest)
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    log.info("downloading %s -> %s", url, dest)
+    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as resp:
+            total = int(resp.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name, disable=None) as bar:
+                while block := resp.read(1 << 20):
+                    out.write(block)
+                    bar.update(len(block))
+        if total is not None and os.path.getsize(tmp) != total:
+            raise DownloadError(f"download of {url} stopped at {os.path.getsize(tmp)} of {total} "
+                                "bytes; run the command again")
+        if sha256 is not None and sha256_file(Path(tmp)) != sha256:
+            raise DownloadError(f"{url} does not match its published sha256; delete {dest.parent} "
+                                "and retry, or pass a local file with --weights")
+        os.replace(tmp, dest)
+    except (urllib.error.URLError, OSError) as e:
+        raise DownloadError(f"cannot download {url}: {e}; check the network, or download it "
+                            "yourself and pass the file with --weights PATH") from e
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest
+
+
+def cached_url(url: str) -> Path:
+    """Cache location for an arbitrary URL given with `--weights URL`."""
+    key = hashlib.sha256(url.encode()).hexdigest()[:16]
+    name = Path(urllib.request.url2pathname(url.rsplit("/", 1)[-1].split("?")[0])).name or "weights"
+    return cache_dir() / "urls" / key / name
+

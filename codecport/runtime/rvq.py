@@ -1,0 +1,88 @@
+"""DAC residual vector quantizer in numpy: the thin layer between the ONNX graphs and codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CodesError, ModelFileError
+
+ARRAYS = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias", "codebook")
+
+
+def _normalize(x: np.ndarray) -> np.ndarray:
+    """`torch.nn.functional.normalize` over the last axis (eps 1e-12)."""
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+class DacRvq:
+    """K levels of (in_proj 1x1 conv, codebook, out_proj 1x1 conv).
+
+    Arrays: in_proj_weight `[K, D, L]`, in_proj_bias `[K, D]`, out_proj_weight `[K, L, D]`,
+    out_proj_bias `[K, L]`, codebook `[K, N, D]` (L latent channels, D code dim, N entries).
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self.in_w, self.in_b = arrays["in_proj_weight"], arrays["in_proj_bias"]
+        self.out_w, self.out_b = arrays["out_proj_weight"], arrays["out_proj_bias"]
+        self.codebook = arrays["codebook"]
+        self.n_codebooks, self.codebook_size, self.codebook_dim = self.codebook.shape
+        self.latent_dim = self.in_w.shape[2]
+        self._unit_codebook = _normalize(self.codebook)
+        self._unit_sq = (self._unit_codebook ** 2).sum(-1)  # [K, N]
+
+    @classmethod
+    def load(cls, path: Path) -> "DacRvq":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k].astype(np.float32) for k in ARRAYS}
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelFileError(f"{path}: not a codecport RVQ file ({e}); re-run codec-export") from e
+        return cls(arrays)
+
+    def save(self, path: Path) -> None:
+        np.savez(path, **self.arrays())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"in_proj_weight": self.in_w, "in_proj_bias": self.in_b,
+                "out_proj_weight": self.out_w, "out_proj_bias": self.out_b,
+                "codebook": self.codebook}
+
+    def _check_k(self, k: int | None) -> int:
+        k = self.n_codebooks if k is None else k
+        if not 1 <= k <= self.n_codebooks:
+            raise CodesError(f"--codebooks must be between 1 and {self.n_codebooks}, got {k}")
+        return k
+
+    def encode(self, latent: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
+        """Codes `[K, T]` (int64) for a latent `[L, T]`, with the official distance formula."""
+        k = self._check_k(n_codebooks)
+        residual = latent.T.astype(np.float32)  # [T, L]
+        codes = np.empty((k, residual.shape[0]), dtype=np.int64)
+        for i in range(k):
+            e = _normalize(residual @ self.in_w[i].T + self.in_b[i])  # [T, D]
+            dist = (e ** 2).sum(-1, keepdims=True) - 2 * e @ self._unit_codebook[i].T + self._unit_sq[i]
+            codes[i] = np.argmax(-dist, axis=-1)
+            residual = residual - self._project(i, codes[i])
+        return codes
+
+    def _project(self, i: int, codes: np.ndarray) -> np.ndarray:
+        """out_proj of the raw (un-normalised) codebook rows: `[T, L]`."""
+        return self.codebook[i][codes] @ self.out_w[i].T + self.out_b[i]
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """Latent `[L, T]` for codes `[K, T]` with K <= n_codebooks."""
+        self.check_codes(codes)
+        z = sum(self._project(i, codes[i]) for i in range(codes.shape[0]))
+        return np.ascontiguousarray(z.T, dtype=np.float32)
+
+    def check_codes(self, codes: np.ndarray) -> None:
+        if codes.ndim != 2 or not 1 <= codes.shape[0] <= self.n_codebooks:
+            raise CodesError(f"codes must be [codebooks<= {self.n_codebooks}, frames], got shape "
+                             f"{list(codes.shape)}")
+        if not np.issubdtype(codes.dtype, np.integer):
+            raise CodesError(f"codes must be integers, got {codes.dtype}")
+        if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
+            raise CodesError(f"codes must be in [0, {self.codebook_size}), found "
+                             f"[{codes.min()}, {codes.max()}]; were they made by another model?")
