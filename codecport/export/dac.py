@@ -12,17 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..atomic import atomic_path
 from ..errors import ExportError
 from ..models.dac import DAC
 from ..runtime.rvq import DacRvq
@@ -208,22 +206,13 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
         save_atomic(model, out_dir / f"{name}.onnx")
         report["files"][name] = f"{name}.onnx"
     if in_graph_codebooks is None:
-        _write_atomic(out_dir / "rvq.npz", lambda f: np.savez(f, **rvq.arrays()))
+        with atomic_path(out_dir / "rvq.npz") as tmp, open(tmp, "wb") as f:
+            np.savez(f, **rvq.arrays())
         report["files"]["rvq"] = "rvq.npz"
     manifest = {**meta, "quantizer": "numpy" if in_graph_codebooks is None else "graph",
                 "n_codebooks": in_graph_codebooks or cfg.n_codebooks, **report}
-    _write_atomic(out_dir / "manifest.json",
-                  lambda f: f.write(json.dumps(manifest, indent=2).encode()))
+    with atomic_path(out_dir / "manifest.json") as tmp:
+        tmp.write_text(json.dumps(manifest, indent=2))
     report["files"]["manifest"] = "manifest.json"
     return report
 
-
-def _write_atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +17,7 @@ import onnx
 import torch
 
 from .. import __version__
+from ..atomic import atomic_path
 from ..errors import ExportError
 
 log = logging.getLogger(__name__)
@@ -109,11 +108,5 @@ def static_check(model: onnx.ModelProto, spec: GraphSpec) -> None:
 
 def save_atomic(model: onnx.ModelProto, path: Path) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written model."""
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
-    os.close(fd)
-    try:
-        onnx.save(model, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(path) as tmp:
+        onnx.save(model, str(tmp))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from tqdm import tqdm
 
+from ..atomic import atomic_path
 from ..errors import DownloadError
 
 log = logging.getLogger(__name__)
@@ -41,29 +41,26 @@ def download(url: str, dest: Path, sha256: str | None = None) -> Path:
     if dest.is_file():
         log.info("using cached %s", dest)
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
     log.info("downloading %s -> %s", url, dest)
-    fd, tmp = tempfile.mkstemp(prefix=dest.name + ".", suffix=".part", dir=dest.parent)
     try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as resp:
-            total = int(resp.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name, disable=None) as bar:
-                while block := resp.read(1 << 20):
-                    out.write(block)
-                    bar.update(len(block))
-        if total is not None and os.path.getsize(tmp) != total:
-            raise DownloadError(f"download of {url} stopped at {os.path.getsize(tmp)} of {total} "
-                                "bytes; run the command again")
-        if sha256 is not None and sha256_file(Path(tmp)) != sha256:
-            raise DownloadError(f"{url} does not match its published sha256; delete {dest.parent} "
-                                "and retry, or pass a local file with --weights")
-        os.replace(tmp, dest)
+        with atomic_path(dest) as tmp:
+            with open(tmp, "wb") as out, urllib.request.urlopen(url, timeout=60) as resp:
+                total = int(resp.headers.get("Content-Length") or 0) or None
+                with tqdm(total=total, unit="B", unit_scale=True, desc=dest.name,
+                          disable=None) as bar:
+                    while block := resp.read(1 << 20):
+                        out.write(block)
+                        bar.update(len(block))
+            size = tmp.stat().st_size
+            if total is not None and size != total:
+                raise DownloadError(f"download of {url} stopped at {size} of {total} bytes; "
+                                    "run the command again")
+            if sha256 is not None and sha256_file(tmp) != sha256:
+                raise DownloadError(f"{url} does not match its published sha256; retry, or "
+                                    "pass a local file with --weights")
     except (urllib.error.URLError, OSError) as e:
         raise DownloadError(f"cannot download {url}: {e}; check the network, or download it "
                             "yourself and pass the file with --weights PATH") from e
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return dest
 
 

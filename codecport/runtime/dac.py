@@ -1,0 +1,210 @@
+"""DAC on ONNX Runtime: fixed-length graphs plus the numpy RVQ, for audio of any length.
+
+Two ways through the graphs, both from the official package:
+- exact: audio whose length rounds up to the padded graph's frames goes through `encoder.onnx`
+  in one call, giving the codes of the official `DAC.encode`;
+- chunked: anything else follows the official `compress`: padding off, the signal zero-padded by
+  `delay` on both sides, fixed windows stepping by the valid output (`chunk_step`). Codes equal
+  `compress(win_duration=window/sample_rate, normalize_db=None)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..errors import CodesError, ModelFileError
+from .audio import check_audio, loudness, resample
+from .dacfile import DacFile
+from .rvq import DacRvq
+from .session import Graph, open_graph, resolve_provider
+
+log = logging.getLogger(__name__)
+
+GRAPHS = ("encoder", "decoder", "encoder_chunked", "decoder_chunked")
+# Facts every graph of one export must agree on.
+_SHARED = ("codec", "variant", "sample_rate", "hop_length", "weights_sha256", "quantizer",
+           "n_codebooks", "codebook_size")
+
+
+class DacCodec:
+    """The graphs of one `codec-export dac` folder, opened lazily on one provider."""
+
+    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None):
+        self.dir = Path(model_dir)
+        if not self.dir.is_dir():
+            raise ModelFileError(f"{self.dir}: no such model folder; run codec-export dac -o {self.dir}")
+        self.provider = resolve_provider(provider, fallback)
+        self._graphs: dict[str, Graph] = {}
+        meta = self.graph("encoder").meta
+        if meta["codec"] != "dac":
+            raise ModelFileError(f"{self.dir}: holds a {meta['codec']} model, not dac; "
+                                 f"use the {meta['codec']} commands")
+        self.meta = meta
+        self.sample_rate, self.hop = int(meta["sample_rate"]), int(meta["hop_length"])
+        self.n_codebooks, self.codebook_size = int(meta["n_codebooks"]), int(meta["codebook_size"])
+        self.rvq = None
+        if meta["quantizer"] == "numpy":
+            self.rvq = DacRvq.load(self.dir / "rvq.npz")
+            if (self.rvq.latent_dim, self.rvq.n_codebooks) != (int(meta["latent_dim"]), self.n_codebooks):
+                raise ModelFileError(f"{self.dir}/rvq.npz does not belong to these graphs; re-export")
+
+    def graph(self, name: str) -> Graph:
+        if name not in self._graphs:
+            g = open_graph(self.dir / f"{name}.onnx", self.provider)
+            if name != "encoder":
+                ref = self._graphs["encoder"].meta
+                bad = [k for k in _SHARED if g.meta.get(k) != ref.get(k)]
+                if bad:
+                    raise ModelFileError(f"{g.path} does not belong with {self.dir}/encoder.onnx "
+                                         f"({bad[0]}: {g.meta.get(bad[0])} vs {ref.get(bad[0])}); "
+                                         "re-export the folder")
+            if g.meta.get("role") != name.split("_")[0]:
+                raise ModelFileError(f"{g.path}: is a {g.meta.get('role')} graph, expected {name}")
+            self._graphs[name] = g
+        return self._graphs[name]
+
+    # ---- encoding ----------------------------------------------------------------------
+    def _encode_window(self, name: str, x: np.ndarray, k: int) -> np.ndarray:
+        """Codes `[k, frames]` for one window `[samples]` through graph `name`."""
+        out = self.graph(name)(x[None, None].astype(np.float32))[0]
+        return out[:k].astype(np.int64) if self.rvq is None else self.rvq.encode(out, k)
+
+    def _check_k(self, k: int | None) -> int:
+        k = self.n_codebooks if k is None else k
+        if not 1 <= k <= self.n_codebooks:
+            raise CodesError(f"--codebooks must be between 1 and {self.n_codebooks}, got {k}")
+        return k
+
+    def fits_exact(self, n: int) -> bool:
+        """Whether `n` samples go through the fixed-length graph in one exact call."""
+        return math.ceil(n / self.hop) == self.graph("encoder").int("frames")
+
+    def encode_exact(self, audio: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
+        """Official `encode` codes `[C, K, frames]` for `[C, N]` audio that fits the graph."""
+        k, g = self._check_k(n_codebooks), self.graph("encoder")
+        if not self.fits_exact(audio.shape[1]):
+            raise CodesError(f"{audio.shape[1]} samples do not fit the {g.int('samples')}-sample "
+                             "graph; use the chunked mode (compress)")
+        x = np.pad(audio, ((0, 0), (0, g.int("samples") - audio.shape[1])))
+        return np.stack([self._encode_window("encoder", row, k) for row in x])
+
+    def encode_chunked(self, audio: np.ndarray, n_codebooks: int | None = None,
+                       progress: bool = False) -> np.ndarray:
+        """Official chunked-`compress` codes `[C, K, n_chunks * chunk_frames]`."""
+        k, g = self._check_k(n_codebooks), self.graph("encoder_chunked")
+        window, step, delay = g.int("window"), g.int("chunk_step"), g.int("delay")
+        n = audio.shape[1]
+        starts = range(0, n, step)
+        x = np.pad(audio, ((0, 0), (delay, delay + window)))  # tail zeros fill the last window
+        out = []
+        for row in x:
+            chunks = [self._encode_window("encoder_chunked", row[i:i + window], k)
+                      for i in tqdm(starts, desc="encode", unit="chunk", disable=None if progress else True)]
+            out.append(np.concatenate(chunks, axis=-1))
+        return np.stack(out)
+
+    def compress(self, audio: np.ndarray, sample_rate: int, n_codebooks: int | None = None,
+                 progress: bool = False) -> DacFile:
+        """`[C, N]` audio at any rate and length -> `.dac` content, like the official `compress`.
+
+        The official loudness normalisation to -16 dB is not applied (as `normalize_db=None`);
+        the input loudness is still measured and stored so `decompress` restores the level.
+        """
+        audio = check_audio(audio)
+        n_in = audio.shape[1]
+        if sample_rate != self.sample_rate:
+            log.info("resampling %d Hz -> %d Hz", sample_rate, self.sample_rate)
+            audio = resample(audio, sample_rate, self.sample_rate)
+        input_db = loudness(audio, self.sample_rate)
+        peak = np.abs(audio).max(axis=1, keepdims=True)
+        audio = audio / np.maximum(peak, 1.0)  # official `ensure_max_of_audio`
+        exact = self.fits_exact(audio.shape[1])
+        if exact:
+            codes = self.encode_exact(audio, n_codebooks)
+        else:
+            codes = self.encode_chunked(audio, n_codebooks, progress)
+        chunk = codes.shape[-1] if exact else self.graph("encoder_chunked").int("chunk_frames")
+        return DacFile(codes=codes, chunk_length=chunk, original_length=n_in, input_db=input_db,
+                       channels=audio.shape[0], sample_rate=sample_rate, padding=exact)
+
+    # ---- decoding ----------------------------------------------------------------------
+    def _decode_window(self, name: str, codes: np.ndarray) -> np.ndarray:
+        """Samples for codes `[K, frames]` through decoder graph `name`."""
+        if self.rvq is None:
+            if codes.shape[0] != self.n_codebooks:
+                raise CodesError(f"this decoder has the quantizer inside and takes exactly "
+                                 f"{self.n_codebooks} codebooks, got {codes.shape[0]}")
+            return self.graph(name)(codes[None].astype(np.int64))[0, 0]
+        return self.graph(name)(self.rvq.decode(codes)[None])[0, 0]
+
+    def check_codes(self, codes: np.ndarray) -> np.ndarray:
+        """Codes as `[C, K, T]` int64, or `CodesError` saying what is wrong."""
+        codes = np.asarray(codes)
+        if codes.ndim == 2:
+            codes = codes[None]
+        if codes.ndim != 3 or not 1 <= codes.shape[1] <= self.n_codebooks or codes.shape[2] == 0:
+            raise CodesError(f"codes must be [channels, codebooks<={self.n_codebooks}, frames], got "
+                             f"shape {list(codes.shape)}")
+        if codes.dtype.kind not in "ui":
+            raise CodesError(f"codes must be integers, got {codes.dtype}")
+        if codes.min() < 0 or codes.max() >= self.codebook_size:
+            raise CodesError(f"codes must be in [0, {self.codebook_size}), found [{codes.min()}, "
+                             f"{codes.max()}]; were they made by another model?")
+        return codes.astype(np.int64)
+
+    def decode(self, codes: np.ndarray, padding: bool | None = None,
+               progress: bool = False) -> np.ndarray:
+        """Audio `[C, samples]` at the model rate for codes `[C, K, T]` (or `[K, T]`).
+
+        `padding=True` is the official `decode` (T must be the graph's frames); `False` decodes
+        chunked-mode codes `chunk_frames` at a time; `None` picks by T.
+        """
+        codes = self.check_codes(codes)
+        t = codes.shape[-1]
+        frames = self.graph("encoder").int("frames")
+        if padding is None:
+            padding = t == frames
+        if padding:
+            if t != frames:
+                raise CodesError(f"{t} frames given; the fixed-length decoder takes exactly {frames}")
+            return np.stack([self._decode_window("decoder", c) for c in codes])
+        chunk = self.graph("decoder_chunked").int("chunk_frames")
+        if t % chunk:
+            raise CodesError(f"{t} frames is neither the fixed length {frames} nor a multiple of the "
+                             f"chunk length {chunk}; re-encode with this model, or export with "
+                             "--len / --chunk-len matching the codes")
+        bar = tqdm(total=codes.shape[0] * t // chunk, desc="decode", unit="chunk",
+                   disable=None if progress else True)
+        out = []
+        for c in codes:
+            pieces = []
+            for i in range(0, t, chunk):
+                pieces.append(self._decode_window("decoder_chunked", c[:, i:i + chunk]))
+                bar.update()
+            out.append(np.concatenate(pieces))
+        bar.close()
+        return np.stack(out)
+
+    def decompress(self, f: DacFile, progress: bool = False) -> tuple[np.ndarray, int]:
+        """Audio `[channels, original_length]` at the original rate, like the official one."""
+        if f.codes.shape[0] != f.channels:
+            raise CodesError(f"the file has {f.codes.shape[0]} code rows for {f.channels} channels")
+        if f.padding:
+            audio = self.decode(f.codes, padding=True)
+        else:
+            chunk = self.graph("decoder_chunked").int("chunk_frames")
+            if f.chunk_length != chunk:
+                raise CodesError(f"the file was made with chunks of {f.chunk_length} frames, this "
+                                 f"model decodes {chunk}; export with the --chunk-len it was made with")
+            audio = self.decode(f.codes, padding=False, progress=progress)
+        gain_db = f.input_db - loudness(audio, self.sample_rate)
+        audio = audio * np.float32(10 ** (gain_db / 20))
+        audio = resample(audio, self.sample_rate, f.sample_rate)
+        if audio.shape[1] < f.original_length:
+            audio = np.pad(audio, ((0, 0), (0, f.original_length - audio.shape[1])))
+        return audio[:, :f.original_length], f.sample_rate

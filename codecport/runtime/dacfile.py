@@ -1,0 +1,105 @@
+"""`.dac` files, compatible with the official `DACFile` (an `np.save` of a pickled dict).
+
+The official reader calls `np.load(allow_pickle=True)`, which runs whatever the pickle says.
+This reader unpickles with an allow-list of numpy's array-rebuilding functions only, then checks
+that it got exactly that dict, with those keys and types.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic import atomic_path
+from ..errors import CodesError
+
+DAC_VERSION = "1.0.0"
+_META_TYPES = {"input_db": (float,), "original_length": (int,), "sample_rate": (int,),
+               "chunk_length": (int,), "channels": (int,), "padding": (bool,),
+               "dac_version": (str,)}
+# What an np.save'd dict of arrays may reference: numpy's array/scalar reconstructors.
+_ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+            ("numpy", "ndarray"), ("numpy", "dtype")}
+
+
+@dataclass
+class DacFile:
+    codes: np.ndarray  # [channels, codebooks, frames], uint16 on disk
+    chunk_length: int  # frames decoded per step
+    original_length: int  # samples at `sample_rate`
+    input_db: float  # loudness of the input, dB LUFS
+    channels: int
+    sample_rate: int  # of the original audio
+    padding: bool  # official padding (True) or the chunked padding-off mode (False)
+    dac_version: str = DAC_VERSION
+
+    def save(self, path: Path) -> None:
+        artifacts = {
+            "codes": self.codes.astype(np.uint16),
+            "metadata": {
+                "input_db": np.array([self.input_db], dtype=np.float32),
+                "original_length": int(self.original_length), "sample_rate": int(self.sample_rate),
+                "chunk_length": int(self.chunk_length), "channels": int(self.channels),
+                "padding": bool(self.padding), "dac_version": self.dac_version,
+            },
+        }
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.save(f, artifacts, allow_pickle=True)
+
+    @classmethod
+    def load(cls, path: Path) -> "DacFile":
+        obj = _restricted_load(path)
+        if not isinstance(obj, dict) or set(obj) != {"codes", "metadata"}:
+            raise CodesError(f"{path}: not a .dac file (expected a dict with codes and metadata)")
+        codes, meta = obj["codes"], obj["metadata"]
+        if not isinstance(codes, np.ndarray) or codes.dtype.kind not in "ui" or codes.ndim != 3:
+            raise CodesError(f"{path}: codes must be an integer array [channels, codebooks, frames]")
+        if not isinstance(meta, dict) or set(meta) != set(_META_TYPES):
+            raise CodesError(f"{path}: metadata keys {sorted(meta) if isinstance(meta, dict) else meta}"
+                             f" are not the official {sorted(_META_TYPES)}")
+        db = meta["input_db"]
+        if isinstance(db, np.ndarray) and db.dtype.kind == "f" and db.size >= 1:
+            meta = {**meta, "input_db": float(db.reshape(-1)[0])}
+        meta = {k: v.item() if isinstance(v, np.generic) else v for k, v in meta.items()}
+        for key, types in _META_TYPES.items():
+            v = meta[key]
+            if not isinstance(v, types) or (types == (int,) and isinstance(v, bool)):
+                raise CodesError(f"{path}: metadata {key} has type {type(v).__name__}, expected "
+                                 f"{types[0].__name__}")
+        if meta["dac_version"] != DAC_VERSION:
+            raise CodesError(f"{path}: dac_version {meta['dac_version']!r} is not supported "
+                             f"(only {DAC_VERSION})")
+        return cls(codes=codes.astype(np.int64), **meta)
+
+
+class _NumpyOnly(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in _ALLOWED:
+            raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _restricted_load(path: Path):
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if read_header is None:
+                raise CodesError(f"{path}: unsupported .npy format version {version}")
+            shape, _, dtype = read_header(f)
+            if dtype != np.dtype(object) or shape != ():
+                raise CodesError(f"{path}: not a .dac file (an array of {dtype}, not a dict)")
+            # np.save pickles the 0-d object array itself; its single item is the dict.
+            return _NumpyOnly(io.BytesIO(f.read())).load()[()]
+    except CodesError:
+        raise
+    except pickle.UnpicklingError as e:
+        raise CodesError(f"{path}: refused: the file holds more than arrays and plain values ({e})")
+    except (OSError, ValueError, EOFError, TypeError, AttributeError) as e:
+        raise CodesError(f"{path}: not a readable .dac file ({e})") from e

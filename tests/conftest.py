@@ -1,0 +1,35 @@
+"""Shared fixtures: a tiny seeded DAC and its exported folder (built once per session)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codecport.export.dac import export_dac
+from codecport.models.dac import DAC, PRESETS, init_random
+
+TINY_LEN = 600  # samples of the tiny exact graphs (100 frames of hop 6)
+TINY_CHUNK = 3000  # window of the tiny chunked graphs
+
+
+@pytest.fixture(scope="session")
+def tiny_dac() -> DAC:
+    return init_random(DAC(PRESETS["tiny"]), seed=0).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory, tiny_dac):
+    """Folder written by the exporter for the tiny model (numpy quantizer)."""
+    out = tmp_path_factory.mktemp("tiny_export")
+    export_dac(tiny_dac, out, TINY_LEN, TINY_CHUNK, variant="tiny", weights="random-init seed 0",
+               weights_sha256="none")
+    return out
+
+
+def noise(n: int, channels: int = 1, seed: int = 0, scale: float = 0.3) -> np.ndarray:
+    """Audio-like test signal `[channels, n]`: a few sines plus noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n) / 16000
+    tones = sum(np.sin(2 * np.pi * f * t + rng.uniform(0, 6)) for f in rng.uniform(80, 4000, 4))
+    x = scale * (0.2 * tones + 0.5 * rng.standard_normal((channels, n)))
+    return x.astype(np.float32)
