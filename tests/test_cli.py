@@ -1,0 +1,100 @@
+"""End to end through the console scripts: export a tiny model, then encode and decode files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from conftest import TINY_CHUNK, TINY_LEN, noise
+
+BIN = Path(sys.executable).parent
+GRAPHS = ("encoder.onnx", "decoder.onnx", "encoder_chunked.onnx", "decoder_chunked.onnx")
+
+
+def cli(tool: str, *args) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True, check=False,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("cli") / "dac-tiny"
+    proc = cli("codec-export", "dac", "--variant", "tiny", "--len", TINY_LEN, "--chunk-len",
+               TINY_CHUNK, "--random-init", "--seed", 0, "-o", out)
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def model_dir(exported) -> Path:
+    return exported[0]
+
+
+def write_wav(path: Path, audio: np.ndarray, sr: int) -> Path:
+    sf.write(path, audio.T, sr, subtype="FLOAT")
+    return path
+
+
+def test_export_writes_the_folder(exported):
+    out, proc = exported
+    assert "RANDOM" in proc.stdout
+    for name in (*GRAPHS, "rvq.npz", "manifest.json"):
+        assert name in proc.stdout
+    assert sorted(p.name for p in out.iterdir()) == sorted([*GRAPHS, "rvq.npz", "manifest.json"])
+
+
+def test_info(model_dir):
+    out = cli("codec-run", "info", model_dir).stdout
+    for name in GRAPHS:
+        assert f"{model_dir / name}:" in out
+    assert '"codec": "dac"' in out
+    assert '"variant": "tiny"' in out
+
+
+@pytest.mark.parametrize("sr", [16000, 22050])
+def test_dac_file_round_trip(tmp_path, model_dir, sr):
+    x = noise(5000, channels=2)
+    wav = write_wav(tmp_path / "in.wav", x, sr)
+    enc = cli("codec-run", "encode", wav, "-m", model_dir, "-o", tmp_path / "c.dac").stdout
+    assert ("resampling" in enc) == (sr != 16000)
+    cli("codec-run", "decode", tmp_path / "c.dac", "-m", model_dir, "-o", tmp_path / "out.wav")
+    y, sr_out = sf.read(tmp_path / "out.wav", dtype="float32", always_2d=True)
+    assert sr_out == sr
+    assert y.shape == (5000, 2)
+    assert np.isfinite(y).all()
+    assert np.abs(y).max() > 0
+
+
+def test_npy_codes_shape_and_decode(tmp_path, model_dir):
+    wav = write_wav(tmp_path / "in.wav", noise(TINY_LEN), 16000)
+    cli("codec-run", "encode", wav, "-m", model_dir, "-o", tmp_path / "all.npy")
+    cli("codec-run", "encode", wav, "-m", model_dir, "-o", tmp_path / "two.npy", "--codebooks", 2)
+    all_k, two_k = np.load(tmp_path / "all.npy"), np.load(tmp_path / "two.npy")
+    assert all_k.shape == (1, 4, 100)
+    assert two_k.shape == (1, 2, 100)
+    np.testing.assert_array_equal(two_k, all_k[:, :2])  # residual levels are nested
+
+    dec = cli("codec-run", "decode", tmp_path / "two.npy", "-m", model_dir, "-o", tmp_path / "o.wav")
+    y, sr = sf.read(tmp_path / "o.wav", dtype="float32", always_2d=True)
+    assert (sr, y.shape) == (16000, (598, 1))
+    assert np.isfinite(y).all()
+    assert "598 samples" in dec.stdout
+
+
+def test_npy_codes_equal_torch_encode(tmp_path, model_dir, tiny_dac):
+    x = noise(TINY_LEN, seed=3)
+    # The runtime scales audio peaking above 1 down first; torch encode would not.
+    assert np.abs(x).max() < 1
+    assert tiny_dac.padding  # the official (exact) mode the encoder.onnx graph was exported in
+    wav = write_wav(tmp_path / "in.wav", x, 16000)
+    cli("codec-run", "encode", wav, "-m", model_dir, "-o", tmp_path / "c.npy")
+    with torch.no_grad():
+        want = tiny_dac.encode(torch.from_numpy(x)[None]).numpy()
+    assert want.shape == (1, 4, 100)
+    np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), want)

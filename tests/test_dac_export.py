@@ -1,0 +1,116 @@
+"""Export: every preset and several tiny lengths, static checks, metadata, refusal to write bad graphs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from codecport import __version__
+from codecport.errors import ExportError, ValidationError
+from codecport.export import dac as export_mod
+from codecport.export.dac import export_dac
+from codecport.models.dac import DAC, PRESETS, init_random
+
+GRAPHS = ["encoder", "decoder", "encoder_chunked", "decoder_chunked"]
+
+
+def _assert_portable(path):
+    model = onnx.load(path)
+    ops = {n.op_type for n in model.graph.node}
+    assert "ConvTranspose" not in ops and "Conv" in ops
+    for node in model.graph.node:
+        if node.op_type == "Conv":
+            pads = [list(a.ints) for a in node.attribute if a.name == "pads"]
+            assert not pads or not any(pads[0]), node.name
+    inferred = onnx.shape_inference.infer_shapes(model)
+    for vi in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
+        assert all(d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim), vi.name
+    return {p.key: p.value for p in model.metadata_props}
+
+
+@pytest.mark.parametrize("variant", ["44khz", "24khz", "16khz", "44khz-16kbps"])
+def test_every_preset_exports_and_validates(tmp_path, variant):
+    cfg = PRESETS[variant]
+    model = init_random(DAC(cfg), seed=1).eval()
+    length = cfg.hop_length * 12 + 5  # not a hop multiple: padded inside the graph
+    report = export_dac(model, tmp_path, length, cfg.sample_rate, variant=variant,
+                        weights="random", weights_sha256="none")
+    assert report["validation"]["decoder"]["audio_max_abs_err"] <= 1e-4
+    assert report["validation"]["decoder_chunked"]["audio_max_abs_err"] <= 1e-4
+    meta = _assert_portable(tmp_path / "decoder.onnx")
+    assert meta["codec"] == "dac" and meta["variant"] == variant
+    assert int(meta["frames"]) == 13 and int(meta["sample_rate"]) == cfg.sample_rate
+    assert meta["codecport_version"] == __version__
+    # The exported exact encoder, run here, gives the latent torch gives for that clip.
+    x = np.random.default_rng(7).standard_normal((1, 1, length)).astype(np.float32) * 0.3
+    sess = ort.InferenceSession(str(tmp_path / "encoder.onnx"), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        want = model.encoder(model.preprocess(torch.from_numpy(x))).numpy()
+    assert np.abs(sess.run(None, {"audio": x})[0] - want).max() <= 1e-4
+
+
+@pytest.mark.parametrize("length", [6, 601, 1200, 4096])
+def test_tiny_lengths(tmp_path, tiny_dac, length):
+    report = export_dac(tiny_dac, tmp_path, length, 2400, variant="tiny", weights="random",
+                        weights_sha256="none")
+    geo = report["geometry"]
+    assert geo["frames"] == -(-length // 6)
+    for name in GRAPHS:
+        meta = _assert_portable(tmp_path / f"{name}.onnx")
+        assert meta["role"] == name.split("_")[0]
+        assert meta["padding"] == ("none" if "chunked" in name else "same")
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["geometry"] == geo and manifest["quantizer"] == "numpy"
+    with np.load(tmp_path / "rvq.npz", allow_pickle=False) as z:
+        assert z["codebook"].shape == (4, 64, 4)
+
+
+def test_in_graph_quantizer(tmp_path, tiny_dac):
+    export_dac(tiny_dac, tmp_path, 600, 2400, variant="tiny", weights="random",
+               weights_sha256="none", in_graph_codebooks=3)
+    assert not (tmp_path / "rvq.npz").exists()
+    enc = onnx.load(tmp_path / "encoder.onnx")
+    dec = onnx.load(tmp_path / "decoder.onnx")
+    assert "ArgMax" in {n.op_type for n in enc.graph.node}
+    assert "Gather" in {n.op_type for n in dec.graph.node}
+    x = np.random.default_rng(3).standard_normal((1, 1, 600)).astype(np.float32) * 0.3
+    codes = ort.InferenceSession(str(tmp_path / "encoder.onnx"),
+                                 providers=["CPUExecutionProvider"]).run(None, {"audio": x})[0]
+    with torch.no_grad():
+        want = tiny_dac.encode(torch.from_numpy(x), 3).numpy()
+    np.testing.assert_array_equal(codes, want)
+    audio = ort.InferenceSession(str(tmp_path / "decoder.onnx"),
+                                 providers=["CPUExecutionProvider"]).run(None, {"codes": codes})[0]
+    with torch.no_grad():
+        assert np.abs(audio - tiny_dac.decode(torch.from_numpy(codes)).numpy()).max() <= 1e-4
+
+
+def test_failed_validation_writes_nothing(tmp_path, tiny_dac, monkeypatch):
+    """A graph that disagrees with torch raises with the numbers, and no file is left."""
+    real = export_mod.validate
+
+    def corrupt(spec, model, dac, rvq, seed=1):
+        if spec.name == "decoder_chunked":
+            for init in model.graph.initializer:  # scale one weight: the audio must move
+                if init.data_type == onnx.TensorProto.FLOAT and len(init.dims) == 3:
+                    arr = onnx.numpy_helper.to_array(init) * 3
+                    init.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), init.name))
+                    break
+        return real(spec, model, dac, rvq, seed)
+
+    monkeypatch.setattr(export_mod, "validate", corrupt)
+    out = tmp_path / "out"
+    with pytest.raises(ValidationError, match=r"decoder_chunked: max abs error .* exceeds 0.0001"):
+        export_dac(tiny_dac, out, 600, 2400, variant="tiny", weights="random", weights_sha256="none")
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_window_shorter_than_receptive_field_is_refused(tmp_path, tiny_dac):
+    with pytest.raises(ExportError, match="--chunk-len"):
+        export_dac(tiny_dac, tmp_path, 600, 60, variant="tiny", weights="random",
+                   weights_sha256="none")

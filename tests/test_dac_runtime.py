@@ -1,0 +1,123 @@
+"""Runtime (ONNX + numpy RVQ) against the torch reference: exact graphs, chunked mode, .dac files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyloudnorm
+import pytest
+import torch
+from conftest import TINY_CHUNK, TINY_LEN, noise
+
+from codecport.export.dac import rvq_of
+from codecport.runtime.dac import DacCodec
+from codecport.runtime.dacfile import DacFile
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_export):
+    return DacCodec(tiny_export)
+
+
+def _torch_chunked_codes(model, audio: np.ndarray, window: int) -> np.ndarray:
+    """The official chunked `compress` loop, written out in torch (no ONNX, no runtime code)."""
+    model.set_padding(False)
+    try:
+        step, delay = model.output_length(window), model.delay()
+        x = torch.from_numpy(audio)[:, None]
+        x = torch.nn.functional.pad(x, (delay, delay))
+        codes = []
+        with torch.no_grad():
+            for i in range(0, audio.shape[1], step):
+                chunk = x[..., i:i + window]
+                chunk = torch.nn.functional.pad(chunk, (0, window - chunk.shape[-1]))
+                codes.append(model.encode(chunk))
+        return torch.cat(codes, dim=-1).numpy()
+    finally:
+        model.set_padding(True)
+
+
+def _torch_chunked_audio(model, codes: np.ndarray, chunk: int) -> np.ndarray:
+    model.set_padding(False)
+    try:
+        with torch.no_grad():
+            parts = [model.decode(torch.from_numpy(codes[..., i:i + chunk]))
+                     for i in range(0, codes.shape[-1], chunk)]
+        return torch.cat(parts, dim=-1)[:, 0].numpy()
+    finally:
+        model.set_padding(True)
+
+
+def test_numpy_rvq_equals_torch_quantizer(tiny_dac):
+    rvq = rvq_of(tiny_dac)
+    z = torch.randn(1, tiny_dac.cfg.latent_dim, 300, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = tiny_dac.quantizer.encode(z)[0].numpy()
+        latent = tiny_dac.quantizer.decode(torch.from_numpy(want)[None])[0].numpy()
+    np.testing.assert_array_equal(rvq.encode(z[0].numpy()), want)
+    assert np.abs(rvq.decode(want) - latent).max() <= 1e-5
+    np.testing.assert_array_equal(rvq.encode(z[0].numpy(), 2), want[:2])
+
+
+@pytest.mark.parametrize("n", [TINY_LEN, TINY_LEN - 5])
+def test_exact_graph_equals_official_encode(codec, tiny_dac, n):
+    """Audio that fills the fixed graph gives the codes and audio of the model's own encode/decode."""
+    audio = noise(n, channels=2, seed=n)
+    codes = codec.encode_exact(audio)
+    with torch.no_grad():
+        want = tiny_dac.encode(torch.from_numpy(audio)[:, None])
+        want_audio = tiny_dac.decode(want)[:, 0].numpy()
+    np.testing.assert_array_equal(codes, want.numpy())
+    assert np.abs(codec.decode(codes, padding=True) - want_audio).max() <= 1e-4
+
+
+def test_chunked_long_audio_equals_torch_procedure(codec, tiny_dac):
+    audio = noise(7 * TINY_CHUNK + 123, channels=2, seed=9)
+    codes = codec.encode_chunked(audio)
+    want = _torch_chunked_codes(tiny_dac, audio, TINY_CHUNK)
+    np.testing.assert_array_equal(codes, want)
+    chunk = codec.graph("decoder_chunked").int("chunk_frames")
+    got = codec.decode(codes, padding=False)
+    assert np.abs(got - _torch_chunked_audio(tiny_dac, codes, chunk)).max() <= 1e-4
+    assert got.shape[1] >= audio.shape[1]  # every input sample has output
+
+
+def test_fewer_codebooks_are_a_prefix(codec):
+    audio = noise(4000, seed=5)
+    full = codec.encode_chunked(audio)
+    np.testing.assert_array_equal(codec.encode_chunked(audio, 2), full[:, :2])
+
+
+def test_dac_file_round_trip(codec, tmp_path):
+    audio = noise(8000, channels=2, seed=11)
+    f = codec.compress(audio, 16000)
+    assert not f.padding and f.chunk_length == codec.graph("decoder_chunked").int("chunk_frames")
+    meter = pyloudnorm.Meter(16000)
+    assert f.input_db == pytest.approx(meter.integrated_loudness(audio.T.astype(np.float64)), abs=1e-3)
+    f.save(tmp_path / "a.dac")
+    # What the official DACFile.load reads: np.load(allow_pickle=True)[()] with these types.
+    raw = np.load(tmp_path / "a.dac", allow_pickle=True)[()]
+    assert raw["codes"].dtype == np.uint16 and raw["metadata"]["input_db"].dtype == np.float32
+    assert raw["metadata"]["dac_version"] == "1.0.0" and raw["metadata"]["padding"] is False
+    g = DacFile.load(tmp_path / "a.dac")
+    np.testing.assert_array_equal(g.codes, f.codes)
+    assert (g.original_length, g.channels, g.sample_rate) == (8000, 2, 16000)
+    out, sr = codec.decompress(g)
+    assert sr == 16000 and out.shape == (2, 8000) and np.isfinite(out).all()
+    # Official decompress restores the input loudness on the decoded audio.
+    assert meter.integrated_loudness(out.T.astype(np.float64)) == pytest.approx(f.input_db, abs=0.5)
+
+
+def test_compress_of_exact_length_uses_the_fixed_graph(codec, tiny_dac):
+    audio = noise(TINY_LEN, seed=12)
+    f = codec.compress(audio, 16000)
+    assert f.padding and f.chunk_length == TINY_LEN // 6
+    with torch.no_grad():
+        np.testing.assert_array_equal(f.codes, tiny_dac.encode(torch.from_numpy(audio)[:, None]).numpy())
+
+
+def test_resampled_input_keeps_its_rate_and_length(codec):
+    audio = noise(9000, seed=13)
+    f = codec.compress(audio, 22050)
+    assert (f.sample_rate, f.original_length) == (22050, 9000)
+    out, sr = codec.decompress(f)
+    assert sr == 22050 and out.shape == (1, 9000)

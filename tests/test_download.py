@@ -1,0 +1,159 @@
+"""Released weights fetched by name or URL from a local HTTP server into the XDG cache."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+from codecport.errors import DownloadError
+from codecport.models.dac import PRESETS
+from codecport.models.dac_weights import load_dac
+
+
+@contextmanager
+def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Base URL of `handler` served on 127.0.0.1 from a daemon thread."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+@dataclass
+class Server:
+    root: Path
+    url: str
+    hits: list[str] = field(default_factory=list)
+
+
+def cached_files(cache: Path) -> list[Path]:
+    return [p for p in cache.rglob("*") if p.is_file()]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch) -> Path:
+    """`$XDG_CACHE_HOME`, and no proxy between urllib and the local server."""
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    return xdg
+
+
+@pytest.fixture(scope="module")
+def official_pth(tmp_path_factory, tiny_dac) -> Path:
+    """The tiny model saved as an official DAC checkpoint: weight-norm pairs and its config."""
+    sd = {}
+    for key, w in tiny_dac.state_dict().items():
+        if key.endswith(".weight") and w.dim() == 3 and "codebook" not in key:
+            stem = key[: -len(".weight")]
+            sd[stem + ".weight_g"] = w.norm(dim=(1, 2), keepdim=True).clone()
+            sd[stem + ".weight_v"] = (w * 2.5).clone()
+        else:
+            sd[key] = w.clone()
+    assert not any(k.endswith(".weight") and v.dim() == 3 for k, v in sd.items())
+    path = tmp_path_factory.mktemp("ckpt") / "weights.pth"
+    torch.save({"state_dict": sd, "metadata": {"kwargs": PRESETS["tiny"].to_kwargs()}}, path)
+    return path
+
+
+@pytest.fixture
+def server(tmp_path, official_pth, monkeypatch) -> Iterator[Server]:
+    """Serves the checkpoint as the 44khz release (<base>/0.0.1/weights.pth), counting GETs."""
+    root = tmp_path / "served"
+    (root / "0.0.1").mkdir(parents=True)
+    shutil.copyfile(official_pth, root / "0.0.1" / "weights.pth")
+    hits: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def do_GET(self):
+            hits.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    with serve(Handler) as url:
+        monkeypatch.setenv("CODECPORT_DAC_BASE_URL", url)
+        yield Server(root, url, hits)
+
+
+def assert_same_model(model, tiny_dac) -> None:
+    assert model.cfg == PRESETS["tiny"]
+    got, want = model.state_dict(), tiny_dac.state_dict()
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert torch.allclose(got[k], v, rtol=0, atol=1e-6), k
+
+
+def test_release_by_name(server, cache, tiny_dac):
+    served = (server.root / "0.0.1" / "weights.pth").read_bytes()
+    model, sha = load_dac("44khz")
+    dest = cache / "codecport" / "dac" / "0.0.1" / "weights.pth"
+    assert dest.read_bytes() == served
+    assert cached_files(cache) == [dest]  # nothing else, no .part left over
+    assert sha == hashlib.sha256(served).hexdigest()
+    assert_same_model(model, tiny_dac)
+    assert server.hits == ["/0.0.1/weights.pth"]
+
+    model2, sha2 = load_dac("44khz")
+    assert server.hits == ["/0.0.1/weights.pth"]  # served from the cache
+    assert sha2 == sha
+    assert_same_model(model2, tiny_dac)
+
+
+def test_release_by_url(server, cache, tiny_dac):
+    served = (server.root / "0.0.1" / "weights.pth").read_bytes()
+    model, sha = load_dac(f"{server.url}/0.0.1/weights.pth")
+    files = cached_files(cache)
+    assert len(files) == 1 and files[0].name == "weights.pth"
+    assert files[0].read_bytes() == served
+    assert sha == hashlib.sha256(served).hexdigest()
+    assert_same_model(model, tiny_dac)
+    load_dac(f"{server.url}/0.0.1/weights.pth")
+    assert server.hits == ["/0.0.1/weights.pth"]
+
+
+def test_not_found(server, cache):
+    (server.root / "0.0.1" / "weights.pth").unlink()
+    with pytest.raises(DownloadError, match="404"):
+        load_dac("44khz")
+    assert cached_files(cache) == []
+
+
+def test_truncated_body(official_pth, cache, monkeypatch):
+    body = official_pth.read_bytes()
+
+    class Truncating(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    with serve(Truncating) as url:
+        monkeypatch.setenv("CODECPORT_DAC_BASE_URL", url)
+        with pytest.raises(DownloadError, match=f"{len(body) // 2} of {len(body)} bytes"):
+            load_dac("44khz")
+    assert cached_files(cache) == []
