@@ -23,8 +23,8 @@ BIN = Path(sys.executable).parent
 
 
 def cli(tool: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True, check=False,
-                          timeout=120)
+    return subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True,
+                          check=False, timeout=120)
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, out: Path) -> str:

@@ -17,8 +17,8 @@ GRAPHS = ("encoder.onnx", "decoder.onnx", "encoder_chunked.onnx", "decoder_chunk
 
 
 def cli(tool: str, *args) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True, check=False,
-                          timeout=120)
+    proc = subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True,
+                          check=False, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 

@@ -9,6 +9,7 @@ Four graphs are written:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -191,6 +192,9 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
             "hop_length": str(cfg.hop_length), "latent_dim": str(cfg.latent_dim),
             "codebook_size": str(cfg.codebook_size), "codebook_dim": str(cfg.codebook_dim),
             "weights": weights, "weights_sha256": weights_sha256}
+    # Graphs of one export share this id, so the runtime can refuse a folder mixing exports.
+    meta["export_id"] = hashlib.sha256(json.dumps(
+        [meta, vars(geo), in_graph_codebooks], sort_keys=True).encode()).hexdigest()[:16]
     rvq = rvq_of(dac)
     models, report = {}, {"files": {}, "validation": {}, "geometry": vars(geo)}
     for spec in graph_specs(dac.eval(), geo, meta, in_graph_codebooks):

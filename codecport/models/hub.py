@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import os
 import urllib.error
@@ -58,7 +59,7 @@ def download(url: str, dest: Path, sha256: str | None = None) -> Path:
             if sha256 is not None and sha256_file(tmp) != sha256:
                 raise DownloadError(f"{url} does not match its published sha256; retry, or "
                                     "pass a local file with --weights")
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
         raise DownloadError(f"cannot download {url}: {e}; check the network, or download it "
                             "yourself and pass the file with --weights PATH") from e
     return dest

@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 GRAPHS = ("encoder", "decoder", "encoder_chunked", "decoder_chunked")
 # Facts every graph of one export must agree on.
-_SHARED = ("codec", "variant", "sample_rate", "hop_length", "weights_sha256", "quantizer",
-           "n_codebooks", "codebook_size")
+_SHARED = ("codec", "export_id", "variant", "sample_rate", "hop_length", "weights_sha256",
+           "quantizer", "n_codebooks", "codebook_size")
 
 
 class DacCodec:
