@@ -44,8 +44,9 @@ def export_cli() -> None:
 
 
 @export_cli.command("dac")
-@click.option("--variant", type=click.Choice(DAC_VARIANTS), default="44khz",
-              help="Model preset; a checkpoint's own config wins when it carries one.")
+@click.option("--variant", type=click.Choice(DAC_VARIANTS), default=None,
+              help="Model preset [default: 44khz, or what the checkpoint's config matches]; a "
+                   "checkpoint's own config wins when it carries one.")
 @click.option("--len", "length", type=click.IntRange(min=1), required=True,
               help="Samples per call of the fixed-length encoder (not a hop multiple: zero-padded "
                    "inside the graph to the next one, as the official model does).")
@@ -74,23 +75,26 @@ def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_gr
         from .models.dac import DAC, PRESETS, init_random
         from .models.dac_weights import RELEASES, load_dac
     except ImportError as e:
-        raise click.ClickException(f"exporting needs torch and onnx ({e}); "
-                                   "pip install 'codecport[export]'") from e
+        raise CodecportError(f"exporting needs torch and onnx ({e}); "
+                             "pip install 'codecport[export]'") from e
     if codebooks is not None and not in_graph_quantizer:
         raise click.UsageError("--codebooks only applies with --in-graph-quantizer; the numpy "
                                "quantizer takes --codebooks at codec-run time")
-    out_dir = out_dir or Path(f"dac-{variant}-{length}")
     t0 = time.perf_counter()
     if random_init:
+        variant = variant or "44khz"
         model, source, sha = init_random(DAC(PRESETS[variant]), seed).eval(), \
             f"random-init seed {seed} (NOT trained weights)", "none"
         click.echo(f"using RANDOM weights (seed {seed}): the graphs are real, the audio is not")
     else:
-        if weights is None and variant not in RELEASES:
+        source = weights or variant or "44khz"
+        if source not in RELEASES and weights is None:
             raise click.UsageError(f"--variant {variant} has no released weights; pass --weights "
                                    "or --random-init")
-        source = weights or variant
         model, sha = load_dac(source, variant=variant)
+        # Label the graphs by what the weights are, not by a default the user never chose.
+        variant = next((name for name, cfg in PRESETS.items() if cfg == model.cfg), "custom")
+    out_dir = out_dir or Path(f"dac-{variant}-{length}")
     in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
     report = export_dac(model, out_dir, length, chunk_len, variant=variant, weights=source,
                         weights_sha256=sha, in_graph_codebooks=in_graph)

@@ -7,6 +7,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
+from conftest import noise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,10 +16,6 @@ from codecport.errors import CheckpointError
 from codecport.models.dac import DAC, PRESETS, init_random
 from codecport.models.dac_weights import load_dac
 from codecport.models.layers import UpConv1d
-
-from conftest import noise
-
-transformers = pytest.importorskip("transformers", reason="parity needs the [dev] extra")
 
 
 def _randomize_hf(model, seed: int) -> None:

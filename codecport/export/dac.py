@@ -69,7 +69,7 @@ class Geometry:
     delay: int  # zeros padded on both sides of the signal in chunked mode
 
     @classmethod
-    def of(cls, dac: DAC, samples: int, window: int) -> "Geometry":
+    def of(cls, dac: DAC, samples: int, window: int) -> Geometry:
         hop = dac.cfg.hop_length
         frames = math.ceil(samples / hop)
         window = math.ceil(window / hop) * hop
@@ -138,7 +138,7 @@ def _mode(padding: bool) -> str:
 def rvq_of(dac: DAC) -> DacRvq:
     """The quantizer's arrays for the numpy layer (no torch needed to read them back)."""
     qs = dac.quantizer.quantizers
-    stack = lambda f: np.stack([f(q).detach().numpy() for q in qs]).astype(np.float32)  # noqa: E731
+    stack = lambda f: np.stack([f(q).detach().numpy() for q in qs]).astype(np.float32)
     return DacRvq({
         "in_proj_weight": stack(lambda q: q.in_proj.weight[..., 0]),
         "in_proj_bias": stack(lambda q: q.in_proj.bias),

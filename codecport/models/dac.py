@@ -35,7 +35,7 @@ class DacConfig:
         return math.prod(self.encoder_rates)
 
     @classmethod
-    def from_kwargs(cls, kwargs: dict) -> "DacConfig":
+    def from_kwargs(cls, kwargs: dict) -> DacConfig:
         """Config from the official checkpoint's `metadata.kwargs` (unknown keys ignored)."""
         enc_rates = tuple(int(r) for r in kwargs.get("encoder_rates", cls.encoder_rates))
         encoder_dim = int(kwargs.get("encoder_dim", cls.encoder_dim))

@@ -183,16 +183,16 @@ def load_dac(weights: str, variant: str | None = None,
     path = resolve_weights(weights)
     if path.is_dir() or path.suffix == ".safetensors":
         sd, cfg = read_transformers(path)
-        digest_file = path if path.is_file() else sorted(path.glob("*.safetensors"))[0]
+        digest = sha256_file(*(sorted(path.glob("*.safetensors")) if path.is_dir() else [path]))
     else:
         sd, cfg = read_official(path)
-        digest_file = path
+        digest = sha256_file(path)
     if cfg is None:
         if variant is None:
             raise CheckpointError(f"{path}: the checkpoint carries no config; pass --variant")
         cfg = PRESETS[variant]
-    elif variant is not None and cfg != PRESETS[variant] and variant in RELEASES:
-        log.warning("checkpoint config differs from preset %s; using the checkpoint's", variant)
+    elif variant is not None and cfg != PRESETS[variant]:
+        log.warning("the checkpoint's config differs from preset %s; using the checkpoint's", variant)
     model = DAC(cfg, polyphase=polyphase)
     load_state(model, sd, str(path))
-    return model.eval(), sha256_file(digest_file)
+    return model.eval(), digest

@@ -24,11 +24,13 @@ def cache_dir() -> Path:
     return Path(base) / "codecport"
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(*paths: Path) -> str:
+    """sha256 of the files' bytes, concatenated in the order given."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
     return h.hexdigest()
 
 

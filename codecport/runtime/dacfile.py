@@ -52,7 +52,7 @@ class DacFile:
             np.save(f, artifacts, allow_pickle=True)
 
     @classmethod
-    def load(cls, path: Path) -> "DacFile":
+    def load(cls, path: Path) -> DacFile:
         obj = _restricted_load(path)
         if not isinstance(obj, dict) or set(obj) != {"codes", "metadata"}:
             raise CodesError(f"{path}: not a .dac file (expected a dict with codes and metadata)")

@@ -33,7 +33,7 @@ class DacRvq:
         self._unit_sq = (self._unit_codebook ** 2).sum(-1)  # [K, N]
 
     @classmethod
-    def load(cls, path: Path) -> "DacRvq":
+    def load(cls, path: Path) -> DacRvq:
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k].astype(np.float32) for k in ARRAYS}
