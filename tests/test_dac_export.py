@@ -108,6 +108,7 @@ def test_failed_validation_writes_nothing(tmp_path, tiny_dac, monkeypatch):
     with pytest.raises(ValidationError, match=r"decoder_chunked: max abs error .* exceeds 0.0001"):
         export_dac(tiny_dac, out, 600, 2400, variant="tiny", weights="random", weights_sha256="none")
     assert not out.exists() or not any(out.iterdir())
+    assert tiny_dac.padding  # the shared model is handed back in its official padding mode
 
 
 def test_window_shorter_than_receptive_field_is_refused(tmp_path, tiny_dac):

@@ -197,14 +197,17 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
         [meta, vars(geo), in_graph_codebooks], sort_keys=True).encode()).hexdigest()[:16]
     rvq = rvq_of(dac)
     models, report = {}, {"files": {}, "validation": {}, "geometry": vars(geo)}
-    for spec in graph_specs(dac.eval(), geo, meta, in_graph_codebooks):
-        t0 = time.perf_counter()
-        model = to_onnx(spec)
-        static_check(model, spec)
-        report["validation"][spec.name] = validate(spec, model, dac, rvq)
-        models[spec.name] = model
-        log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
-    dac.set_padding(True)
+    try:
+        for spec in graph_specs(dac.eval(), geo, meta, in_graph_codebooks):
+            t0 = time.perf_counter()
+            model = to_onnx(spec)
+            static_check(model, spec)
+            report["validation"][spec.name] = validate(spec, model, dac, rvq)
+            models[spec.name] = model
+            log.info("%s: exported, checked and validated in %.1f s", spec.name,
+                     time.perf_counter() - t0)
+    finally:
+        dac.set_padding(True)  # the graph wrappers switch it; hand the model back as it came
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, model in models.items():
         save_atomic(model, out_dir / f"{name}.onnx")
