@@ -115,6 +115,8 @@ def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_gr
 # ---- codec-run ---------------------------------------------------------------------------
 provider_option = click.option("--provider", type=click.Choice(["cpu", "cuda", "dml", "coreml", "auto"]),
                                default="cpu", help="ONNX Runtime execution provider.")
+model_option = click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path),
+                            required=True, help="Folder written by codec-export.")
 fallback_option = click.option("--fallback", type=click.Choice(["cpu"]), default=None,
                                help="Use this provider when the requested one is not installed.")
 
@@ -132,8 +134,7 @@ def _codec(model_dir: Path, provider: str, fallback: str | None):
 
 @run_cli.command("encode")
 @click.argument("audio_in", type=click.Path(path_type=Path))
-@click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
-              help="Folder written by codec-export.")
+@model_option
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True,
               help="codes.npy (codes [channels, codebooks, frames]) or codes.dac (official format).")
 @click.option("--codebooks", type=click.IntRange(min=1), default=None,
@@ -169,8 +170,7 @@ def encode_cmd(audio_in, model_dir, out, codebooks, provider, fallback, verbose)
 
 @run_cli.command("decode")
 @click.argument("codes_in", type=click.Path(path_type=Path))
-@click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
-              help="Folder written by codec-export.")
+@model_option
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True,
               help="Output audio (.wav or .flac).")
 @provider_option
