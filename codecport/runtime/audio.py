@@ -46,13 +46,16 @@ def resample(audio: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
 def loudness(audio: np.ndarray, sr: int) -> float:
     """Integrated loudness (ITU-R BS.1770, pyloudnorm) in dB LUFS, floored at -70.
 
-    Clips shorter than the 400 ms gating block are measured zero-padded to one block.
+    Clips shorter than the 400 ms gating block are measured zero-padded to one block; more than
+    five channels are measured as their downmix.
     """
     import pyloudnorm
 
     meter = pyloudnorm.Meter(sr)
     block = int(np.ceil(meter.block_size * sr)) + 1
     x = audio.T.astype(np.float64)
+    if x.shape[1] > 5:  # BS.1770 weights at most 5 channels; measure the downmix instead
+        x = x.mean(axis=1, keepdims=True)
     if x.shape[0] < block:
         x = np.pad(x, ((0, block - x.shape[0]), (0, 0)))
     with warnings.catch_warnings():
