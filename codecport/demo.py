@@ -12,6 +12,8 @@ from pathlib import Path
 import click
 import numpy as np
 
+from .cli import DAC_VARIANTS
+
 
 def _clip(sr: int, seconds: float) -> np.ndarray:
     """A chirp over a soft noise floor, `[1, samples]`."""
@@ -22,8 +24,7 @@ def _clip(sr: int, seconds: float) -> np.ndarray:
 
 
 @click.command(context_settings={"show_default": True})
-@click.option("--variant", type=click.Choice(["44khz", "24khz", "16khz", "44khz-16kbps", "tiny"]),
-              default="24khz")
+@click.option("--variant", type=click.Choice(DAC_VARIANTS), default="24khz")
 @click.option("--seconds", type=float, default=4.0, help="Length of the generated clip.")
 @click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=Path("demo-out"))
 def main(variant: str, seconds: float, out_dir: Path) -> None:

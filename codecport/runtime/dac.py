@@ -20,7 +20,7 @@ from tqdm import tqdm
 from ..errors import CodesError, ModelFileError
 from .audio import check_audio, loudness, resample
 from .dacfile import DacFile
-from .rvq import DacRvq
+from .rvq import DacRvq, check_code_values, check_n_codebooks
 from .session import Graph, open_graph, resolve_provider
 
 log = logging.getLogger(__name__)
@@ -74,19 +74,13 @@ class DacCodec:
         out = self.graph(name)(x[None, None].astype(np.float32))[0]
         return out[:k].astype(np.int64) if self.rvq is None else self.rvq.encode(out, k)
 
-    def _check_k(self, k: int | None) -> int:
-        k = self.n_codebooks if k is None else k
-        if not 1 <= k <= self.n_codebooks:
-            raise CodesError(f"--codebooks must be between 1 and {self.n_codebooks}, got {k}")
-        return k
-
     def fits_exact(self, n: int) -> bool:
         """Whether `n` samples go through the fixed-length graph in one exact call."""
         return math.ceil(n / self.hop) == self.graph("encoder").int("frames")
 
     def encode_exact(self, audio: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
         """Official `encode` codes `[C, K, frames]` for `[C, N]` audio that fits the graph."""
-        k, g = self._check_k(n_codebooks), self.graph("encoder")
+        k, g = check_n_codebooks(n_codebooks, self.n_codebooks), self.graph("encoder")
         if not self.fits_exact(audio.shape[1]):
             raise CodesError(f"{audio.shape[1]} samples do not fit the {g.int('samples')}-sample "
                              "graph; use the chunked mode (compress)")
@@ -96,7 +90,7 @@ class DacCodec:
     def encode_chunked(self, audio: np.ndarray, n_codebooks: int | None = None,
                        progress: bool = False) -> np.ndarray:
         """Official chunked-`compress` codes `[C, K, n_chunks * chunk_frames]`."""
-        k, g = self._check_k(n_codebooks), self.graph("encoder_chunked")
+        k, g = check_n_codebooks(n_codebooks, self.n_codebooks), self.graph("encoder_chunked")
         window, step, delay = g.int("window"), g.int("chunk_step"), g.int("delay")
         n = audio.shape[1]
         starts = range(0, n, step)
@@ -150,11 +144,7 @@ class DacCodec:
         if codes.ndim != 3 or not 1 <= codes.shape[1] <= self.n_codebooks or codes.shape[2] == 0:
             raise CodesError(f"codes must be [channels, codebooks<={self.n_codebooks}, frames], got "
                              f"shape {list(codes.shape)}")
-        if codes.dtype.kind not in "ui":
-            raise CodesError(f"codes must be integers, got {codes.dtype}")
-        if codes.min() < 0 or codes.max() >= self.codebook_size:
-            raise CodesError(f"codes must be in [0, {self.codebook_size}), found [{codes.min()}, "
-                             f"{codes.max()}]; were they made by another model?")
+        check_code_values(codes, self.codebook_size)
         return codes.astype(np.int64)
 
     def decode(self, codes: np.ndarray, padding: bool | None = None,

@@ -16,6 +16,23 @@ def _normalize(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
+def check_n_codebooks(k: int | None, n: int) -> int:
+    """`k` (None = all `n`) if it is a usable number of codebooks, else `CodesError`."""
+    k = n if k is None else k
+    if not 1 <= k <= n:
+        raise CodesError(f"--codebooks must be between 1 and {n}, got {k}")
+    return k
+
+
+def check_code_values(codes: np.ndarray, codebook_size: int) -> None:
+    """Integer codes within `[0, codebook_size)`, else `CodesError`."""
+    if codes.dtype.kind not in "ui":
+        raise CodesError(f"codes must be integers, got {codes.dtype}")
+    if codes.size and (codes.min() < 0 or codes.max() >= codebook_size):
+        raise CodesError(f"codes must be in [0, {codebook_size}), found [{codes.min()}, "
+                         f"{codes.max()}]; were they made by another model?")
+
+
 class DacRvq:
     """K levels of (in_proj 1x1 conv, codebook, out_proj 1x1 conv).
 
@@ -41,23 +58,14 @@ class DacRvq:
             raise ModelFileError(f"{path}: not a codecport RVQ file ({e}); re-run codec-export") from e
         return cls(arrays)
 
-    def save(self, path: Path) -> None:
-        np.savez(path, **self.arrays())
-
     def arrays(self) -> dict[str, np.ndarray]:
         return {"in_proj_weight": self.in_w, "in_proj_bias": self.in_b,
                 "out_proj_weight": self.out_w, "out_proj_bias": self.out_b,
                 "codebook": self.codebook}
 
-    def _check_k(self, k: int | None) -> int:
-        k = self.n_codebooks if k is None else k
-        if not 1 <= k <= self.n_codebooks:
-            raise CodesError(f"--codebooks must be between 1 and {self.n_codebooks}, got {k}")
-        return k
-
     def encode(self, latent: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
         """Codes `[K, T]` (int64) for a latent `[L, T]`, with the official distance formula."""
-        k = self._check_k(n_codebooks)
+        k = check_n_codebooks(n_codebooks, self.n_codebooks)
         residual = latent.T.astype(np.float32)  # [T, L]
         codes = np.empty((k, residual.shape[0]), dtype=np.int64)
         for i in range(k):
@@ -81,8 +89,4 @@ class DacRvq:
         if codes.ndim != 2 or not 1 <= codes.shape[0] <= self.n_codebooks:
             raise CodesError(f"codes must be [codebooks<= {self.n_codebooks}, frames], got shape "
                              f"{list(codes.shape)}")
-        if not np.issubdtype(codes.dtype, np.integer):
-            raise CodesError(f"codes must be integers, got {codes.dtype}")
-        if codes.size and (codes.min() < 0 or codes.max() >= self.codebook_size):
-            raise CodesError(f"codes must be in [0, {self.codebook_size}), found "
-                             f"[{codes.min()}, {codes.max()}]; were they made by another model?")
+        check_code_values(codes, self.codebook_size)
