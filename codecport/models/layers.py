@@ -101,3 +101,118 @@ def set_padding(module: nn.Module, value: bool) -> None:
     for m in module.modules():
         if isinstance(m, (PaddedConv1d, UpConv1d)):
             m.use_padding = value
+
+
+# ---- causal convs with explicit streaming state (Mimi) -----------------------------------
+class StreamState:
+    """Streaming state of one call, as named tensors: what the graph takes and what it returns.
+
+    moshi keeps this state hidden inside its modules, which ONNX cannot see. Here every stateful
+    module reads `inputs[its name]` and writes `outputs[its name]`, so an exported step graph
+    carries the state as plain inputs/outputs. `offset` counts the positions seen so far.
+    """
+
+    def __init__(self, inputs: dict[str, torch.Tensor], offset: torch.Tensor):
+        self.inputs, self.outputs, self.offset = inputs, {}, offset
+
+    @property
+    def first(self) -> torch.Tensor:
+        return self.offset == 0
+
+
+class _Wrap(nn.Module):
+    """Holds one submodule under a given name: the official checkpoints nest convs as
+    `conv.conv.weight` / `convtr.convtr.weight`, and mirroring that keeps their keys as is."""
+
+    def __init__(self, name: str, inner: nn.Module):
+        super().__init__()
+        setattr(self, name, inner)
+
+
+class CausalConv1d(nn.Module):
+    """Causal Conv1d: `k_eff - stride` samples of left context, zeros (or the first sample,
+    `replicate`) at the start, and the previous call's tail when streaming.
+
+    Inputs must be a multiple of the stride long (the model pads the audio to whole frames), so
+    no right padding is ever needed and streaming equals the whole-clip result.
+    """
+
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, dilation: int = 1,
+                 bias: bool = True, replicate: bool = False):
+        super().__init__()
+        self.conv = _Wrap("conv", nn.Conv1d(c_in, c_out, kernel, stride, dilation=dilation, bias=bias))
+        self.left = (kernel - 1) * dilation + 1 - stride
+        self.replicate = replicate
+        self.stream: StreamState | None = None
+        self.state_name = ""
+
+    def state_shape(self) -> tuple[int, ...] | None:
+        """`[1, C_in, left]`: the last input samples, or None when the conv needs no context."""
+        return (1, self.conv.conv.in_channels, self.left) if self.left else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.left:
+            if self.stream is None:
+                # Concat of the first sample rather than Pad(mode=edge): portable across EPs.
+                x = torch.cat([x[..., :1].expand(-1, -1, self.left), x], -1) if self.replicate \
+                    else F.pad(x, (self.left, 0))
+            else:
+                prev = self.stream.inputs[self.state_name]
+                if self.replicate:  # moshi starts the replicate pad from the first frame
+                    prev = torch.where(self.stream.first, x[..., :1].expand_as(prev), prev)
+                x = torch.cat([prev, x], -1)
+                self.stream.outputs[self.state_name] = x[..., -self.left:]
+        return self.conv.conv(x)
+
+
+def polyphase_weight(w: torch.Tensor, groups: int) -> torch.Tensor:
+    """ConvTranspose1d weight `[C_in, C_out/g, 2s]` -> Conv1d weight `[C_out*s, C_in/g, 2]`.
+
+    Output sample `j*s + p` only sees taps `p` (input frame j) and `p + s` (frame j-1); row
+    `oc*s + p` holds (w[..., p+s], w[..., p]) for the (frame j-1, frame j) pair.
+    """
+    c_in, c_out_g, k = w.shape
+    s = k // 2
+    w = w.reshape(groups, c_in // groups, c_out_g, k).transpose(1, 2)  # [g, C_out/g, C_in/g, 2s]
+    taps = torch.stack([w[..., s:], w[..., :s]], dim=-1)  # [g, C_out/g, C_in/g, s, 2]
+    return taps.permute(0, 1, 3, 2, 4).reshape(groups * c_out_g * s, c_in // groups, 2)
+
+
+class CausalUpConv1d(nn.Module):
+    """Causal ConvTranspose1d with kernel `2*stride`, trimmed right to `T*stride` samples.
+
+    Polyphase (default): a 2-tap conv over input frames (j-1, j) with `C_out*s` output channels,
+    reshaped to interleave the phases. That makes it an ordinary causal conv whose streaming state
+    is the previous input frame `[1, C_in, 1]`, which carries the same information as moshi's
+    output overlap tail (`k - s` samples of every output channel) in fewer numbers.
+    """
+
+    def __init__(self, c_in: int, c_out: int, stride: int, groups: int = 1, bias: bool = True,
+                 polyphase: bool = True):
+        super().__init__()
+        self.convtr = _Wrap("convtr", nn.ConvTranspose1d(c_in, c_out, 2 * stride, stride,
+                                                          groups=groups, bias=bias))
+        self.polyphase = polyphase
+        self.stream: StreamState | None = None
+        self.state_name = ""
+
+    def state_shape(self) -> tuple[int, ...]:
+        return (1, self.convtr.convtr.in_channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ct = self.convtr.convtr
+        s, t = ct.stride[0], x.shape[-1]
+        if not self.polyphase:
+            if self.stream is not None:
+                raise ValueError("streaming needs the polyphase form of the transposed conv")
+            return ct(x)[..., :t * s]
+        if self.stream is None:
+            x = F.pad(x, (1, 0))
+        else:
+            x = torch.cat([self.stream.inputs[self.state_name], x], -1)
+            self.stream.outputs[self.state_name] = x[..., -1:]
+        bias = None if ct.bias is None else ct.bias.repeat_interleave(s)
+        y = F.conv1d(x, polyphase_weight(ct.weight, ct.groups), bias, groups=ct.groups)
+        b = y.shape[0]
+        # [B, C_out*s, T] -> [B, C_out, T, s] -> [B, C_out, T*s]: sample j*s + p.
+        return y.reshape(b, ct.out_channels, s, t).transpose(2, 3).reshape(b, ct.out_channels, t * s)

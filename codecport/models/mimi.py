@@ -1,0 +1,328 @@
+"""Mimi (Kyutai) reference model in torch, written for export.
+
+Module names mirror moshi's (`encoder.model.{i}.conv.conv`, `decoder.model.{i}.convtr.convtr`,
+`downsample.conv.conv.conv`, `quantizer.rvq_first.vq.layers.{i}._codebook`, ...), so an official
+checkpoint loads without renaming. Every conv is causal with explicit padding; the transposed
+convs (including the depthwise frame-rate upsample) are polyphase convs. The same modules run
+whole clips and, under `MimiModel.streaming(state)`, one step with explicit state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import nn
+
+from .layers import CausalConv1d, CausalUpConv1d, StreamState
+from .transformer import Attention, Transformer
+
+
+@dataclass(frozen=True)
+class MimiConfig:
+    sample_rate: int = 24000  # Hz, mono
+    n_filters: int = 64  # SEANet channels after the first conv
+    ratios: tuple[int, ...] = (8, 6, 5, 4)  # decoder upsampling strides (encoder: reversed)
+    dimension: int = 512  # SEANet latent channels = transformer width
+    kernel_size: int = 7  # first SEANet conv
+    last_kernel_size: int = 3  # last SEANet conv
+    residual_kernel_size: int = 3  # first conv of each residual block
+    compress: int = 2  # residual block hidden channels = dim / compress
+    n_heads: int = 8
+    n_layers: int = 8  # per transformer (encoder side and decoder side)
+    ffn: int = 2048  # transformer feed-forward width
+    context: int = 250  # attention window, in SEANet frames (25 Hz for the preset)
+    max_period: float = 10000.0  # RoPE
+    downsample_stride: int = 2  # SEANet frame rate -> code frame rate
+    n_codebooks: int = 32  # 1 semantic + the rest acoustic
+    n_semantic: int = 1
+    codebook_size: int = 2048
+    codebook_dim: int = 256
+
+    @property
+    def hop(self) -> int:
+        """Samples per SEANet frame (960 for the preset)."""
+        return math.prod(self.ratios)
+
+    @property
+    def frame_size(self) -> int:
+        """Samples per code frame (1920 for the preset: 80 ms at 24 kHz)."""
+        return self.hop * self.downsample_stride
+
+    @property
+    def frame_rate(self) -> float:
+        return self.sample_rate / self.frame_size
+
+    def to_kwargs(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_kwargs(cls, kw: dict) -> MimiConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in kw.items() if k in known})
+
+
+PRESETS = {
+    "mimi": MimiConfig(),
+    # Same architecture, small enough for tests: 24-sample frames, 16-dim transformer.
+    "tiny": MimiConfig(n_filters=4, ratios=(4, 3), dimension=16, n_heads=2, n_layers=2, ffn=32,
+                       n_codebooks=4, codebook_size=64, codebook_dim=8),
+}
+
+
+class ResBlock(nn.Module):
+    """ELU -> Conv(dim -> dim/c, k3) -> ELU -> Conv(dim/c -> dim, k1), identity skip."""
+
+    def __init__(self, dim: int, hidden: int, kernel: int, dilation: int):
+        super().__init__()
+        self.block = nn.Sequential(nn.ELU(), CausalConv1d(dim, hidden, kernel, dilation=dilation),
+                                   nn.ELU(), CausalConv1d(hidden, dim, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x)
+
+
+class SeanetEncoder(nn.Module):
+    def __init__(self, cfg: MimiConfig):
+        super().__init__()
+        layers: list[nn.Module] = [CausalConv1d(1, cfg.n_filters, cfg.kernel_size)]
+        dim = cfg.n_filters
+        for r in reversed(cfg.ratios):
+            layers += [ResBlock(dim, dim // cfg.compress, cfg.residual_kernel_size, 1), nn.ELU(),
+                       CausalConv1d(dim, 2 * dim, 2 * r, stride=r)]
+            dim *= 2
+        layers += [nn.ELU(), CausalConv1d(dim, cfg.dimension, cfg.last_kernel_size)]
+        self.model = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+class SeanetDecoder(nn.Module):
+    def __init__(self, cfg: MimiConfig, polyphase: bool):
+        super().__init__()
+        dim = cfg.n_filters * 2 ** len(cfg.ratios)
+        layers: list[nn.Module] = [CausalConv1d(cfg.dimension, dim, cfg.kernel_size)]
+        for r in cfg.ratios:
+            layers += [nn.ELU(), CausalUpConv1d(dim, dim // 2, r, polyphase=polyphase),
+                       ResBlock(dim // 2, dim // 2 // cfg.compress, cfg.residual_kernel_size, 1)]
+            dim //= 2
+        layers += [nn.ELU(), CausalConv1d(dim, 1, cfg.last_kernel_size)]
+        self.model = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+class Downsample(nn.Module):
+    """Frame-rate conv (k = 2*stride, no bias) with replicate left padding, as moshi."""
+
+    def __init__(self, cfg: MimiConfig):
+        super().__init__()
+        s = cfg.downsample_stride
+        self.conv = CausalConv1d(cfg.dimension, cfg.dimension, 2 * s, s, bias=False, replicate=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+class Upsample(nn.Module):
+    """Depthwise transposed conv (groups = channels, no bias) back to the SEANet frame rate."""
+
+    def __init__(self, cfg: MimiConfig, polyphase: bool):
+        super().__init__()
+        self.convtr = CausalUpConv1d(cfg.dimension, cfg.dimension, cfg.downsample_stride,
+                                     groups=cfg.dimension, bias=False, polyphase=polyphase)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.convtr(x)
+
+
+class Codebook(nn.Module):
+    """EMA codebook buffers as saved: rows are `embedding_sum / max(cluster_usage, 1e-5)`."""
+
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self.register_buffer("_initialized", torch.ones(1))
+        self.register_buffer("cluster_usage", torch.ones(size))
+        self.register_buffer("embedding_sum", torch.zeros(size, dim))
+
+    def rows(self) -> torch.Tensor:
+        return self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
+
+
+class _VQ(nn.Module):
+    def __init__(self, size: int, dim: int):
+        super().__init__()
+        self._codebook = Codebook(size, dim)
+
+
+class _Levels(nn.Module):
+    def __init__(self, n: int, size: int, dim: int):
+        super().__init__()
+        self.layers = nn.ModuleList([_VQ(size, dim) for _ in range(n)])
+
+
+class RVQ(nn.Module):
+    """input_proj (1x1, no bias) -> residual nearest-row search -> sum of rows -> output_proj."""
+
+    def __init__(self, n: int, cfg: MimiConfig):
+        super().__init__()
+        self.input_proj = nn.Conv1d(cfg.dimension, cfg.codebook_dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(cfg.codebook_dim, cfg.dimension, 1, bias=False)
+        self.vq = _Levels(n, cfg.codebook_size, cfg.codebook_dim)
+
+    def encode(self, z: torch.Tensor, k: int) -> torch.Tensor:
+        """Codes `[B, k, T]` for latent `[B, C, T]`: Euclidean nearest row, level by level."""
+        r = self.input_proj(z).transpose(1, 2)  # [B, T, D]
+        codes = []
+        for vq in self.vq.layers[:k]:
+            rows = vq._codebook.rows()
+            dist = (r ** 2).sum(-1, keepdim=True) - 2 * r @ rows.T + (rows ** 2).sum(-1)
+            idx = dist.argmin(-1)
+            codes.append(idx)
+            r = r - rows[idx]
+        return torch.stack(codes, 1)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Latent `[B, C, T]` for codes `[B, k, T]`."""
+        q = sum(vq._codebook.rows()[codes[:, i]] for i, vq in enumerate(self.vq.layers[:codes.shape[1]]))
+        return self.output_proj(q.transpose(1, 2))
+
+
+class SplitRVQ(nn.Module):
+    """Semantic RVQ (`rvq_first`) and acoustic RVQ (`rvq_rest`), both fed the same latent."""
+
+    def __init__(self, cfg: MimiConfig):
+        super().__init__()
+        self.n_semantic = cfg.n_semantic
+        self.rvq_first = RVQ(cfg.n_semantic, cfg)
+        self.rvq_rest = RVQ(cfg.n_codebooks - cfg.n_semantic, cfg)
+
+    def encode(self, z: torch.Tensor, k: int) -> torch.Tensor:
+        codes = self.rvq_first.encode(z, min(k, self.n_semantic))
+        if k > self.n_semantic:
+            codes = torch.cat([codes, self.rvq_rest.encode(z, k - self.n_semantic)], 1)
+        return codes
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        z = self.rvq_first.decode(codes[:, :self.n_semantic])
+        if codes.shape[1] > self.n_semantic:
+            z = z + self.rvq_rest.decode(codes[:, self.n_semantic:])
+        return z
+
+
+class MimiModel(nn.Module):
+    """Audio `[B, 1, N]` (N a multiple of `frame_size`) <-> codes `[B, K, N / frame_size]`."""
+
+    ENCODER_SIDE = ("encoder.", "encoder_transformer.", "downsample.")
+
+    def __init__(self, cfg: MimiConfig, polyphase: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        tr = (cfg.dimension, cfg.n_heads, cfg.n_layers, cfg.ffn, cfg.context, cfg.max_period)
+        self.encoder = SeanetEncoder(cfg)
+        self.decoder = SeanetDecoder(cfg, polyphase)
+        self.encoder_transformer = Transformer(*tr)
+        self.decoder_transformer = Transformer(*tr)
+        self.downsample = Downsample(cfg)
+        self.upsample = Upsample(cfg, polyphase)
+        self.quantizer = SplitRVQ(cfg)
+        for name, m in self.named_modules():
+            if hasattr(m, "state_name"):
+                m.state_name = name.replace(".", "_")
+
+    # ---- whole clips (or one step, inside `streaming`) ----------------------------------
+    def encode_latent(self, audio: torch.Tensor) -> torch.Tensor:
+        """Latent `[B, C, frames]` before quantization."""
+        return self.downsample(self.encoder_transformer(self.encoder(audio)))
+
+    def decode_latent(self, z: torch.Tensor) -> torch.Tensor:
+        """Audio `[B, 1, frames * frame_size]` from a (quantized) latent."""
+        return self.decoder(self.decoder_transformer(self.upsample(z)))
+
+    def encode(self, audio: torch.Tensor, n_codebooks: int | None = None) -> torch.Tensor:
+        return self.quantizer.encode(self.encode_latent(audio), n_codebooks or self.cfg.n_codebooks)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.decode_latent(self.quantizer.decode(codes))
+
+    def pad(self, audio: torch.Tensor) -> torch.Tensor:
+        """Zero-pad to whole frames, as moshi (since April 2025) does before encoding."""
+        n = audio.shape[-1]
+        return nn.functional.pad(audio, (0, -n % self.cfg.frame_size))
+
+    # ---- explicit streaming state -------------------------------------------------------
+    def stateful(self, side: str) -> list[nn.Module]:
+        """Modules carrying streaming state on the `encoder` or `decoder` side, in a fixed order."""
+        enc = side == "encoder"
+        return [m for name, m in self.named_modules()
+                if hasattr(m, "state_name") and m.state_shape() is not None
+                and name.startswith(self.ENCODER_SIDE) == enc]
+
+    def state_shapes(self, side: str) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of each state tensor; the initial state is all zeros with offset 0."""
+        return {m.state_name: m.state_shape() for m in self.stateful(side)}
+
+    def zero_state(self, side: str) -> StreamState:
+        return StreamState({k: torch.zeros(s) for k, s in self.state_shapes(side).items()},
+                           torch.zeros(1, dtype=torch.int64))
+
+    @contextlib.contextmanager
+    def streaming(self, state: StreamState, side: str) -> Iterator[StreamState]:
+        """Run one step of `side` reading `state.inputs`; `state.outputs` gets the next state."""
+        mods = self.stateful(side)
+        for m in mods:
+            m.stream = state
+        try:
+            yield state
+        finally:
+            for m in mods:
+                m.stream = None
+
+    def attention_layers(self) -> list[Attention]:
+        return [m for m in self.modules() if isinstance(m, Attention)]
+
+
+@torch.no_grad()
+def init_random(model: MimiModel, seed: int = 0) -> MimiModel:
+    """Seeded weights that give spread-out codes and audio-scale output.
+
+    The official init (layer scale 0.01, zero codebooks) would make the transformers near
+    identities and every code 0, so parity tests on it would prove little. Convs and linears get
+    fan-in scaling, layer scales 0.1-0.5, and the codebooks are scaled to the projected latents
+    of a noise clip (first level centred on them), so every level picks among many rows.
+    """
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *s: torch.randn(*s, generator=g)
+    for name, p in model.named_parameters():
+        if name.endswith(".scale"):
+            p.copy_(0.1 + 0.4 * torch.rand(p.shape, generator=g))
+        elif name.endswith(("norm1.weight", "norm2.weight")):
+            p.copy_(1 + 0.1 * rand(p.shape))
+        elif name.endswith(".bias"):
+            p.copy_(0.05 * rand(p.shape))
+        else:
+            fan_in = p[0].numel() if p.dim() > 1 else 1
+            if "convtr" in name:  # [C_in, C_out/g, 2s]: each output sees 2 taps of C_in/g inputs
+                fan_in = 2 * (p.shape[0] if p.shape[1] > 1 else 1)
+            p.copy_(rand(p.shape) / math.sqrt(fan_in))
+    for block in [m for m in model.modules() if isinstance(m, ResBlock)]:
+        block.block[3].conv.conv.weight.mul_(0.3)  # damp residual branches
+    model.decoder.model[-1].conv.conv.weight.mul_(0.1)  # audio-scale output
+    cfg = model.cfg
+    noise = 0.1 * rand(1, 1, 8 * cfg.frame_size)
+    z = model.encode_latent(noise)
+    for rvq in (model.quantizer.rvq_first, model.quantizer.rvq_rest):
+        proj = rvq.input_proj(z)[0]  # [D, T]
+        mean, std = proj.mean(1), proj.std(1)
+        for i, vq in enumerate(rvq.vq.layers):
+            cb = vq._codebook
+            # The first level is centred on the latents, later ones on ever smaller residuals.
+            rows = (mean if i == 0 else 0) + std * 0.7 ** i * rand(cb.embedding_sum.shape)
+            cb.cluster_usage.copy_(0.5 + 2 * torch.rand(cb.cluster_usage.shape, generator=g))
+            cb.embedding_sum.copy_(rows * cb.cluster_usage[:, None])
+    return model

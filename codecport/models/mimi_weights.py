@@ -1,0 +1,207 @@
+"""Loading Mimi weights: moshi's safetensors, transformers' `MimiModel` folder, or by name."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError
+from .dac_weights import load_state
+from .hub import cache_dir, cached_url, download, sha256_file
+from .mimi import PRESETS, MimiConfig, MimiModel
+
+log = logging.getLogger(__name__)
+
+# Released weights: name -> (Hugging Face repo, file). No checksum is published for them.
+RELEASES = {"mimi": ("kyutai/moshiko-pytorch-bf16", "tokenizer-e351c8d8-checkpoint125.safetensors")}
+RELEASE_BASE = "https://huggingface.co"
+BASE_URL_ENV = "CODECPORT_MIMI_BASE_URL"  # mirror (or test server) laid out as <base>/<repo>/resolve/main/<file>
+
+
+def release_url(name: str) -> str:
+    repo, file = RELEASES[name]
+    return f"{os.environ.get(BASE_URL_ENV, RELEASE_BASE).rstrip('/')}/{repo}/resolve/main/{file}"
+
+
+def _read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            sd.update(load_file(f))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{f}: not a readable safetensors file ({e}); re-download it") from e
+    return sd
+
+
+def read_official(path: Path) -> dict[str, torch.Tensor]:
+    """moshi's state dict, with both attention spellings mapped to `in_proj_weight`/`out_proj`.
+
+    moshi >= 0.2 renames `in_proj_weight` -> `in_projs.0.weight` and `out_proj.weight` ->
+    `out_projs.0.weight` when it loads; files written by it may carry either spelling.
+    """
+    sd = _read_safetensors([path])
+    out = {}
+    for k, v in sd.items():
+        k = re.sub(r"\.in_projs\.0\.weight$", ".in_proj_weight", k)
+        k = re.sub(r"\.out_projs\.0\.weight$", ".out_proj.weight", k)
+        out[k] = v
+    return out
+
+
+def _unpermute_rope(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo transformers' conversion permutation of q/k rows (interleaved -> rotate-half).
+
+    The conversion applies `w.view(h, d/2, 2, C).transpose(1, 2)`: rows (2i, 2i+1) of each head
+    move to (i, i + d/2), so rotate-half RoPE rotates the same pairs. The inverse puts them back
+    for our interleaved RoPE.
+    """
+    rows, cols = w.shape
+    return w.reshape(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+_HF_LAYER = {"input_layernorm": "norm1", "post_attention_layernorm": "norm2", "mlp.fc1": "linear1",
+             "mlp.fc2": "linear2", "self_attn_layer_scale": "layer_scale_1",
+             "mlp_layer_scale": "layer_scale_2", "self_attn.o_proj": "self_attn.out_proj"}
+_HF_RVQ = {"semantic_residual_vector_quantizer": "rvq_first",
+           "acoustic_residual_vector_quantizer": "rvq_rest"}
+_HF_CODEBOOK = {"embed_sum": "embedding_sum", "cluster_usage": "cluster_usage",
+                "initialized": "_initialized"}
+
+
+def _hf_key(key: str, expected: set[str]) -> str:
+    m = re.match(r"^(encoder|decoder)\.layers\.(\d+)\.(block\.\d+\.)?conv\.(weight|bias)$", key)
+    if m:
+        side, i, block, w = m.groups()
+        name = f"{side}.model.{i}.{block or ''}conv.conv.{w}"
+        return name if name in expected else f"{side}.model.{i}.convtr.convtr.{w}"
+    m = re.match(r"^(encoder|decoder)_transformer\.layers\.(\d+)\.(.+)\.(weight|bias|scale)$", key)
+    if m:
+        side, j, part, w = m.groups()
+        return f"{side}_transformer.transformer.layers.{j}.{_HF_LAYER.get(part, part)}.{w}"
+    m = re.match(r"^quantizer\.(\w+)\.layers\.(\d+)\.codebook\.(\w+)$", key)
+    if m and m.group(1) in _HF_RVQ:
+        rvq, i, buf = m.groups()
+        return f"quantizer.{_HF_RVQ[rvq]}.vq.layers.{i}._codebook.{_HF_CODEBOOK.get(buf, buf)}"
+    m = re.match(r"^quantizer\.(\w+)\.(input_proj|output_proj)\.weight$", key)
+    if m and m.group(1) in _HF_RVQ:
+        return f"quantizer.{_HF_RVQ[m.group(1)]}.{m.group(2)}.weight"
+    return {"downsample.conv.weight": "downsample.conv.conv.conv.weight",
+            "upsample.conv.weight": "upsample.convtr.convtr.convtr.weight"}.get(key, key)
+
+
+def config_from_transformers(conf: dict, source: str) -> MimiConfig:
+    """`MimiConfig` from transformers' config.json; refuses options Mimi's export does not model."""
+    if conf.get("model_type", "mimi") != "mimi":
+        raise CheckpointError(f"{source}: config.json is for model_type {conf['model_type']!r}, not mimi")
+    heads = conf.get("num_attention_heads", 8)
+    unsupported = {"use_causal_conv": True, "num_residual_layers": 1, "use_conv_shortcut": False,
+                   "pad_mode": "constant", "audio_channels": 1, "trim_right_ratio": 1.0,
+                   "num_key_value_heads": heads, "hidden_act": "gelu", "norm_eps": 1e-5}
+    for key, want in unsupported.items():
+        if conf.get(key, want) != want:
+            raise CheckpointError(f"{source}: config {key}={conf[key]!r} is not supported "
+                                  f"(Mimi uses {want!r})")
+    sr, ratios = conf.get("sampling_rate", 24000), conf.get("upsampling_ratios") or [8, 6, 5, 4]
+    frame_rate = conf.get("_frame_rate") or conf.get("frame_rate") or 12.5
+    rope = conf.get("rope_parameters") or {}
+    return MimiConfig(
+        sample_rate=sr, n_filters=conf.get("num_filters", 64), ratios=tuple(ratios),
+        dimension=conf.get("hidden_size", 512), kernel_size=conf.get("kernel_size", 7),
+        last_kernel_size=conf.get("last_kernel_size", 3),
+        residual_kernel_size=conf.get("residual_kernel_size", 3), compress=conf.get("compress", 2),
+        n_heads=heads, n_layers=conf.get("num_hidden_layers", 8),
+        ffn=conf.get("intermediate_size", 2048), context=conf.get("sliding_window", 250),
+        max_period=float(rope.get("rope_theta", conf.get("rope_theta", 10000.0))),
+        downsample_stride=round(math.ceil(sr / math.prod(ratios)) / frame_rate),
+        n_codebooks=conf.get("num_quantizers", 32), n_semantic=conf.get("num_semantic_quantizers", 1),
+        codebook_size=conf.get("codebook_size", 2048),
+        codebook_dim=conf.get("vector_quantization_hidden_dimension", 256))
+
+
+def read_transformers(path: Path) -> tuple[dict[str, torch.Tensor], MimiConfig]:
+    """State dict (moshi names) and config of a transformers `MimiModel` folder."""
+    folder = path if path.is_dir() else path.parent
+    files = sorted(folder.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files or not (folder / "config.json").is_file():
+        raise CheckpointError(f"{path}: a transformers checkpoint needs config.json and "
+                              "*.safetensors in one folder")
+    try:
+        conf = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{folder}/config.json: unreadable ({e})") from e
+    cfg = config_from_transformers(conf, str(folder))
+    sd = _read_safetensors(files)
+    expected = set(MimiModel(cfg).state_dict())
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    for k, v in sd.items():
+        m = re.match(r"^(\w+_transformer\.layers\.\d+)\.self_attn\.([qkv])_proj\.weight$", k)
+        if m:
+            qkv.setdefault(m.group(1), {})[m.group(2)] = v
+        else:
+            out[_hf_key(k, expected)] = v
+    for stem, parts in qkv.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise CheckpointError(f"{path}: {stem}.self_attn lacks one of q_proj/k_proj/v_proj")
+        side, j = stem.split(".layers.")
+        out[f"{side}.transformer.layers.{j}.self_attn.in_proj_weight"] = torch.cat([
+            _unpermute_rope(parts["q"], cfg.n_heads), _unpermute_rope(parts["k"], cfg.n_heads),
+            parts["v"]])
+    return out, cfg
+
+
+def _is_transformers_file(path: Path) -> bool:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, "pt") as f:
+            names = list(f.keys())
+    except (SafetensorError, OSError):  # unreadable: the official reader reports it properly
+        return False
+    return any(k.startswith("encoder.layers.") for k in names)
+
+
+def resolve_weights(weights: str) -> Path:
+    """A released name, URL or local path -> a local file or folder (downloading if needed)."""
+    if weights in RELEASES:
+        repo, file = RELEASES[weights]
+        return download(release_url(weights), cache_dir() / "mimi" / repo / file)
+    if re.match(r"^https?://", weights):
+        return download(weights, cached_url(weights))
+    path = Path(weights).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"{weights}: no such file; pass a path, a URL, or one of "
+                              f"{', '.join(RELEASES)}")
+    return path
+
+
+def load_mimi(weights: str, variant: str | None = None,
+              polyphase: bool = True) -> tuple[MimiModel, str]:
+    """Model with weights loaded, and the sha256 of the weights file(s).
+
+    A transformers folder (or its safetensors beside config.json) brings its own config; moshi's
+    file carries none, so it takes preset `variant` (default `mimi`).
+    """
+    path = resolve_weights(weights)
+    if path.is_dir() or (path.suffix == ".safetensors" and _is_transformers_file(path)):
+        sd, cfg = read_transformers(path)
+        digest = sha256_file(*(sorted(path.glob("*.safetensors")) if path.is_dir() else [path]))
+        if variant is not None and cfg != PRESETS[variant]:
+            log.warning("the checkpoint's config differs from preset %s; using the checkpoint's", variant)
+    elif path.suffix == ".safetensors":
+        sd, cfg, digest = read_official(path), PRESETS[variant or "mimi"], sha256_file(path)
+    else:
+        raise CheckpointError(f"{path}: Mimi weights are .safetensors (moshi's file or a "
+                              "transformers folder); other formats are not read")
+    model = MimiModel(cfg, polyphase=polyphase)
+    load_state(model, sd, str(path))
+    return model.eval(), digest

@@ -1,0 +1,130 @@
+"""Mimi's causal transformer (moshi `ProjectedTransformer` with d_model = input dim).
+
+Module and parameter names mirror moshi's, so its checkpoint keys load as they are. Attention is
+written out as MatMul/Softmax with an explicit mask, so the same code gives the whole-clip graph
+and the step graph with a fixed-size KV window passed in and out as state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import StreamState
+
+
+def apply_rope(x: torch.Tensor, pos: torch.Tensor, max_period: float) -> torch.Tensor:
+    """Interleaved RoPE as moshi: pairs (2i, 2i+1) rotate by `pos * max_period^(-2i/D)`.
+
+    x `[B, H, T, D]`, pos `[T]` float32 positions. The frequencies are computed with moshi's
+    formula (exp of a log), not transformers' `1/base**x`, so the angles match to the ulp.
+    """
+    d = x.shape[-1]
+    freqs = torch.exp(torch.arange(d // 2, dtype=torch.float32) * (-math.log(max_period) * 2 / d))
+    ang = pos[:, None] * freqs  # [T, D/2]
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    pairs = x.reshape(*x.shape[:-1], d // 2, 2)
+    xr, xi = pairs[..., 0], pairs[..., 1]
+    return torch.stack([xr * cos - xi * sin, xr * sin + xi * cos], dim=-1).reshape(x.shape)
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention over a sliding context of `context` positions.
+
+    A key at position k is visible from a query at q iff `0 <= q - k < context` (moshi's mask).
+    Streaming keeps the last `context` rotated keys and values as state `[2, 1, H, context, D]`:
+    a shifted window rather than an index-addressed ring, so the step graph needs no scatter and
+    every shape stays static; slots holding positions before 0 are masked out.
+    """
+
+    def __init__(self, dim: int, heads: int, context: int, max_period: float):
+        super().__init__()
+        self.heads, self.context, self.max_period = heads, context, max_period
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))  # q, k, v as `(p h d)`
+        self.out_proj = nn.Linear(dim, dim, bias=False)
+        self.stream: StreamState | None = None
+        self.state_name = ""
+
+    def state_shape(self) -> tuple[int, ...]:
+        dim = self.out_proj.in_features
+        return (2, 1, self.heads, self.context, dim // self.heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, dim = x.shape
+        qkv = F.linear(x, self.in_proj_weight).reshape(b, t, 3, self.heads, dim // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, T, D]
+        steps = torch.arange(t)
+        if self.stream is None:
+            pos_q = steps
+            pos_k = pos_q
+        else:
+            offset = self.stream.offset  # int64 [1]
+            pos_q = offset + steps
+            pos_k = torch.cat([offset - self.context + torch.arange(self.context), pos_q])
+            cache = self.stream.inputs[self.state_name]
+            k = torch.cat([cache[0], k], dim=2)
+            v = torch.cat([cache[1], v], dim=2)
+        q = apply_rope(q, pos_q.float(), self.max_period)
+        if self.stream is None:
+            k = apply_rope(k, pos_k.float(), self.max_period)
+        else:  # cached keys are already rotated; rotate only the new ones
+            c = self.context
+            k = torch.cat([k[:, :, :c], apply_rope(k[:, :, c:], pos_q.float(), self.max_period)], 2)
+            self.stream.outputs[self.state_name] = torch.stack([k[:, :, -c:], v[:, :, -c:]])
+        delta = pos_q[:, None] - pos_k[None, :]
+        visible = (delta >= 0) & (delta < self.context) & (pos_k >= 0)[None, :]
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dim // self.heads)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        y = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, H, T, D]
+        return self.out_proj(y.transpose(1, 2).reshape(b, t, dim))
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), 0.01))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class TransformerLayer(nn.Module):
+    """`x += ls1 * attn(LN1(x)); x += ls2 * W2 gelu(W1 LN2(x))` (exact erf GELU, no biases)."""
+
+    def __init__(self, dim: int, heads: int, ffn: int, context: int, max_period: float):
+        super().__init__()
+        self.self_attn = Attention(dim, heads, context, max_period)
+        self.norm1 = nn.LayerNorm(dim, eps=1e-5)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-5)
+        self.linear1 = nn.Linear(dim, ffn, bias=False)
+        self.linear2 = nn.Linear(ffn, dim, bias=False)
+        self.layer_scale_1 = LayerScale(dim)
+        self.layer_scale_2 = LayerScale(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.layer_scale_1(self.self_attn(self.norm1(x)))
+        return x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
+
+
+class _Layers(nn.Module):
+    def __init__(self, layers: list[TransformerLayer]):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+
+class Transformer(nn.Module):
+    """`[B, C, T]` -> `[B, C, T]` (moshi's conv layout), keys `transformer.layers.{i}.*`."""
+
+    def __init__(self, dim: int, heads: int, layers: int, ffn: int, context: int, max_period: float):
+        super().__init__()
+        self.transformer = _Layers([TransformerLayer(dim, heads, ffn, context, max_period)
+                                    for _ in range(layers)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.transpose(1, 2)
+        for layer in self.transformer.layers:
+            x = layer(x)
+        return x.transpose(1, 2)
