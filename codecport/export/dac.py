@@ -9,8 +9,6 @@ Four graphs are written:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
 import time
@@ -21,11 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..atomic import atomic_path
 from ..errors import ExportError
 from ..models.dac import DAC
 from ..runtime.rvq import DacRvq
-from .graph import GraphSpec, Tensor, save_atomic, static_check, to_onnx
+from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx, write_export
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 
 log = logging.getLogger(__name__)
@@ -192,9 +189,7 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
             "hop_length": str(cfg.hop_length), "latent_dim": str(cfg.latent_dim),
             "codebook_size": str(cfg.codebook_size), "codebook_dim": str(cfg.codebook_dim),
             "weights": weights, "weights_sha256": weights_sha256}
-    # Graphs of one export share this id, so the runtime can refuse a folder mixing exports.
-    meta["export_id"] = hashlib.sha256(json.dumps(
-        [meta, vars(geo), in_graph_codebooks], sort_keys=True).encode()).hexdigest()[:16]
+    meta["export_id"] = export_id(meta, vars(geo), in_graph_codebooks)
     rvq = rvq_of(dac)
     models, report = {}, {"files": {}, "validation": {}, "geometry": vars(geo)}
     try:
@@ -208,18 +203,8 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
                      time.perf_counter() - t0)
     finally:
         dac.set_padding(True)  # the graph wrappers switch it; hand the model back as it came
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, model in models.items():
-        save_atomic(model, out_dir / f"{name}.onnx")
-        report["files"][name] = f"{name}.onnx"
-    if in_graph_codebooks is None:
-        with atomic_path(out_dir / "rvq.npz") as tmp, open(tmp, "wb") as f:
-            np.savez(f, **rvq.arrays())
-        report["files"]["rvq"] = "rvq.npz"
     manifest = {**meta, "quantizer": "numpy" if in_graph_codebooks is None else "graph",
                 "n_codebooks": in_graph_codebooks or cfg.n_codebooks, **report}
-    with atomic_path(out_dir / "manifest.json") as tmp:
-        tmp.write_text(json.dumps(manifest, indent=2))
-    report["files"]["manifest"] = "manifest.json"
+    report["files"] = write_export(out_dir, models, rvq.arrays() if in_graph_codebooks is None
+                                   else None, manifest)
     return report
-

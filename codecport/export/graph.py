@@ -6,7 +6,9 @@ metadata all read it.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -110,3 +112,27 @@ def save_atomic(model: onnx.ModelProto, path: Path) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written model."""
     with atomic_path(path) as tmp:
         onnx.save(model, str(tmp))
+
+
+def export_id(*facts) -> str:
+    """Id shared by the graphs of one export, so the runtime can refuse a folder mixing exports."""
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[str, np.ndarray] | None,
+                 manifest: dict) -> dict[str, str]:
+    """Write the graphs, the RVQ arrays (when the quantizer is outside the graphs) and
+    manifest.json, each atomically; returns name -> file written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, model in models.items():
+        save_atomic(model, out_dir / f"{name}.onnx")
+        files[name] = f"{name}.onnx"
+    if rvq is not None:
+        with atomic_path(out_dir / "rvq.npz") as tmp, open(tmp, "wb") as f:
+            np.savez(f, **rvq)
+        files["rvq"] = "rvq.npz"
+    files["manifest"] = "manifest.json"
+    with atomic_path(out_dir / "manifest.json") as tmp:
+        tmp.write_text(json.dumps({**manifest, "files": files}, indent=2))
+    return files

@@ -90,3 +90,63 @@ class DacRvq:
             raise CodesError(f"codes must be [codebooks<= {self.n_codebooks}, frames], got shape "
                              f"{list(codes.shape)}")
         check_code_values(codes, self.codebook_size)
+
+
+MIMI_ARRAYS = ("semantic_in_proj", "semantic_out_proj", "acoustic_in_proj", "acoustic_out_proj",
+               "codebook", "n_semantic")
+
+
+class MimiRvq:
+    """Mimi's split RVQ: the semantic and the acoustic RVQ both quantize the same latent.
+
+    Arrays: `*_in_proj` `[D, C]`, `*_out_proj` `[C, D]` (1x1 convs, no bias), codebook `[K, N, D]`
+    (rows already divided by their cluster usage), n_semantic (levels of the semantic RVQ).
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        self.a = arrays
+        self.codebook = arrays["codebook"]
+        self.n_codebooks, self.codebook_size, self.codebook_dim = self.codebook.shape
+        self.n_semantic = int(arrays["n_semantic"])
+        self.latent_dim = arrays["semantic_in_proj"].shape[1]
+        self._sq = (self.codebook ** 2).sum(-1)  # [K, N]
+
+    @classmethod
+    def load(cls, path: Path) -> MimiRvq:
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in MIMI_ARRAYS}
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelFileError(f"{path}: not a codecport Mimi RVQ file ({e}); re-run codec-export") from e
+        return cls({k: v if k == "n_semantic" else v.astype(np.float32) for k, v in arrays.items()})
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return dict(self.a)
+
+    def _groups(self, k: int) -> list[tuple[str, range]]:
+        s = self.n_semantic
+        return [(g, r) for g, r in (("semantic", range(min(k, s))), ("acoustic", range(s, k))) if r]
+
+    def encode(self, latent: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
+        """Codes `[K, T]` (int64) for a latent `[C, T]`: Euclidean nearest row, as moshi."""
+        k = check_n_codebooks(n_codebooks, self.n_codebooks)
+        codes = np.empty((k, latent.shape[1]), dtype=np.int64)
+        for group, levels in self._groups(k):
+            r = (self.a[f"{group}_in_proj"] @ latent.astype(np.float32)).T  # [T, D]
+            for i in levels:
+                dist = (r ** 2).sum(-1, keepdims=True) - 2 * r @ self.codebook[i].T + self._sq[i]
+                codes[i] = dist.argmin(-1)
+                r = r - self.codebook[i][codes[i]]
+        return codes
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """Latent `[C, T]` for codes `[K, T]`, K <= n_codebooks."""
+        if codes.ndim != 2 or not 1 <= codes.shape[0] <= self.n_codebooks:
+            raise CodesError(f"codes must be [codebooks<={self.n_codebooks}, frames], got shape "
+                             f"{list(codes.shape)}")
+        check_code_values(codes, self.codebook_size)
+        z = np.zeros((self.latent_dim, codes.shape[1]), np.float32)
+        for group, levels in self._groups(codes.shape[0]):
+            rows = sum(self.codebook[i][codes[i]] for i in levels)  # [T, D]
+            z += self.a[f"{group}_out_proj"] @ rows.T
+        return z

@@ -1,0 +1,243 @@
+"""Mimi -> static-shape ONNX graphs, validated against torch before anything is written.
+
+Fixed-length pair (`--len`):
+- `encoder.onnx`: audio `[1, 1, samples]` -> latent `[1, 512, frames]`; a length that is not a
+  multiple of the frame (1920) is zero-padded inside the graph, as moshi pads before encoding.
+- `decoder.onnx`: latent `[1, 512, frames]` -> audio `[1, 1, frames * 1920]`.
+
+Streaming pair (`--streaming --frames N`): one step of N frames with explicit state.
+- `encoder_step.onnx`: audio `[1, 1, N*1920]`, `offset_in`, `<state>_in`... -> latent
+  `[1, 512, N]`, `offset_out`, `<state>_out`...
+- `decoder_step.onnx`: latent `[1, 512, N]`, `offset_in`, `<state>_in`... -> audio, ...
+  State: each causal conv's last input samples, each polyphase transposed conv's last input
+  frame, each attention layer's last `context` rotated keys and values `[2, 1, H, context, D]`,
+  and the position offset (int64, SEANet frames). The initial state is all zeros, offset 0.
+
+With `in_graph_codebooks`, encoders output codes `[1, K, frames]` and decoders take them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ExportError
+from ..models.layers import StreamState
+from ..models.mimi import MimiModel
+from ..runtime.rvq import MimiRvq
+from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx, write_export
+from .validate import AUDIO_ATOL, check_close, check_codes, run
+
+log = logging.getLogger(__name__)
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: MimiModel, k: int | None):
+        super().__init__()
+        self.model, self.k = model, k
+
+    def forward(self, audio: torch.Tensor) -> torch.Tensor:
+        z = self.model.encode_latent(self.model.pad(audio))
+        return z if self.k is None else self.model.quantizer.encode(z, self.k)
+
+
+class DecoderGraph(nn.Module):
+    def __init__(self, model: MimiModel, k: int | None):
+        super().__init__()
+        self.model, self.k = model, k
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.decode_latent(x if self.k is None else self.model.quantizer.decode(x))
+
+
+class StepGraph(nn.Module):
+    """One streaming step of `side`: (x, offset, *states) -> (y, offset + positions, *states)."""
+
+    def __init__(self, model: MimiModel, side: str, k: int | None):
+        super().__init__()
+        self.model, self.side, self.k = model, side, k
+        self.names = list(model.state_shapes(side))
+        self.inner = EncoderGraph(model, k) if side == "encoder" else DecoderGraph(model, k)
+
+    def forward(self, x: torch.Tensor, offset: torch.Tensor, *states: torch.Tensor):
+        st = StreamState(dict(zip(self.names, states)), offset)
+        with self.model.streaming(st, self.side):
+            y = self.inner(x)
+        frames = x.shape[-1] // self.model.cfg.frame_size if self.side == "encoder" else x.shape[-1]
+        return (y, offset + frames * self.model.cfg.downsample_stride,
+                *[st.outputs[n] for n in self.names])
+
+
+@dataclass
+class Geometry:
+    samples: int | None  # fixed encoder input (the user's --len), None without --len
+    frames: int | None  # fixed graphs' code frames = ceil(samples / frame_size)
+    step_frames: int | None  # code frames per streaming step, None without --streaming
+    frame_size: int
+
+    @property
+    def step_samples(self) -> int | None:
+        return None if self.step_frames is None else self.step_frames * self.frame_size
+
+
+def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
+                k: int | None = None) -> list[GraphSpec]:
+    """The fixed-length pair and/or the step pair; `k` puts the quantizer (k levels) inside."""
+    cfg = model.cfg
+    quant = {"quantizer": "numpy" if k is None else "graph",
+             "n_codebooks": str(cfg.n_codebooks if k is None else k)}
+
+    def frames_io(frames: int) -> Tensor:
+        return Tensor("latent", (1, cfg.dimension, frames), "float32") if k is None else \
+            Tensor("codes", (1, k, frames), "int64")
+
+    specs = []
+    if geo.samples is not None:
+        n, f = geo.samples, geo.frames
+        fixed = {**meta, **quant, "mode": "fixed", "samples": str(n), "frames": str(f)}
+        specs += [
+            GraphSpec("encoder", EncoderGraph(model, k), [Tensor("audio", (1, 1, n), "float32")],
+                      [frames_io(f)], {**fixed, "role": "encoder"}),
+            GraphSpec("decoder", DecoderGraph(model, k), [frames_io(f)],
+                      [Tensor("audio", (1, 1, f * cfg.frame_size), "float32")],
+                      {**fixed, "role": "decoder", "samples": str(f * cfg.frame_size)}),
+        ]
+    if geo.step_frames is not None:
+        f, n = geo.step_frames, geo.step_samples
+        offset = [Tensor("offset_in", (1,), "int64")]
+        for side, x, y in (("encoder", Tensor("audio", (1, 1, n), "float32"), frames_io(f)),
+                           ("decoder", frames_io(f), Tensor("audio", (1, 1, n), "float32"))):
+            shapes = model.state_shapes(side)
+            states_in = [Tensor(f"{name}_in", s, "float32") for name, s in shapes.items()]
+            states_out = [Tensor(f"{name}_out", s, "float32") for name, s in shapes.items()]
+            specs.append(GraphSpec(
+                f"{side}_step", StepGraph(model, side, k), [x, *offset, *states_in],
+                [y, Tensor("offset_out", (1,), "int64"), *states_out],
+                {**meta, **quant, "role": side, "mode": "step", "frames": str(f), "samples": str(n),
+                 "positions_per_step": str(f * cfg.downsample_stride), "context": str(cfg.context),
+                 "states": ",".join(shapes),
+                 "initial_state": "every <state>_in all zeros and offset_in = 0; then feed each "
+                                  "<state>_out and offset_out back as <state>_in and offset_in"}))
+    return specs
+
+
+def rvq_of(model: MimiModel) -> MimiRvq:
+    q = model.quantizer
+    w = lambda conv: conv.weight[..., 0].detach().numpy().astype(np.float32)
+    rows = [vq._codebook.rows() for rvq in (q.rvq_first, q.rvq_rest) for vq in rvq.vq.layers]
+    return MimiRvq({
+        "semantic_in_proj": w(q.rvq_first.input_proj), "semantic_out_proj": w(q.rvq_first.output_proj),
+        "acoustic_in_proj": w(q.rvq_rest.input_proj), "acoustic_out_proj": w(q.rvq_rest.output_proj),
+        "codebook": torch.stack(rows).detach().numpy().astype(np.float32),
+        "n_semantic": np.array(q.n_semantic, dtype=np.int64),
+    })
+
+
+def _codes_of(spec: GraphSpec, y: np.ndarray, rvq: MimiRvq) -> np.ndarray:
+    """Codes `[1, K, T]` from an encoder output (latent through the numpy RVQ, or codes)."""
+    k = int(spec.metadata["n_codebooks"])
+    return y if spec.metadata["quantizer"] == "graph" else rvq.encode(y[0], k)[None]
+
+
+def _decoder_input(spec: GraphSpec, codes: np.ndarray, rvq: MimiRvq) -> np.ndarray:
+    return codes if spec.metadata["quantizer"] == "graph" else rvq.decode(codes[0])[None]
+
+
+def validate(spec: GraphSpec, onnx_model, model: MimiModel, rvq: MimiRvq, seed: int = 1,
+             steps: int = 3) -> dict[str, float]:
+    """Compare ONNX Runtime with torch on inputs other than the export dummy.
+
+    Fixed graphs: one call. Step graphs: `steps` calls chained from the zero state, compared
+    with the torch whole-clip result, which checks the state handling as well as the numbers.
+    Encoders must give identical codes, decoders audio within `AUDIO_ATOL`.
+    """
+    cfg, meta = model.cfg, spec.metadata
+    rng = np.random.default_rng(seed)
+    k = int(meta["n_codebooks"])
+    step = meta["mode"] == "step"
+    frames = int(meta["frames"]) * (steps if step else 1)
+    if meta["role"] == "encoder":
+        n = int(meta["samples"]) * (steps if step else 1)
+        audio = (0.3 * rng.standard_normal((1, 1, n))).astype(np.float32)
+        with torch.no_grad():
+            want = model.encode(model.pad(torch.from_numpy(audio)), k).numpy()
+        pieces = np.split(audio, steps, axis=-1) if step else [audio]
+    else:
+        codes = rng.integers(0, cfg.codebook_size, (1, k, frames))
+        with torch.no_grad():
+            want = model.decode(torch.from_numpy(codes)).numpy()
+        pieces = np.split(codes, steps, axis=-1) if step else [codes]
+    out = []
+    if step:
+        names = meta["states"].split(",") if meta["states"] else []
+        state = {t.name: np.zeros(t.shape, np.float32) for t in spec.inputs[2:]}
+        offset = np.zeros(1, np.int64)
+        for x in pieces:
+            x = x if meta["role"] == "encoder" else _decoder_input(spec, x, rvq)
+            res = run(onnx_model, {spec.inputs[0].name: x, "offset_in": offset, **state})
+            out.append(res[0])
+            offset = res[1]
+            state = {f"{n}_in": r for n, r in zip(names, res[2:])}
+        if int(offset[0]) != frames * cfg.downsample_stride:
+            raise ExportError(f"{spec.name}: offset_out is {int(offset[0])} after {steps} steps, "
+                              f"expected {frames * cfg.downsample_stride}")
+    else:
+        x = pieces[0] if meta["role"] == "encoder" else _decoder_input(spec, pieces[0], rvq)
+        out.append(run(onnx_model, {spec.inputs[0].name: x})[0])
+    got = np.concatenate(out, axis=-1)
+    if meta["role"] == "decoder":
+        return {"audio_max_abs_err": check_close(spec.name, got, want, AUDIO_ATOL)}
+    check_codes(spec.name, _codes_of(spec, got, rvq), want)
+    return {"codes_identical": 1.0}
+
+
+def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, step_frames: int | None = None,
+                *, variant: str, weights: str, weights_sha256: str,
+                in_graph_codebooks: int | None = None) -> dict:
+    """Export, check and validate the requested graphs, then write them all; returns the report.
+
+    `samples` gives the fixed-length pair, `step_frames` the streaming pair (at least one).
+    Nothing is written unless every graph passes; each file is written atomically.
+    """
+    cfg = model.cfg
+    if samples is None and step_frames is None:
+        raise ExportError("nothing to export: pass --len (fixed-length graphs) and/or --streaming")
+    if samples is not None and samples < 1:
+        raise ExportError(f"--len must be positive, got {samples}")
+    if step_frames is not None and step_frames < 1:
+        raise ExportError(f"--frames must be at least 1, got {step_frames}")
+    k = in_graph_codebooks
+    if k is not None and not 1 <= k <= cfg.n_codebooks:
+        raise ExportError(f"--codebooks must be between 1 and {cfg.n_codebooks}")
+    if samples is not None and samples % cfg.frame_size:
+        log.info("--len %d is not a multiple of the %d-sample frame: the encoder zero-pads it to %d "
+                 "inside the graph", samples, cfg.frame_size, math.ceil(samples / cfg.frame_size) * cfg.frame_size)
+    geo = Geometry(samples, None if samples is None else math.ceil(samples / cfg.frame_size),
+                   step_frames, cfg.frame_size)
+    meta = {"codec": "mimi", "variant": variant, "sample_rate": str(cfg.sample_rate),
+            "frame_size": str(cfg.frame_size), "frame_rate": str(cfg.frame_rate),
+            "latent_dim": str(cfg.dimension), "codebook_size": str(cfg.codebook_size),
+            "codebook_dim": str(cfg.codebook_dim), "n_semantic": str(cfg.n_semantic),
+            "weights": weights, "weights_sha256": weights_sha256}
+    meta["export_id"] = export_id(meta, vars(geo), k)
+    rvq = rvq_of(model)
+    models, report = {}, {"validation": {}, "geometry": {**vars(geo), "step_samples": geo.step_samples}}
+    for spec in graph_specs(model.eval(), geo, meta, k):
+        t0 = time.perf_counter()
+        onnx_model = to_onnx(spec)
+        static_check(onnx_model, spec)
+        report["validation"][spec.name] = validate(spec, onnx_model, model, rvq)
+        models[spec.name] = onnx_model
+        log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
+    manifest = {**meta, "quantizer": "numpy" if k is None else "graph",
+                "n_codebooks": k or cfg.n_codebooks, **report}
+    report["files"] = write_export(out_dir, models, rvq.arrays() if k is None else None, manifest)
+    return report
+
