@@ -1,4 +1,4 @@
-"""Shared fixtures: a tiny seeded DAC and its exported folder (built once per session)."""
+"""Shared fixtures: tiny seeded DAC and Mimi models and their exported folders (built once)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,16 @@ import numpy as np
 import pytest
 
 from codecport.export.dac import export_dac
+from codecport.export.mimi import export_mimi
 from codecport.models.dac import DAC, PRESETS, init_random
+from codecport.models.mimi import PRESETS as MIMI_PRESETS
+from codecport.models.mimi import MimiModel
+from codecport.models.mimi import init_random as mimi_init_random
 
 TINY_LEN = 600  # samples of the tiny exact graphs (100 frames of hop 6)
 TINY_CHUNK = 3000  # window of the tiny chunked graphs
+MIMI_TINY_FRAMES = 40  # code frames of the tiny Mimi fixed graphs (24-sample frames)
+MIMI_TINY_STEP = 2  # code frames per step of the tiny Mimi step graphs
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +29,20 @@ def tiny_export(tmp_path_factory, tiny_dac):
     out = tmp_path_factory.mktemp("tiny_export")
     export_dac(tiny_dac, out, TINY_LEN, TINY_CHUNK, variant="tiny", weights="random-init seed 0",
                weights_sha256="none")
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_mimi() -> MimiModel:
+    return mimi_init_random(MimiModel(MIMI_PRESETS["tiny"]), seed=0).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_mimi_export(tmp_path_factory, tiny_mimi):
+    """Folder with the tiny Mimi's fixed-length and step graphs (numpy quantizer)."""
+    out = tmp_path_factory.mktemp("tiny_mimi_export")
+    export_mimi(tiny_mimi, out, MIMI_TINY_FRAMES * tiny_mimi.cfg.frame_size, MIMI_TINY_STEP,
+                variant="tiny", weights="random-init seed 0", weights_sha256="none")
     return out
 
 

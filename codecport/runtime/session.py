@@ -62,6 +62,14 @@ class Graph:
         inp = self.session.get_inputs()[0]
         return self.session.run(None, {inp.name: x})[0]
 
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """All outputs, in the graph's output order."""
+        return self.session.run(None, feeds)
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.session.get_outputs()]
+
     def int(self, key: str) -> int:
         return int(self.meta[key])
 

@@ -1,0 +1,258 @@
+"""Mimi on ONNX Runtime: fixed-length and streaming step graphs plus the numpy split RVQ.
+
+Mimi is causal end to end, so both ways through the graphs give moshi's codes exactly:
+- fixed: audio up to the graph's length is zero-padded to it (moshi pads to whole frames the
+  same way; later padding cannot change earlier frames) and the first frames are kept;
+- streaming: anything longer goes through `encoder_step`/`decoder_step`, carrying the state
+  between calls, which equals the whole-clip result with no seams (the step graphs are validated
+  against the whole clip at export).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..atomic import atomic_path
+from ..errors import CodesError, ModelFileError
+from .audio import check_audio, resample
+from .rvq import MimiRvq, check_code_values, check_n_codebooks
+from .session import Graph, open_graph, resolve_provider
+
+log = logging.getLogger(__name__)
+
+GRAPHS = ("encoder", "decoder", "encoder_step", "decoder_step")
+_SHARED = ("codec", "export_id", "variant", "sample_rate", "frame_size", "weights_sha256",
+           "quantizer", "n_codebooks", "codebook_size")
+
+
+class MimiCodec:
+    """The graphs of one `codec-export mimi` folder, opened lazily on one provider."""
+
+    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None):
+        self.dir = Path(model_dir)
+        if not self.dir.is_dir():
+            raise ModelFileError(f"{self.dir}: no such model folder; run codec-export mimi -o {self.dir}")
+        self.present = [g for g in GRAPHS if (self.dir / f"{g}.onnx").is_file()]
+        if not self.present:
+            raise ModelFileError(f"{self.dir}: holds no Mimi graphs; run codec-export mimi -o {self.dir}")
+        self.provider = resolve_provider(provider, fallback)
+        self._graphs: dict[str, Graph] = {}
+        self.meta = self.graph(self.present[0]).meta
+        self.sample_rate, self.frame_size = int(self.meta["sample_rate"]), int(self.meta["frame_size"])
+        self.n_codebooks = int(self.meta["n_codebooks"])
+        self.codebook_size = int(self.meta["codebook_size"])
+        self.rvq = None
+        if self.meta["quantizer"] == "numpy":
+            self.rvq = MimiRvq.load(self.dir / "rvq.npz")
+            if (self.rvq.latent_dim, self.rvq.n_codebooks) != (int(self.meta["latent_dim"]), self.n_codebooks):
+                raise ModelFileError(f"{self.dir}/rvq.npz does not belong to these graphs; re-export")
+
+    def graph(self, name: str) -> Graph:
+        if name not in self._graphs:
+            if name not in self.present:
+                raise ModelFileError(f"{self.dir} has no {name}.onnx; export with "
+                                     f"{'--streaming' if 'step' in name else '--len'}")
+            g = open_graph(self.dir / f"{name}.onnx", self.provider)
+            if g.meta.get("codec") != "mimi":
+                raise ModelFileError(f"{g.path}: holds a {g.meta.get('codec')} model, not mimi")
+            if self._graphs:
+                ref = next(iter(self._graphs.values())).meta
+                bad = [k for k in _SHARED if g.meta.get(k) != ref.get(k)]
+                if bad:
+                    raise ModelFileError(f"{g.path} does not belong with the other graphs in "
+                                         f"{self.dir} ({bad[0]}: {g.meta.get(bad[0])} vs "
+                                         f"{ref.get(bad[0])}); re-export the folder")
+            if (g.meta.get("role"), g.meta.get("mode")) != (name.split("_")[0], "step" if "step" in name else "fixed"):
+                raise ModelFileError(f"{g.path}: is a {g.meta.get('mode')} {g.meta.get('role')} graph, "
+                                     f"expected {name}")
+            self._graphs[name] = g
+        return self._graphs[name]
+
+    # ---- codes <-> what the graphs take --------------------------------------------------
+    def _to_codes(self, y: np.ndarray, k: int) -> np.ndarray:
+        """Encoder output `[1, C|K, T]` -> codes `[k, T]`."""
+        return y[0, :k].astype(np.int64) if self.rvq is None else self.rvq.encode(y[0], k)
+
+    def _from_codes(self, codes: np.ndarray) -> np.ndarray:
+        """Codes `[K, T]` -> decoder input `[1, C|K, T]`."""
+        if self.rvq is None:
+            if codes.shape[0] != self.n_codebooks:
+                raise CodesError(f"this decoder has the quantizer inside and takes exactly "
+                                 f"{self.n_codebooks} codebooks, got {codes.shape[0]}")
+            return codes[None].astype(np.int64)
+        return self.rvq.decode(codes)[None]
+
+    def check_codes(self, codes: np.ndarray) -> np.ndarray:
+        """Codes as `[C, K, T]` int64, or `CodesError` saying what is wrong."""
+        codes = np.asarray(codes)
+        if codes.ndim == 2:
+            codes = codes[None]
+        if codes.ndim != 3 or not 1 <= codes.shape[1] <= self.n_codebooks or codes.shape[2] == 0:
+            raise CodesError(f"codes must be [channels, codebooks<={self.n_codebooks}, frames], got "
+                             f"shape {list(codes.shape)}")
+        check_code_values(codes, self.codebook_size)
+        return codes.astype(np.int64)
+
+    def _fits(self, name: str, key: str, n: int) -> bool:
+        """Whether `n` samples/frames fit the fixed-length graph `name` (when there is one)."""
+        return name in self.present and n <= self.graph(name).int(key)
+
+    # ---- encoding ------------------------------------------------------------------------
+    def encode(self, audio: np.ndarray, sample_rate: int, n_codebooks: int | None = None,
+               streaming: bool = False, progress: bool = False) -> np.ndarray:
+        """Codes `[C, K, ceil(N' / frame_size)]` for audio `[C, N]` at any rate (N' at 24 kHz).
+
+        Each channel is encoded on its own (Mimi is mono). `streaming` forces the step graphs.
+        """
+        k = check_n_codebooks(n_codebooks, self.n_codebooks)
+        audio = check_audio(audio)
+        if sample_rate != self.sample_rate:
+            log.info("resampling %d Hz -> %d Hz", sample_rate, self.sample_rate)
+            audio = resample(audio, sample_rate, self.sample_rate)
+        frames = math.ceil(audio.shape[1] / self.frame_size)
+        if not streaming and self._fits("encoder", "samples", audio.shape[1]):
+            g = self.graph("encoder")
+            x = np.pad(audio, ((0, 0), (0, g.int("samples") - audio.shape[1])))
+            return np.stack([self._to_codes(g(row[None, None]), k)[:, :frames] for row in x])
+        if "encoder_step" not in self.present:
+            raise CodesError(f"{audio.shape[1]} samples are longer than the fixed "
+                             f"{self.graph('encoder').int('samples')}-sample encoder; export with "
+                             "--streaming to encode audio of any length")
+        out = []
+        for row in audio:
+            stream = MimiStream(self, k)
+            steps = range(0, row.shape[0], stream.step_samples)
+            codes = [stream.encode_step(row[i:i + stream.step_samples])
+                     for i in tqdm(steps, desc="encode", unit="step", disable=None if progress else True)]
+            out.append(np.concatenate([*codes, stream.flush_encoder()], axis=1))
+        return np.stack(out)
+
+    # ---- decoding ------------------------------------------------------------------------
+    def decode(self, codes: np.ndarray, streaming: bool = False, progress: bool = False) -> np.ndarray:
+        """Audio `[C, T * frame_size]` at 24 kHz for codes `[C, K, T]` (or `[K, T]`)."""
+        codes = self.check_codes(codes)
+        frames = codes.shape[2]
+        if not streaming and self._fits("decoder", "frames", frames):
+            g = self.graph("decoder")
+            # Code 0 pads the tail; being causal, the decoder's first samples do not see it.
+            padded = np.pad(codes, ((0, 0), (0, 0), (0, g.int("frames") - frames)))
+            return np.stack([g(self._from_codes(c))[0, 0, :frames * self.frame_size] for c in padded])
+        if "decoder_step" not in self.present:
+            raise CodesError(f"{frames} frames are more than the fixed decoder's "
+                             f"{self.graph('decoder').int('frames')}; export with --streaming to "
+                             "decode codes of any length")
+        out = []
+        for c in codes:
+            stream = MimiStream(self)
+            n = stream.step_frames
+            pieces = [stream.decode_step(c[:, i:i + n]) for i in
+                      tqdm(range(0, frames, n), desc="decode", unit="step", disable=None if progress else True)]
+            out.append(np.concatenate([*pieces, stream.flush_decoder()]))
+        return np.stack(out)
+
+
+class MimiStream:
+    """Streaming encode and decode through the step graphs, the state held as numpy arrays.
+
+    `encode_step(pcm)` takes any number of 24 kHz samples and returns the codes `[K, t]` of every
+    step completed so far (t may be 0); `decode_step(codes)` takes any number of code frames and
+    returns the audio of every completed step. Partial steps wait in a buffer until the next call,
+    or until `flush_encoder()`/`flush_decoder()` pads them with zeros and returns the rest.
+    `reset()` starts a new stream.
+    """
+
+    def __init__(self, codec: MimiCodec, n_codebooks: int | None = None):
+        self.codec = codec
+        self.k = check_n_codebooks(n_codebooks, codec.n_codebooks)
+        self.step_frames = codec.graph("encoder_step" if "encoder_step" in codec.present
+                                       else "decoder_step").int("frames")
+        self.step_samples = self.step_frames * codec.frame_size
+        self.reset()
+
+    def reset(self) -> None:
+        self._state = {side: self._zero_state(side) for side in ("encoder", "decoder")
+                       if f"{side}_step" in self.codec.present}
+        self._pcm = np.zeros(0, np.float32)
+        self._codes = np.zeros((self.k, 0), np.int64)
+
+    def _zero_state(self, side: str) -> dict[str, np.ndarray]:
+        sess = self.codec.graph(f"{side}_step").session
+        return {i.name: np.zeros(i.shape, np.int64 if i.name == "offset_in" else np.float32)
+                for i in sess.get_inputs()[1:]}
+
+    def _step(self, side: str, x: np.ndarray) -> np.ndarray:
+        g = self.codec.graph(f"{side}_step")
+        state = self._state.get(side)
+        if state is None:
+            raise ModelFileError(f"{self.codec.dir} has no {side}_step.onnx; export with --streaming")
+        outs = g.run({g.session.get_inputs()[0].name: x, **state})
+        self._state[side] = {name[:-len("_out")] + "_in": v
+                             for name, v in zip(g.output_names[1:], outs[1:])}
+        return outs[0]
+
+    def encode_step(self, pcm: np.ndarray) -> np.ndarray:
+        """Codes `[K, t]` for every whole step now buffered; the rest waits for more samples."""
+        pcm = np.asarray(pcm, np.float32).reshape(-1)
+        if not np.isfinite(pcm).all():
+            raise CodesError("audio contains NaN or infinite samples")
+        self._pcm = np.concatenate([self._pcm, pcm])
+        n = len(self._pcm) // self.step_samples * self.step_samples
+        out = [self.codec._to_codes(self._step("encoder", self._pcm[i:i + self.step_samples][None, None]), self.k)
+               for i in range(0, n, self.step_samples)]
+        self._pcm = self._pcm[n:]
+        return np.concatenate(out, axis=1) if out else np.zeros((self.k, 0), np.int64)
+
+    def flush_encoder(self) -> np.ndarray:
+        """Codes of the buffered remainder, zero-padded to whole frames (moshi's padding)."""
+        rem = len(self._pcm)
+        if rem == 0:
+            return np.zeros((self.k, 0), np.int64)
+        codes = self.encode_step(np.zeros(self.step_samples - rem, np.float32))
+        return codes[:, :math.ceil(rem / self.codec.frame_size)]
+
+    def decode_step(self, codes: np.ndarray) -> np.ndarray:
+        """Audio for every whole step of codes now buffered; the rest waits for more frames."""
+        codes = self.codec.check_codes(codes)[0]
+        if self._codes.shape[1] == 0:
+            self._codes = np.zeros((codes.shape[0], 0), np.int64)
+        elif codes.shape[0] != self._codes.shape[0]:
+            raise CodesError(f"this stream is decoding {self._codes.shape[0]} codebooks, got "
+                             f"{codes.shape[0]}")
+        self._codes = np.concatenate([self._codes, codes], axis=1)
+        n = self._codes.shape[1] // self.step_frames * self.step_frames
+        out = [self._step("decoder", self.codec._from_codes(self._codes[:, i:i + self.step_frames]))[0, 0]
+               for i in range(0, n, self.step_frames)]
+        self._codes = self._codes[:, n:]
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def flush_decoder(self) -> np.ndarray:
+        """Audio of the buffered remainder (padded with code 0, then trimmed)."""
+        rem = self._codes.shape[1]
+        if rem == 0:
+            return np.zeros(0, np.float32)
+        pad = np.zeros((self._codes.shape[0], self.step_frames - rem), np.int64)
+        return self.decode_step(pad)[:rem * self.codec.frame_size]
+
+
+# ---- .npz codes: the codes plus what it takes to give the original audio back ------------
+def save_codes(path: Path, codes: np.ndarray, length: int, sample_rate: int) -> None:
+    """codes `[C, K, T]` with the original length and rate, written atomically."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, codes=codes.astype(np.int64), length=np.int64(length),
+                 sample_rate=np.int64(sample_rate), codec=np.array("mimi"))
+
+
+def load_codes(path: Path) -> tuple[np.ndarray, int, int]:
+    """(codes, original length, original sample rate) from a file written by `save_codes`."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["codec"]) != "mimi":
+                raise CodesError(f"{path}: holds {z['codec']} codes, not mimi")
+            return z["codes"], int(z["length"]), int(z["sample_rate"])
+    except (OSError, ValueError, KeyError) as e:
+        raise CodesError(f"{path}: not a codes file written by codec-run encode ({e})") from e
