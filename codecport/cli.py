@@ -16,6 +16,7 @@ from .atomic import atomic_path
 from .errors import CodecportError, CodesError, ModelFileError
 
 DAC_VARIANTS = ["44khz", "24khz", "16khz", "44khz-16kbps", "tiny"]
+MIMI_VARIANTS = ["mimi", "tiny"]
 
 
 def _one_line_errors(fn):
@@ -43,6 +44,47 @@ def export_cli() -> None:
     """Export a codec to fixed-length ONNX graphs, validated against torch."""
 
 
+def _export_options(fn):
+    """Options every codec's export takes."""
+    for option in reversed([
+        click.option("--random-init", is_flag=True, help="Seeded random weights instead of a "
+                     "checkpoint (for trying the pipeline; the audio is noise)."),
+        click.option("--seed", type=int, default=0, help="Seed for --random-init."),
+        click.option("--in-graph-quantizer", is_flag=True, help="Put the RVQ inside the graphs: "
+                     "the encoder outputs codes, the decoder takes them."),
+        click.option("--codebooks", type=click.IntRange(min=1), default=None,
+                     help="With --in-graph-quantizer: codebooks in the graphs [default: all]."),
+        click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=None,
+                     help="Output folder [default: CODEC-VARIANT-LEN]."),
+        click.option("-v", "--verbose", is_flag=True),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _export_imports():
+    try:
+        from .export import graph  # noqa: F401 (torch, onnx, onnxsim)
+    except ImportError as e:
+        raise CodecportError(f"exporting needs torch and onnx ({e}); "
+                             "pip install 'codecport[export]'") from e
+
+
+def _check_codebooks_flag(in_graph_quantizer: bool, codebooks: int | None) -> None:
+    if codebooks is not None and not in_graph_quantizer:
+        raise click.UsageError("--codebooks only applies with --in-graph-quantizer; the numpy "
+                               "quantizer takes --codebooks at codec-run time")
+
+
+def _print_validation(report: dict) -> None:
+    for name, errs in report["validation"].items():
+        what = ", ".join(f"{k}={v:.3g}" if "err" in k else "codes identical" for k, v in errs.items())
+        click.echo(f"  {report['files'][name]:<22} validated vs torch: {what}")
+    for name in ("rvq", "manifest"):
+        if name in report["files"]:
+            click.echo(f"  {report['files'][name]}")
+
+
 @export_cli.command("dac")
 @click.option("--variant", type=click.Choice(DAC_VARIANTS), default=None,
               help="Model preset [default: 44khz, or what the checkpoint's config matches]; a "
@@ -55,31 +97,18 @@ def export_cli() -> None:
 @click.option("--weights", default=None,
               help="Released name (44khz, 24khz, 16khz, 44khz-16kbps), a .pth / transformers "
                    "folder path, or a URL [default: the variant's released weights].")
-@click.option("--random-init", is_flag=True, help="Seeded random weights instead of a checkpoint "
-              "(for trying the pipeline; the audio is noise).")
-@click.option("--seed", type=int, default=0, help="Seed for --random-init.")
-@click.option("--in-graph-quantizer", is_flag=True,
-              help="Put the RVQ inside the graphs: the encoder outputs codes, the decoder takes them.")
-@click.option("--codebooks", type=click.IntRange(min=1), default=None,
-              help="With --in-graph-quantizer: codebooks in the graphs [default: all].")
-@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="Output folder [default: dac-VARIANT-LEN].")
-@click.option("-v", "--verbose", is_flag=True)
+@_export_options
 @_one_line_errors
 def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_graph_quantizer,
                    codebooks, out_dir, verbose) -> None:
     """Write encoder/decoder graphs (exact length and chunked), RVQ arrays and a manifest."""
     _logging(verbose)
-    try:
-        from .export.dac import export_dac
-        from .models.dac import DAC, PRESETS, init_random
-        from .models.dac_weights import RELEASES, load_dac
-    except ImportError as e:
-        raise CodecportError(f"exporting needs torch and onnx ({e}); "
-                             "pip install 'codecport[export]'") from e
-    if codebooks is not None and not in_graph_quantizer:
-        raise click.UsageError("--codebooks only applies with --in-graph-quantizer; the numpy "
-                               "quantizer takes --codebooks at codec-run time")
+    _check_codebooks_flag(in_graph_quantizer, codebooks)
+    _export_imports()
+    from .export.dac import export_dac
+    from .models.dac import DAC, PRESETS, init_random
+    from .models.dac_weights import RELEASES, load_dac
+
     t0 = time.perf_counter()
     if random_init:
         variant = variant or "44khz"
@@ -104,12 +133,60 @@ def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_gr
                f"(decoder gives {geo['samples_out']} samples)")
     click.echo(f"  chunked graphs: window {geo['window']} samples -> {geo['chunk_frames']} frames, "
                f"step {geo['chunk_step']} samples, delay {geo['delay']}")
-    for name, errs in report["validation"].items():
-        what = ", ".join(f"{k}={v:.3g}" if "err" in k else "codes identical" for k, v in errs.items())
-        click.echo(f"  {report['files'][name]:<22} validated vs torch: {what}")
-    for name in ("rvq", "manifest"):
-        if name in report["files"]:
-            click.echo(f"  {report['files'][name]}")
+    _print_validation(report)
+
+
+@export_cli.command("mimi")
+@click.option("--variant", type=click.Choice(MIMI_VARIANTS), default=None,
+              help="Model preset [default: mimi, or what a transformers config says].")
+@click.option("--len", "length", type=click.IntRange(min=1), default=None,
+              help="Samples per call of the fixed-length encoder/decoder pair (24 kHz; not a "
+                   "multiple of 1920: zero-padded inside the graph to whole frames, as moshi does).")
+@click.option("--streaming", is_flag=True,
+              help="Also write the static-shape step graphs (explicit state) for streaming and "
+                   "for audio of any length.")
+@click.option("--frames", type=click.IntRange(min=1), default=1,
+              help="Code frames (80 ms each) per streaming step.")
+@click.option("--weights", default=None,
+              help="Released name (mimi: moshi's checkpoint from Hugging Face), a moshi "
+                   ".safetensors, a transformers MimiModel folder, or a URL [default: mimi].")
+@_export_options
+@_one_line_errors
+def export_mimi_cmd(variant, length, streaming, frames, weights, random_init, seed,
+                    in_graph_quantizer, codebooks, out_dir, verbose) -> None:
+    """Write fixed-length (--len) and/or streaming step graphs (--streaming), RVQ arrays and a manifest."""
+    _logging(verbose)
+    if length is None and not streaming:
+        raise click.UsageError("pass --len N (fixed-length graphs), --streaming (step graphs), or both")
+    _check_codebooks_flag(in_graph_quantizer, codebooks)
+    _export_imports()
+    from .export.mimi import export_mimi
+    from .models.mimi import PRESETS, MimiModel, init_random
+    from .models.mimi_weights import load_mimi
+
+    t0 = time.perf_counter()
+    if random_init:
+        variant = variant or "mimi"
+        model, source, sha = init_random(MimiModel(PRESETS[variant]), seed).eval(), \
+            f"random-init seed {seed} (NOT trained weights)", "none"
+        click.echo(f"using RANDOM weights (seed {seed}): the graphs are real, the audio is not")
+    else:
+        source = weights or "mimi"
+        model, sha = load_mimi(source, variant=variant)
+        variant = next((name for name, cfg in PRESETS.items() if cfg == model.cfg), "custom")
+    out_dir = out_dir or Path(f"mimi-{variant}-{length or 'stream'}")
+    in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
+    report = export_mimi(model, out_dir, length, frames if streaming else None, variant=variant,
+                         weights=source, weights_sha256=sha, in_graph_codebooks=in_graph)
+    click.echo(f"exported mimi {variant} ({source}) in {time.perf_counter() - t0:.1f} s to {out_dir}/")
+    geo, fs = report["geometry"], model.cfg.frame_size
+    if geo["samples"] is not None:
+        click.echo(f"  fixed graphs : {geo['samples']} samples (padded to {geo['frames'] * fs}) <-> "
+                   f"{geo['frames']} frames")
+    if geo["step_frames"] is not None:
+        click.echo(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
+                   "per call, state in/out (zeros to start)")
+    _print_validation(report)
 
 
 # ---- codec-run ---------------------------------------------------------------------------
@@ -127,44 +204,81 @@ def run_cli() -> None:
 
 
 def _codec(model_dir: Path, provider: str, fallback: str | None):
+    """DacCodec or MimiCodec, by what the folder's graphs say they are."""
     from .runtime.dac import DacCodec
+    from .runtime.mimi import MimiCodec
+    from .runtime.session import read_metadata
 
+    graphs = sorted(model_dir.glob("*.onnx")) if model_dir.is_dir() else []
+    if not graphs:
+        raise ModelFileError(f"{model_dir}: no exported graphs here; run codec-export first")
+    codec = read_metadata(graphs[0]).get("codec")
+    if codec == "mimi":
+        return MimiCodec(model_dir, provider, fallback)
     return DacCodec(model_dir, provider, fallback)
+
+
+def _is_mimi(codec) -> bool:
+    return type(codec).__name__ == "MimiCodec"
+
+
+streaming_option = click.option("--streaming", is_flag=True,
+                                help="Mimi: go through the step graphs (as a live stream would) "
+                                     "even when the clip fits the fixed-length graph.")
 
 
 @run_cli.command("encode")
 @click.argument("audio_in", type=click.Path(path_type=Path))
 @model_option
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True,
-              help="codes.npy (codes [channels, codebooks, frames]) or codes.dac (official format).")
+              help="codes.npy (codes [channels, codebooks, frames]); or codes.dac (DAC's official "
+                   "format) / codes.npz (Mimi: codes + original length and rate), which decode "
+                   "back to the original length and rate.")
 @click.option("--codebooks", type=click.IntRange(min=1), default=None,
-              help="Use the first K codebooks (lower bitrate) [default: all].")
+              help="Use the first K codebooks (lower bitrate) [default: all for DAC, 8 for Mimi "
+                   "as Moshi uses].")
+@streaming_option
 @provider_option
 @fallback_option
 @click.option("-v", "--verbose", is_flag=True)
 @_one_line_errors
-def encode_cmd(audio_in, model_dir, out, codebooks, provider, fallback, verbose) -> None:
+def encode_cmd(audio_in, model_dir, out, codebooks, streaming, provider, fallback, verbose) -> None:
     """Encode a WAV/FLAC file of any length and sample rate to codes."""
     from .runtime.audio import read_audio
 
     _logging(verbose)
-    if out.suffix not in (".npy", ".dac"):
-        raise CodesError(f"{out}: the output must end in .npy or .dac")
     codec = _codec(model_dir, provider, fallback)
+    mimi = _is_mimi(codec)
+    suffixes = (".npy", ".npz") if mimi else (".npy", ".dac")
+    if out.suffix not in suffixes:
+        raise CodesError(f"{out}: the output must end in {' or '.join(suffixes)}")
+    if streaming and not mimi:
+        raise click.UsageError("--streaming is for Mimi folders; DAC streams long audio in chunks anyway")
     audio, sr = read_audio(audio_in)
     if sr != codec.sample_rate:
         click.echo(f"resampling {sr} Hz -> {codec.sample_rate} Hz (soxr)")
     t0 = time.perf_counter()
-    f = codec.compress(audio, sr, codebooks, progress=True)
-    took = time.perf_counter() - t0
-    if out.suffix == ".dac":
-        f.save(out)
+    if mimi:
+        from .runtime.audio import check_audio, resample
+        from .runtime.mimi import save_codes
+
+        x = resample(check_audio(audio), sr, codec.sample_rate)
+        codes = codec.encode(x, codec.sample_rate, codebooks, streaming=streaming, progress=True)
+        took = time.perf_counter() - t0
+        mode = "fixed graph" if not streaming and codec.fits_fixed(x.shape[1]) else "streaming step graphs"
+        if out.suffix == ".npz":
+            save_codes(out, codes, audio.shape[1], sr)
     else:
+        f = codec.compress(audio, sr, codebooks, progress=True)
+        took, codes = time.perf_counter() - t0, f.codes
+        mode = "exact (official encode)" if f.padding else f"chunked ({f.chunk_length} frames/chunk)"
+        if out.suffix == ".dac":
+            f.save(out)
+    if out.suffix == ".npy":
         with atomic_path(out) as tmp, open(tmp, "wb") as fh:
-            np.save(fh, f.codes)
-    mode = "exact (official encode)" if f.padding else f"chunked ({f.chunk_length} frames/chunk)"
+            np.save(fh, codes)
     click.echo(f"{audio_in}: {audio.shape[0]} ch x {audio.shape[1]} samples @ {sr} Hz -> codes "
-               f"{list(f.codes.shape)} [{mode}] in {took:.2f} s on {codec.provider}")
+               f"{list(codes.shape)} [{mode}] in {took:.2f} s on {codec.provider}")
     click.echo(f"wrote {out}")
 
 
@@ -173,19 +287,31 @@ def encode_cmd(audio_in, model_dir, out, codebooks, provider, fallback, verbose)
 @model_option
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True,
               help="Output audio (.wav or .flac).")
+@streaming_option
 @provider_option
 @fallback_option
 @click.option("-v", "--verbose", is_flag=True)
 @_one_line_errors
-def decode_cmd(codes_in, model_dir, out, provider, fallback, verbose) -> None:
-    """Decode codes.npy or codes.dac to audio."""
-    from .runtime.audio import write_audio
+def decode_cmd(codes_in, model_dir, out, streaming, provider, fallback, verbose) -> None:
+    """Decode codes.npy, codes.dac (DAC) or codes.npz (Mimi) to audio."""
+    from .runtime.audio import resample, write_audio
     from .runtime.dacfile import DacFile
 
     _logging(verbose)
     codec = _codec(model_dir, provider, fallback)
+    mimi = _is_mimi(codec)
+    if streaming and not mimi:
+        raise click.UsageError("--streaming is for Mimi folders")
     t0 = time.perf_counter()
-    if codes_in.suffix == ".dac":
+    if mimi and codes_in.suffix == ".npz":
+        from .runtime.mimi import load_codes
+
+        codes, length, sr = load_codes(codes_in)
+        audio = resample(codec.decode(codes, streaming=streaming, progress=True), codec.sample_rate, sr)
+        audio = np.pad(audio, ((0, 0), (0, max(0, length - audio.shape[1]))))[:, :length]
+    elif mimi:
+        audio, sr = codec.decode(_load_npy(codes_in), streaming=streaming, progress=True), codec.sample_rate
+    elif codes_in.suffix == ".dac":
         audio, sr = codec.decompress(DacFile.load(codes_in), progress=True)
     else:
         audio, sr = codec.decode(_load_npy(codes_in), progress=True), codec.sample_rate

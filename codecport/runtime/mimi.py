@@ -26,6 +26,7 @@ from .session import Graph, open_graph, resolve_provider
 log = logging.getLogger(__name__)
 
 GRAPHS = ("encoder", "decoder", "encoder_step", "decoder_step")
+MOSHI_CODEBOOKS = 8  # what Moshi uses; the default unless asked for more (up to all 32)
 _SHARED = ("codec", "export_id", "variant", "sample_rate", "frame_size", "weights_sha256",
            "quantizer", "n_codebooks", "codebook_size")
 
@@ -73,6 +74,14 @@ class MimiCodec:
             self._graphs[name] = g
         return self._graphs[name]
 
+    def default_codebooks(self, n_codebooks: int | None) -> int:
+        default = min(MOSHI_CODEBOOKS, self.n_codebooks)
+        return check_n_codebooks(default if n_codebooks is None else n_codebooks, self.n_codebooks)
+
+    def fits_fixed(self, n: int) -> bool:
+        """Whether `n` samples at 24 kHz go through the fixed-length encoder in one call."""
+        return self._fits("encoder", "samples", n)
+
     # ---- codes <-> what the graphs take --------------------------------------------------
     def _to_codes(self, y: np.ndarray, k: int) -> np.ndarray:
         """Encoder output `[1, C|K, T]` -> codes `[k, T]`."""
@@ -107,15 +116,16 @@ class MimiCodec:
                streaming: bool = False, progress: bool = False) -> np.ndarray:
         """Codes `[C, K, ceil(N' / frame_size)]` for audio `[C, N]` at any rate (N' at 24 kHz).
 
-        Each channel is encoded on its own (Mimi is mono). `streaming` forces the step graphs.
+        Each channel is encoded on its own (Mimi is mono). `n_codebooks` defaults to Moshi's 8.
+        `streaming` forces the step graphs.
         """
-        k = check_n_codebooks(n_codebooks, self.n_codebooks)
+        k = self.default_codebooks(n_codebooks)
         audio = check_audio(audio)
         if sample_rate != self.sample_rate:
             log.info("resampling %d Hz -> %d Hz", sample_rate, self.sample_rate)
             audio = resample(audio, sample_rate, self.sample_rate)
         frames = math.ceil(audio.shape[1] / self.frame_size)
-        if not streaming and self._fits("encoder", "samples", audio.shape[1]):
+        if not streaming and self.fits_fixed(audio.shape[1]):
             g = self.graph("encoder")
             x = np.pad(audio, ((0, 0), (0, g.int("samples") - audio.shape[1])))
             return np.stack([self._to_codes(g(row[None, None]), k)[:, :frames] for row in x])
@@ -163,12 +173,12 @@ class MimiStream:
     step completed so far (t may be 0); `decode_step(codes)` takes any number of code frames and
     returns the audio of every completed step. Partial steps wait in a buffer until the next call,
     or until `flush_encoder()`/`flush_decoder()` pads them with zeros and returns the rest.
-    `reset()` starts a new stream.
+    `reset()` starts a new stream. Codes have `n_codebooks` levels (default Moshi's 8).
     """
 
     def __init__(self, codec: MimiCodec, n_codebooks: int | None = None):
         self.codec = codec
-        self.k = check_n_codebooks(n_codebooks, codec.n_codebooks)
+        self.k = codec.default_codebooks(n_codebooks)
         self.step_frames = codec.graph("encoder_step" if "encoder_step" in codec.present
                                        else "decoder_step").int("frames")
         self.step_samples = self.step_frames * codec.frame_size
