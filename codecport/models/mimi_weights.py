@@ -111,7 +111,9 @@ def config_from_transformers(conf: dict, source: str) -> MimiConfig:
             raise CheckpointError(f"{source}: config {key}={conf[key]!r} is not supported "
                                   f"(Mimi uses {want!r})")
     sr, ratios = conf.get("sampling_rate", 24000), conf.get("upsampling_ratios") or [8, 6, 5, 4]
-    frame_rate = conf.get("_frame_rate") or conf.get("frame_rate") or 12.5
+    # transformers saves `_frame_rate: null` unless one was given and then derives the rate from a
+    # stride-2 downsample (its `frame_size`); a fixed 12.5 Hz fits the released ratios only.
+    frame_rate = conf.get("_frame_rate") or conf.get("frame_rate") or sr / (2 * math.prod(ratios))
     rope = conf.get("rope_parameters") or {}
     return MimiConfig(
         sample_rate=sr, n_filters=conf.get("num_filters", 64), ratios=tuple(ratios),
