@@ -75,7 +75,7 @@ class Attention(nn.Module):
             k = torch.cat([k[:, :, :c], apply_rope(k[:, :, c:], pos_q.float(), self.max_period)], 2)
             self.stream.outputs[self.state_name] = torch.stack([k[:, :, -c:], v[:, :, -c:]])
         delta = pos_q[:, None] - pos_k[None, :]
-        visible = (delta >= 0) & (delta <= self.context) & (pos_k >= 0)[None, :]
+        visible = (delta >= 0) & (delta < self.context) & (pos_k >= 0)[None, :]
         scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dim // self.heads)
         scores = scores.masked_fill(~visible, float("-inf"))
         y = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, H, T, D]
