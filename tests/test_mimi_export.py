@@ -14,7 +14,7 @@ import torch
 from codecport import __version__
 from codecport.errors import ExportError, ValidationError
 from codecport.export import mimi as export_mod
-from codecport.export.mimi import export_mimi
+from codecport.export.mimi import export_mimi, rvq_of
 from codecport.models.mimi import PRESETS, MimiModel, init_random
 
 GRAPHS = ["encoder", "decoder", "encoder_step", "decoder_step"]
@@ -70,7 +70,7 @@ def preset_export(tmp_path_factory):
 
 
 def test_preset_validates_and_every_graph_is_portable(preset_export):
-    model, out, report, graphs = preset_export
+    _, _, report, graphs = preset_export
     assert set(report["validation"]) == set(GRAPHS)
     for name in ("decoder", "decoder_step"):
         assert report["validation"][name]["audio_max_abs_err"] <= 1e-4
@@ -90,7 +90,7 @@ def test_preset_validates_and_every_graph_is_portable(preset_export):
 
 
 def test_preset_fixed_graph_shapes(preset_export):
-    model, _, _, graphs = preset_export
+    _, _, _, graphs = preset_export
     enc, meta = graphs["encoder"]
     assert _io(enc.graph.input) == {"audio": ((1, 1, 48000), onnx.TensorProto.FLOAT)}
     assert _io(enc.graph.output) == {"latent": ((1, 512, 25), onnx.TensorProto.FLOAT)}
@@ -130,8 +130,6 @@ def test_preset_step_graph_state_pairs(preset_export, name):
 def test_preset_encoder_step_matches_torch(preset_export):
     """One step from the zero state gives torch's codes for that one-frame clip."""
     model, out, _, _ = preset_export
-    from codecport.export.mimi import rvq_of
-
     x = (0.3 * np.random.default_rng(11).standard_normal((1, 1, 1920))).astype(np.float32)
     sess = _session(out / "encoder_step.onnx")
     latent, offset = sess.run(["latent", "offset_out"], {"audio": x, **_zero_feeds(sess)})
@@ -146,6 +144,7 @@ def test_preset_manifest_lists_the_files(preset_export):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["files"] == {**{g: f"{g}.onnx" for g in GRAPHS}, "rvq": "rvq.npz",
                                  "manifest": "manifest.json"}
+    assert manifest["files"] == report["files"]
     assert manifest["export_id"] == graphs["encoder"][1]["export_id"]
     assert manifest["codec"] == "mimi" and manifest["n_codebooks"] == 32
     assert sorted(p.name for p in out.iterdir()) == sorted(manifest["files"].values())

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import math
+import zipfile
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from ..atomic import atomic_path
-from ..errors import CodesError, ModelFileError
+from ..errors import AudioError, CodesError, ModelFileError
 from .audio import check_audio, resample
 from .rvq import MimiRvq, check_code_values, check_n_codebooks
 from .session import Graph, open_graph, resolve_provider
@@ -209,7 +210,7 @@ class MimiStream:
         """Codes `[K, t]` for every whole step now buffered; the rest waits for more samples."""
         pcm = np.asarray(pcm, np.float32).reshape(-1)
         if not np.isfinite(pcm).all():
-            raise CodesError("audio contains NaN or infinite samples")
+            raise AudioError("audio contains NaN or infinite samples; fix the input before encoding")
         self._pcm = np.concatenate([self._pcm, pcm])
         n = len(self._pcm) // self.step_samples * self.step_samples
         out = [self.codec._to_codes(self._step("encoder", self._pcm[i:i + self.step_samples][None, None]), self.k)
@@ -264,5 +265,6 @@ def load_codes(path: Path) -> tuple[np.ndarray, int, int]:
             if str(z["codec"]) != "mimi":
                 raise CodesError(f"{path}: holds {z['codec']} codes, not mimi")
             return z["codes"], int(z["length"]), int(z["sample_rate"])
-    except (OSError, ValueError, KeyError) as e:
+    # BadZipFile: a truncated .npz; TypeError: a plain .npy, or a non-scalar length/rate.
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
         raise CodesError(f"{path}: not a codes file written by codec-run encode ({e})") from e

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +75,7 @@ class DacRvq:
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k].astype(np.float32) for k in ARRAYS}
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
             raise ModelFileError(f"{path}: not a codecport RVQ file ({e}); re-run codec-export") from e
         return cls(arrays)
 
@@ -138,7 +139,7 @@ class MimiRvq:
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in MIMI_ARRAYS}
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
             raise ModelFileError(f"{path}: not a codecport Mimi RVQ file ({e}); re-run codec-export") from e
         return cls({k: v if k == "n_semantic" else v.astype(np.float32) for k, v in arrays.items()})
 
