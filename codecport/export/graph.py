@@ -130,7 +130,7 @@ def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[st
         files[name] = f"{name}.onnx"
     if rvq is not None:
         with atomic_path(out_dir / "rvq.npz") as tmp, open(tmp, "wb") as f:
-            np.savez(f, **rvq)
+            np.savez(f, **rvq, export_id=np.array(manifest["export_id"]))
         files["rvq"] = "rvq.npz"
     files["manifest"] = "manifest.json"
     with atomic_path(out_dir / "manifest.json") as tmp:

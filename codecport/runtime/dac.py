@@ -20,7 +20,7 @@ from tqdm import tqdm
 from ..errors import CodesError, ModelFileError
 from .audio import check_audio, loudness, resample
 from .dacfile import DacFile
-from .rvq import DacRvq, check_code_values, check_n_codebooks
+from .rvq import DacRvq, check_code_values, check_export, check_n_codebooks
 from .session import Graph, open_graph, resolve_provider
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,7 @@ class DacCodec:
         self.rvq = None
         if meta["quantizer"] == "numpy":
             self.rvq = DacRvq.load(self.dir / "rvq.npz")
-            if (self.rvq.latent_dim, self.rvq.n_codebooks) != (int(meta["latent_dim"]), self.n_codebooks):
-                raise ModelFileError(f"{self.dir}/rvq.npz does not belong to these graphs; re-export")
+            check_export(self.rvq, self.dir / "rvq.npz", self.meta)
 
     def graph(self, name: str) -> Graph:
         if name not in self._graphs:

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..atomic import atomic_path
 from ..errors import AudioError, CodesError, ModelFileError
 from .audio import check_audio, resample
-from .rvq import MimiRvq, check_code_values, check_n_codebooks
+from .rvq import MimiRvq, check_code_values, check_export, check_n_codebooks
 from .session import Graph, open_graph, resolve_provider
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,7 @@ class MimiCodec:
         self.rvq = None
         if self.meta["quantizer"] == "numpy":
             self.rvq = MimiRvq.load(self.dir / "rvq.npz")
-            if (self.rvq.latent_dim, self.rvq.n_codebooks) != (int(self.meta["latent_dim"]), self.n_codebooks):
-                raise ModelFileError(f"{self.dir}/rvq.npz does not belong to these graphs; re-export")
+            check_export(self.rvq, self.dir / "rvq.npz", self.meta)
 
     def graph(self, name: str) -> Graph:
         if name not in self._graphs:
@@ -228,7 +227,11 @@ class MimiStream:
 
     def decode_step(self, codes: np.ndarray) -> np.ndarray:
         """Audio for every whole step of codes now buffered; the rest waits for more frames."""
-        codes = self.codec.check_codes(codes)[0]
+        codes = self.codec.check_codes(codes)
+        if codes.shape[0] != 1:
+            raise CodesError(f"a stream decodes one channel; got codes for {codes.shape[0]} "
+                             "(use one MimiStream per channel)")
+        codes = codes[0]
         if self._codes.shape[1] == 0:
             self._codes = np.zeros((codes.shape[0], 0), np.int64)
         elif codes.shape[0] != self._codes.shape[0]:

@@ -32,6 +32,18 @@ def one_blas_thread(fn):
     return wrapper
 
 
+def _export_id(z) -> str | None:
+    """The export id written beside the arrays (None in a file written by hand)."""
+    return str(z["export_id"]) if "export_id" in z.files else None
+
+
+def check_export(rvq, path: Path, meta: dict[str, str]) -> None:
+    """`ModelFileError` unless the RVQ arrays came from the same export as the graphs."""
+    if getattr(rvq, "export_id", None) not in (None, meta.get("export_id")) or \
+            rvq.latent_dim != int(meta["latent_dim"]) or rvq.n_codebooks != int(meta["n_codebooks"]):
+        raise ModelFileError(f"{path} does not belong to these graphs; re-export the folder")
+
+
 def _normalize(x: np.ndarray) -> np.ndarray:
     """`torch.nn.functional.normalize` over the last axis (eps 1e-12)."""
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
@@ -75,9 +87,12 @@ class DacRvq:
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k].astype(np.float32) for k in ARRAYS}
+                export_id = _export_id(z)
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
             raise ModelFileError(f"{path}: not a codecport RVQ file ({e}); re-run codec-export") from e
-        return cls(arrays)
+        rvq = cls(arrays)
+        rvq.export_id = export_id
+        return rvq
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"in_proj_weight": self.in_w, "in_proj_bias": self.in_b,
@@ -139,9 +154,12 @@ class MimiRvq:
         try:
             with np.load(path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in MIMI_ARRAYS}
+                export_id = _export_id(z)
         except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
             raise ModelFileError(f"{path}: not a codecport Mimi RVQ file ({e}); re-run codec-export") from e
-        return cls({k: v if k == "n_semantic" else v.astype(np.float32) for k, v in arrays.items()})
+        rvq = cls({k: v if k == "n_semantic" else v.astype(np.float32) for k, v in arrays.items()})
+        rvq.export_id = export_id
+        return rvq
 
     def arrays(self) -> dict[str, np.ndarray]:
         return dict(self.a)
