@@ -147,12 +147,15 @@ def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_gr
                    "for audio of any length.")
 @click.option("--frames", type=click.IntRange(min=1), default=1,
               help="Code frames (80 ms each) per streaming step.")
+@click.option("--window", type=click.Choice(["whole-clip", "moshi-stream"]), default="whole-clip",
+              help="Step graphs' attention past 250 frames: equal to the whole clip (moshi's "
+                   "encode), or moshi's streaming mode, whose ring cache drops a step's oldest keys.")
 @click.option("--weights", default=None,
               help="Released name (mimi: moshi's checkpoint from Hugging Face), a moshi "
                    ".safetensors, a transformers MimiModel folder, or a URL [default: mimi].")
 @_export_options
 @_one_line_errors
-def export_mimi_cmd(variant, length, streaming, frames, weights, random_init, seed,
+def export_mimi_cmd(variant, length, streaming, frames, window, weights, random_init, seed,
                     in_graph_quantizer, codebooks, out_dir, verbose) -> None:
     """Write fixed-length (--len) and/or streaming step graphs (--streaming), RVQ arrays and a manifest."""
     _logging(verbose)
@@ -177,7 +180,8 @@ def export_mimi_cmd(variant, length, streaming, frames, weights, random_init, se
     out_dir = out_dir or Path(f"mimi-{variant}-{length or 'stream'}")
     in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
     report = export_mimi(model, out_dir, length, frames if streaming else None, variant=variant,
-                         weights=source, weights_sha256=sha, in_graph_codebooks=in_graph)
+                         weights=source, weights_sha256=sha, in_graph_codebooks=in_graph,
+                         window=window)
     click.echo(f"exported mimi {variant} ({source}) in {time.perf_counter() - t0:.1f} s to {out_dir}/")
     geo, fs = report["geometry"], model.cfg.frame_size
     if geo["samples"] is not None:
@@ -185,7 +189,7 @@ def export_mimi_cmd(variant, length, streaming, frames, weights, random_init, se
                    f"{geo['frames']} frames")
     if geo["step_frames"] is not None:
         click.echo(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
-                   "per call, state in/out (zeros to start)")
+                   f"per call, state in/out (zeros to start), attention window {window}")
     _print_validation(report)
 
 

@@ -286,3 +286,65 @@ def test_zero_tolerance_fails_the_decoder(tmp_path, tiny_mimi, monkeypatch):
     with pytest.raises(ValidationError, match=r"decoder: max abs error .* exceeds 0$"):
         _export(tiny_mimi, out)
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def _torch_steps(model, x, side, frames_per_step):
+    """Chain torch streaming steps from the zero state (the reference for step graphs)."""
+    state, out = model.zero_state(side), []
+    size = model.cfg.frame_size if side == "encoder" else 1
+    with torch.no_grad():
+        for i in range(0, x.shape[-1], frames_per_step * size):
+            with model.streaming(state, side):
+                chunk = x[..., i:i + frames_per_step * size]
+                out.append(model.encode(chunk) if side == "encoder" else model.decode(chunk))
+            state.inputs, state.outputs = state.outputs, {}
+            state.offset = state.offset + frames_per_step * model.cfg.downsample_stride
+    return torch.cat(out, -1)
+
+
+def test_moshi_stream_window(tmp_path):
+    """window="moshi-stream" step graphs follow moshi's ring cache: equal to the whole clip for
+    the first `context` positions, then differing from it, and equal to torch's ring steps.
+
+    A context of 8 rather than 250 makes one dropped key a visible change in the audio."""
+    from dataclasses import replace
+
+    from codecport.runtime.mimi import MimiCodec
+
+    tiny_mimi = init_random(MimiModel(replace(PRESETS["tiny"], context=8)), seed=2).eval()
+    export_mimi(tiny_mimi, tmp_path, None, 1, variant="tiny", weights="w", weights_sha256="none",
+                window="moshi-stream")
+    meta = {p.key: p.value for p in onnx.load(tmp_path / "encoder_step.onnx").metadata_props}
+    assert meta["attention_window"] == "moshi-stream"
+    cfg = tiny_mimi.cfg
+    x = torch.from_numpy((0.3 * np.random.default_rng(5).standard_normal((1, 1, 40 * cfg.frame_size)))
+                         .astype(np.float32))
+    codes = MimiCodec(tmp_path).encode(x[0].numpy(), cfg.sample_rate, cfg.n_codebooks, streaming=True)
+    with torch.no_grad():
+        whole = tiny_mimi.encode(x).numpy()
+    tiny_mimi.set_moshi_ring(True)
+    try:
+        ring = _torch_steps(tiny_mimi, x, "encoder", 1).numpy()
+    finally:
+        tiny_mimi.set_moshi_ring(False)
+    np.testing.assert_array_equal(codes, ring)
+    # A dropped key moves the latent only slightly; the decoder's audio shows it.
+    audio = MimiCodec(tmp_path).decode(whole, streaming=True)
+    with torch.no_grad():
+        want = tiny_mimi.decode(torch.from_numpy(whole)).numpy()[0]
+        tiny_mimi.set_moshi_ring(True)
+        try:
+            ring_audio = _torch_steps(tiny_mimi, torch.from_numpy(whole), "decoder", 1).numpy()[0]
+        finally:
+            tiny_mimi.set_moshi_ring(False)
+    np.testing.assert_allclose(audio, ring_audio, atol=1e-4)
+    edge = cfg.context // cfg.downsample_stride * cfg.frame_size  # samples before a key is dropped
+    np.testing.assert_allclose(audio[:, :edge], want[:, :edge], atol=1e-5)
+    assert np.abs(audio[:, edge:] - want[:, edge:]).max() > 1e-3, "the ring window made no difference"
+
+
+def test_unknown_window_is_refused(tmp_path, tiny_mimi):
+    with pytest.raises(ExportError, match="--window"):
+        export_mimi(tiny_mimi, tmp_path / "out", None, 1, variant="tiny", weights="w",
+                    weights_sha256="none", window="ring")
+    assert not (tmp_path / "out").exists()

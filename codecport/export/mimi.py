@@ -12,6 +12,8 @@ Streaming pair (`--streaming --frames N`): one step of N frames with explicit st
   State: each causal conv's last input samples, each polyphase transposed conv's last input
   frame, each attention layer's last `context` rotated keys and values `[2, 1, H, context, D]`,
   and the position offset (int64, SEANet frames). The initial state is all zeros, offset 0.
+  By default the steps equal the whole clip; `window="moshi-stream"` reproduces moshi's own
+  streaming mode instead, which differs from its whole clip past 250 positions.
 
 With `in_graph_codebooks`, encoders output codes `[1, K, frames]` and decoders take them.
 """
@@ -36,6 +38,8 @@ from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx, write_ex
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 
 log = logging.getLogger(__name__)
+
+WINDOWS = ("whole-clip", "moshi-stream")  # step graphs' attention window, see export_mimi
 
 
 class EncoderGraph(nn.Module):
@@ -88,7 +92,7 @@ class Geometry:
 
 
 def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
-                k: int | None = None) -> list[GraphSpec]:
+                k: int | None = None, window: str = "whole-clip") -> list[GraphSpec]:
     """The fixed-length pair and/or the step pair; `k` puts the quantizer (k levels) inside."""
     cfg = model.cfg
     quant = {"quantizer": "numpy" if k is None else "graph",
@@ -122,7 +126,7 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
                 [y, Tensor("offset_out", (1,), "int64"), *states_out],
                 {**meta, **quant, "role": side, "mode": "step", "frames": str(f), "samples": str(n),
                  "positions_per_step": str(f * cfg.downsample_stride), "context": str(cfg.context),
-                 "states": ",".join(shapes),
+                 "states": ",".join(shapes), "attention_window": window,
                  "initial_state": "every <state>_in all zeros and offset_in = 0; then feed each "
                                   "<state>_out and offset_out back as <state>_in and offset_in"}))
     return specs
@@ -150,49 +154,57 @@ def _decoder_input(spec: GraphSpec, codes: np.ndarray, rvq: MimiRvq) -> np.ndarr
     return codes if spec.metadata["quantizer"] == "graph" else rvq.decode(codes[0])[None]
 
 
+def _run_steps(call, spec: GraphSpec, pieces: list[np.ndarray], rvq: MimiRvq):
+    """Chain `call([x, offset, *states]) -> [y, offset, *states]` from the zero state."""
+    state = [np.zeros(t.shape, np.float32) for t in spec.inputs[2:]]
+    offset, out = np.zeros(1, np.int64), []
+    for x in pieces:
+        x = x if spec.metadata["role"] == "encoder" else _decoder_input(spec, x, rvq)
+        y, offset, *state = call([x, offset, *state])
+        out.append(y)
+    return np.concatenate(out, axis=-1), int(offset[0])
+
+
 def validate(spec: GraphSpec, onnx_model, model: MimiModel, rvq: MimiRvq, seed: int = 1,
              steps: int = 3) -> dict[str, float]:
     """Compare ONNX Runtime with torch on inputs other than the export dummy.
 
-    Fixed graphs: one call. Step graphs: `steps` calls chained from the zero state, compared
-    with the torch whole-clip result, which checks the state handling as well as the numbers.
-    Encoders must give identical codes, decoders audio within `AUDIO_ATOL`.
+    Fixed graphs: one call against the torch whole clip. Step graphs: `steps` calls chained from
+    the zero state, against the torch whole clip (which checks the state handling as well as
+    the numbers), or against torch's own chained steps when the graph follows moshi's streaming
+    ring (which does not equal the whole clip past the window). Encoders must give identical
+    codes, decoders audio within `AUDIO_ATOL`.
     """
     cfg, meta = model.cfg, spec.metadata
     rng = np.random.default_rng(seed)
     k = int(meta["n_codebooks"])
     step = meta["mode"] == "step"
-    frames = int(meta["frames"]) * (steps if step else 1)
-    if meta["role"] == "encoder":
-        n = int(meta["samples"]) * (steps if step else 1)
-        audio = (0.3 * rng.standard_normal((1, 1, n))).astype(np.float32)
+    n = steps if step else 1
+    encoder = meta["role"] == "encoder"
+    if encoder:
+        x = (0.3 * rng.standard_normal((1, 1, int(meta["samples"]) * n))).astype(np.float32)
         with torch.no_grad():
-            want = model.encode(model.pad(torch.from_numpy(audio)), k).numpy()
-        pieces = np.split(audio, steps, axis=-1) if step else [audio]
+            want = model.encode(model.pad(torch.from_numpy(x)), k).numpy()
     else:
-        codes = rng.integers(0, cfg.codebook_size, (1, k, frames))
+        x = rng.integers(0, cfg.codebook_size, (1, k, int(meta["frames"]) * n))
         with torch.no_grad():
-            want = model.decode(torch.from_numpy(codes)).numpy()
-        pieces = np.split(codes, steps, axis=-1) if step else [codes]
-    out = []
+            want = model.decode(torch.from_numpy(x)).numpy()
+    names = [t.name for t in spec.inputs]
     if step:
-        names = meta["states"].split(",") if meta["states"] else []
-        state = {t.name: np.zeros(t.shape, np.float32) for t in spec.inputs[2:]}
-        offset = np.zeros(1, np.int64)
-        for x in pieces:
-            x = x if meta["role"] == "encoder" else _decoder_input(spec, x, rvq)
-            res = run(onnx_model, {spec.inputs[0].name: x, "offset_in": offset, **state})
-            out.append(res[0])
-            offset = res[1]
-            state = {f"{n}_in": r for n, r in zip(names, res[2:])}
-        if int(offset[0]) != frames * cfg.downsample_stride:
-            raise ExportError(f"{spec.name}: offset_out is {int(offset[0])} after {steps} steps, "
-                              f"expected {frames * cfg.downsample_stride}")
+        pieces = np.split(x, steps, axis=-1)
+        got, offset = _run_steps(lambda xs: run(onnx_model, dict(zip(names, xs))), spec, pieces, rvq)
+        if offset != x.shape[-1] // (cfg.frame_size if encoder else 1) * cfg.downsample_stride:
+            raise ExportError(f"{spec.name}: offset_out is {offset} after {steps} steps, expected "
+                              f"{x.shape[-1] // (cfg.frame_size if encoder else 1) * cfg.downsample_stride}")
+        if meta["attention_window"] == "moshi-stream":
+            with torch.no_grad():
+                want, _ = _run_steps(lambda xs: [t.numpy() for t in spec.module(*map(torch.from_numpy, xs))],
+                                     spec, pieces, rvq)
+                if encoder and meta["quantizer"] == "numpy":
+                    want = model.quantizer.encode(torch.from_numpy(want), k).numpy()
     else:
-        x = pieces[0] if meta["role"] == "encoder" else _decoder_input(spec, pieces[0], rvq)
-        out.append(run(onnx_model, {spec.inputs[0].name: x})[0])
-    got = np.concatenate(out, axis=-1)
-    if meta["role"] == "decoder":
+        got = run(onnx_model, {names[0]: x if encoder else _decoder_input(spec, x, rvq)})[0]
+    if not encoder:
         return {"audio_max_abs_err": check_close(spec.name, got, want, AUDIO_ATOL)}
     check_codes(spec.name, _codes_of(spec, got, rvq), want)
     return {"codes_identical": 1.0}
@@ -200,10 +212,12 @@ def validate(spec: GraphSpec, onnx_model, model: MimiModel, rvq: MimiRvq, seed: 
 
 def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, step_frames: int | None = None,
                 *, variant: str, weights: str, weights_sha256: str,
-                in_graph_codebooks: int | None = None) -> dict:
+                in_graph_codebooks: int | None = None, window: str = "whole-clip") -> dict:
     """Export, check and validate the requested graphs, then write them all; returns the report.
 
     `samples` gives the fixed-length pair, `step_frames` the streaming pair (at least one).
+    `window` is the step graphs' attention: "whole-clip" (streaming equals the whole clip, as
+    moshi's `encode`) or "moshi-stream" (moshi's streaming mode, ring cache and all).
     Nothing is written unless every graph passes; each file is written atomically.
     """
     cfg = model.cfg
@@ -213,6 +227,8 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
         raise ExportError(f"--len must be positive, got {samples}")
     if step_frames is not None and step_frames < 1:
         raise ExportError(f"--frames must be at least 1, got {step_frames}")
+    if window not in WINDOWS:
+        raise ExportError(f"--window must be one of {', '.join(WINDOWS)}, got {window!r}")
     k = in_graph_codebooks
     if k is not None and not 1 <= k <= cfg.n_codebooks:
         raise ExportError(f"--codebooks must be between 1 and {cfg.n_codebooks}")
@@ -226,16 +242,20 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
             "latent_dim": str(cfg.dimension), "codebook_size": str(cfg.codebook_size),
             "codebook_dim": str(cfg.codebook_dim), "n_semantic": str(cfg.n_semantic),
             "weights": weights, "weights_sha256": weights_sha256}
-    meta["export_id"] = export_id(meta, vars(geo), k)
+    meta["export_id"] = export_id(meta, vars(geo), k, window)
     rvq = rvq_of(model)
     models, report = {}, {"validation": {}, "geometry": {**vars(geo), "step_samples": geo.step_samples}}
-    for spec in graph_specs(model.eval(), geo, meta, k):
-        t0 = time.perf_counter()
-        onnx_model = to_onnx(spec)
-        static_check(onnx_model, spec)
-        report["validation"][spec.name] = validate(spec, onnx_model, model, rvq)
-        models[spec.name] = onnx_model
-        log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
+    model.set_moshi_ring(window == "moshi-stream")
+    try:
+        for spec in graph_specs(model.eval(), geo, meta, k, window):
+            t0 = time.perf_counter()
+            onnx_model = to_onnx(spec)
+            static_check(onnx_model, spec)
+            report["validation"][spec.name] = validate(spec, onnx_model, model, rvq)
+            models[spec.name] = onnx_model
+            log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
+    finally:
+        model.set_moshi_ring(False)  # hand the model back as it came
     manifest = {**meta, "quantizer": "numpy" if k is None else "graph",
                 "n_codebooks": k or cfg.n_codebooks, **report}
     report["files"] = write_export(out_dir, models, rvq.arrays() if k is None else None, manifest)

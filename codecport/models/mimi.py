@@ -283,8 +283,11 @@ class MimiModel(nn.Module):
             for m in mods:
                 m.stream = None
 
-    def attention_layers(self) -> list[Attention]:
-        return [m for m in self.modules() if isinstance(m, Attention)]
+    def set_moshi_ring(self, on: bool) -> None:
+        """Streaming attention as moshi's ring cache (True) or equal to the whole clip (False)."""
+        for m in self.modules():
+            if isinstance(m, Attention):
+                m.moshi_ring = on
 
 
 @torch.no_grad()
@@ -294,7 +297,7 @@ def init_random(model: MimiModel, seed: int = 0) -> MimiModel:
     The official init (layer scale 0.01, zero codebooks) would make the transformers near
     identities and every code 0, so parity tests on it would prove little. Convs and linears get
     fan-in scaling, layer scales 0.1-0.5, and the codebooks are scaled to the projected latents
-    of a noise clip (first level centred on them), so every level picks among many rows.
+    of a noise clip, level by level, so every level picks among many rows.
     """
     g = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=g)
@@ -317,12 +320,14 @@ def init_random(model: MimiModel, seed: int = 0) -> MimiModel:
     noise = 0.1 * rand(1, 1, 8 * cfg.frame_size)
     z = model.encode_latent(noise)
     for rvq in (model.quantizer.rvq_first, model.quantizer.rvq_rest):
-        proj = rvq.input_proj(z)[0]  # [D, T]
-        mean, std = proj.mean(1), proj.std(1)
+        r = rvq.input_proj(z)[0].T  # [T, D]
         for i, vq in enumerate(rvq.vq.layers):
             cb = vq._codebook
-            # The first level is centred on the latents, later ones on ever smaller residuals.
-            rows = (mean if i == 0 else 0) + std * 0.7 ** i * rand(cb.embedding_sum.shape)
+            # Rows spread like the residual each level sees (as k-means would leave them): rows
+            # much smaller than the residual would make the distances differ by less than fp32
+            # rounding, and codes would hinge on summation order rather than on the model.
+            rows = (r.mean(0) if i == 0 else 0) + r.std(0) * rand(cb.embedding_sum.shape)
             cb.cluster_usage.copy_(0.5 + 2 * torch.rand(cb.cluster_usage.shape, generator=g))
             cb.embedding_sum.copy_(rows * cb.cluster_usage[:, None])
+            r = r - rows[torch.cdist(r, rows).argmin(-1)]
     return model

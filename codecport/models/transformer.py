@@ -38,6 +38,11 @@ class Attention(nn.Module):
     Streaming keeps the last `context` rotated keys and values as state `[2, 1, H, context, D]`:
     a shifted window rather than an index-addressed ring, so the step graph needs no scatter and
     every shape stays static; slots holding positions before 0 are masked out.
+
+    `moshi_ring` (streaming only) reproduces moshi's own streaming mode instead: its ring cache
+    holds `context` entries *after* a step's new positions are written, so a step's earlier
+    positions lose their oldest keys, and streaming codes drift from whole-clip ones after
+    `context` positions. Off by default: then streaming equals the whole clip exactly.
     """
 
     def __init__(self, dim: int, heads: int, context: int, max_period: float):
@@ -47,6 +52,7 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(dim, dim, bias=False)
         self.stream: StreamState | None = None
         self.state_name = ""
+        self.moshi_ring = False
 
     def state_shape(self) -> tuple[int, ...]:
         dim = self.out_proj.in_features
@@ -76,6 +82,8 @@ class Attention(nn.Module):
             self.stream.outputs[self.state_name] = torch.stack([k[:, :, -c:], v[:, :, -c:]])
         delta = pos_q[:, None] - pos_k[None, :]
         visible = (delta >= 0) & (delta < self.context) & (pos_k >= 0)[None, :]
+        if self.stream is not None and self.moshi_ring:
+            visible = visible & (pos_k > pos_q[-1] - self.context)[None, :]
         scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dim // self.heads)
         scores = scores.masked_fill(~visible, float("-inf"))
         y = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, H, T, D]
