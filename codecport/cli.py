@@ -76,6 +76,12 @@ def _check_codebooks_flag(in_graph_quantizer: bool, codebooks: int | None) -> No
                                "quantizer takes --codebooks at codec-run time")
 
 
+def _random_weights(init_random, model, seed: int):
+    """(model, source label, sha256) for --random-init, saying loudly what it is."""
+    click.echo(f"using RANDOM weights (seed {seed}): the graphs are real, the audio is not")
+    return init_random(model, seed).eval(), f"random-init seed {seed} (NOT trained weights)", "none"
+
+
 def _print_validation(report: dict) -> None:
     for name, errs in report["validation"].items():
         what = ", ".join(f"{k}={v:.3g}" if "err" in k else "codes identical" for k, v in errs.items())
@@ -112,9 +118,7 @@ def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_gr
     t0 = time.perf_counter()
     if random_init:
         variant = variant or "44khz"
-        model, source, sha = init_random(DAC(PRESETS[variant]), seed).eval(), \
-            f"random-init seed {seed} (NOT trained weights)", "none"
-        click.echo(f"using RANDOM weights (seed {seed}): the graphs are real, the audio is not")
+        model, source, sha = _random_weights(init_random, DAC(PRESETS[variant]), seed)
     else:
         source = weights or variant or "44khz"
         if source not in RELEASES and weights is None:
@@ -170,9 +174,7 @@ def export_mimi_cmd(variant, length, streaming, frames, window, weights, random_
     t0 = time.perf_counter()
     if random_init:
         variant = variant or "mimi"
-        model, source, sha = init_random(MimiModel(PRESETS[variant]), seed).eval(), \
-            f"random-init seed {seed} (NOT trained weights)", "none"
-        click.echo(f"using RANDOM weights (seed {seed}): the graphs are real, the audio is not")
+        model, source, sha = _random_weights(init_random, MimiModel(PRESETS[variant]), seed)
     else:
         source = weights or "mimi"
         model, sha = load_mimi(source, variant=variant)
@@ -298,7 +300,7 @@ def encode_cmd(audio_in, model_dir, out, codebooks, streaming, provider, fallbac
 @_one_line_errors
 def decode_cmd(codes_in, model_dir, out, streaming, provider, fallback, verbose) -> None:
     """Decode codes.npy, codes.dac (DAC) or codes.npz (Mimi) to audio."""
-    from .runtime.audio import resample, write_audio
+    from .runtime.audio import write_audio
     from .runtime.dacfile import DacFile
 
     _logging(verbose)
@@ -308,11 +310,7 @@ def decode_cmd(codes_in, model_dir, out, streaming, provider, fallback, verbose)
         raise click.UsageError("--streaming is for Mimi folders")
     t0 = time.perf_counter()
     if mimi and codes_in.suffix == ".npz":
-        from .runtime.mimi import load_codes
-
-        codes, length, sr = load_codes(codes_in)
-        audio = resample(codec.decode(codes, streaming=streaming, progress=True), codec.sample_rate, sr)
-        audio = np.pad(audio, ((0, 0), (0, max(0, length - audio.shape[1]))))[:, :length]
+        audio, sr = codec.decode_file(codes_in, streaming=streaming, progress=True)
     elif mimi:
         audio, sr = codec.decode(_load_npy(codes_in), streaming=streaming, progress=True), codec.sample_rate
     elif codes_in.suffix == ".dac":

@@ -252,6 +252,20 @@ def test_mixed_exports_are_refused(tmp_path, tiny_mimi, tiny_mimi_export):
         codec.decode(codes)
 
 
+def test_graph_and_rvq_swapped_together_are_refused(tmp_path, tiny_mimi, tiny_mimi_export):
+    """An encoder and rvq.npz copied in together agree with each other; manifest.json catches them
+    before anything is encoded, as the graphs are opened lazily."""
+    other = tmp_path / "other"
+    export_mimi(tiny_mimi, other, 20 * FRAME, None, variant="tiny", weights="random-init seed 0",
+                weights_sha256="none")
+    mixed = _copy(tiny_mimi_export, tmp_path / "mixed", ["decoder.onnx", "encoder_step.onnx",
+                                                          "decoder_step.onnx", "manifest.json"])
+    for name in ("encoder.onnx", "rvq.npz"):
+        shutil.copy(other / name, mixed / name)
+    with pytest.raises(ModelFileError, match="manifest.json"):
+        MimiCodec(mixed)
+
+
 def test_folder_without_graphs(tmp_path):
     with pytest.raises(ModelFileError, match="holds no Mimi graphs"):
         MimiCodec(tmp_path)

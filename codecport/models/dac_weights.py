@@ -13,7 +13,7 @@ import torch
 
 from ..errors import CheckpointError
 from .dac import DAC, PRESETS, DacConfig
-from .hub import cache_dir, cached_url, download, sha256_file
+from .hub import cache_dir, resolve, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -162,16 +162,8 @@ def read_transformers(path: Path) -> tuple[dict[str, torch.Tensor], DacConfig]:
 
 def resolve_weights(weights: str) -> Path:
     """A released name, URL or local path -> a local file or folder (downloading if needed)."""
-    if weights in RELEASES:
-        tag, file = RELEASES[weights]
-        return download(release_url(weights), cache_dir() / "dac" / tag / file)
-    if re.match(r"^https?://", weights):
-        return download(weights, cached_url(weights))
-    path = Path(weights).expanduser()
-    if not path.exists():
-        raise CheckpointError(f"{weights}: no such file; pass a path, a URL, or one of "
-                              f"{', '.join(RELEASES)}")
-    return path
+    return resolve(weights, {name: (release_url(name), cache_dir() / "dac" / tag / file)
+                             for name, (tag, file) in RELEASES.items()})
 
 
 def load_dac(weights: str, variant: str | None = None,

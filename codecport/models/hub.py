@@ -6,6 +6,7 @@ import hashlib
 import http.client
 import logging
 import os
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..atomic import atomic_path
-from ..errors import DownloadError
+from ..errors import CheckpointError, DownloadError
 
 log = logging.getLogger(__name__)
 
@@ -73,3 +74,18 @@ def cached_url(url: str) -> Path:
     name = Path(urllib.request.url2pathname(url.rsplit("/", 1)[-1].split("?")[0])).name or "weights"
     return cache_dir() / "urls" / key / name
 
+
+
+def resolve(weights: str, releases: dict[str, tuple[str, Path]]) -> Path:
+    """A released name (-> its URL and cache path), a URL, or a local path -> a local path,
+    downloading into the cache when needed."""
+    if weights in releases:
+        url, dest = releases[weights]
+        return download(url, dest)
+    if re.match(r"^https?://", weights):
+        return download(weights, cached_url(weights))
+    path = Path(weights).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"{weights}: no such file; pass a path, a URL, or one of "
+                              f"{', '.join(releases)}")
+    return path

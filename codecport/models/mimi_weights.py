@@ -13,7 +13,7 @@ import torch
 
 from ..errors import CheckpointError
 from .dac_weights import load_state
-from .hub import cache_dir, cached_url, download, sha256_file
+from .hub import cache_dir, resolve, sha256_file
 from .mimi import PRESETS, MimiConfig, MimiModel
 
 log = logging.getLogger(__name__)
@@ -174,16 +174,8 @@ def _is_transformers_file(path: Path) -> bool:
 
 def resolve_weights(weights: str) -> Path:
     """A released name, URL or local path -> a local file or folder (downloading if needed)."""
-    if weights in RELEASES:
-        repo, file = RELEASES[weights]
-        return download(release_url(weights), cache_dir() / "mimi" / repo / file)
-    if re.match(r"^https?://", weights):
-        return download(weights, cached_url(weights))
-    path = Path(weights).expanduser()
-    if not path.exists():
-        raise CheckpointError(f"{weights}: no such file; pass a path, a URL, or one of "
-                              f"{', '.join(RELEASES)}")
-    return path
+    return resolve(weights, {name: (release_url(name), cache_dir() / "mimi" / repo / file)
+                             for name, (repo, file) in RELEASES.items()})
 
 
 def load_mimi(weights: str, variant: str | None = None,

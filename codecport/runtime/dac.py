@@ -21,51 +21,28 @@ from ..errors import CodesError, ModelFileError
 from .audio import check_audio, loudness, resample
 from .dacfile import DacFile
 from .rvq import DacRvq, check_code_values, check_export, check_n_codebooks
-from .session import Graph, open_graph, resolve_provider
+from .session import GraphFolder
 
 log = logging.getLogger(__name__)
 
-GRAPHS = ("encoder", "decoder", "encoder_chunked", "decoder_chunked")
-# Facts every graph of one export must agree on.
-_SHARED = ("codec", "export_id", "variant", "sample_rate", "hop_length", "weights_sha256",
-           "quantizer", "n_codebooks", "codebook_size")
-
-
-class DacCodec:
+class DacCodec(GraphFolder):
     """The graphs of one `codec-export dac` folder, opened lazily on one provider."""
 
+    codec, label = "dac", "DAC"
+    graphs = ("encoder", "decoder", "encoder_chunked", "decoder_chunked")
+    shared = (*GraphFolder.shared, "hop_length")
+
     def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None):
-        self.dir = Path(model_dir)
-        if not self.dir.is_dir():
-            raise ModelFileError(f"{self.dir}: no such model folder; run codec-export dac -o {self.dir}")
-        self.provider = resolve_provider(provider, fallback)
-        self._graphs: dict[str, Graph] = {}
-        meta = self.graph("encoder").meta
-        if meta["codec"] != "dac":
-            raise ModelFileError(f"{self.dir}: holds a {meta['codec']} model, not dac; "
-                                 f"use the {meta['codec']} commands")
-        self.meta = meta
+        super().__init__(model_dir, provider, fallback)
+        if self.present[0] != "encoder":
+            raise ModelFileError(f"{self.dir} has no encoder.onnx; re-run codec-export dac")
+        meta = self.meta
         self.sample_rate, self.hop = int(meta["sample_rate"]), int(meta["hop_length"])
         self.n_codebooks, self.codebook_size = int(meta["n_codebooks"]), int(meta["codebook_size"])
         self.rvq = None
         if meta["quantizer"] == "numpy":
             self.rvq = DacRvq.load(self.dir / "rvq.npz")
-            check_export(self.rvq, self.dir / "rvq.npz", self.meta)
-
-    def graph(self, name: str) -> Graph:
-        if name not in self._graphs:
-            g = open_graph(self.dir / f"{name}.onnx", self.provider)
-            if name != "encoder":
-                ref = self._graphs["encoder"].meta
-                bad = [k for k in _SHARED if g.meta.get(k) != ref.get(k)]
-                if bad:
-                    raise ModelFileError(f"{g.path} does not belong with {self.dir}/encoder.onnx "
-                                         f"({bad[0]}: {g.meta.get(bad[0])} vs {ref.get(bad[0])}); "
-                                         "re-export the folder")
-            if g.meta.get("role") != name.split("_")[0]:
-                raise ModelFileError(f"{g.path}: is a {g.meta.get('role')} graph, expected {name}")
-            self._graphs[name] = g
-        return self._graphs[name]
+            check_export(self.rvq, self.dir / "rvq.npz", meta)
 
     # ---- encoding ----------------------------------------------------------------------
     def _encode_window(self, name: str, x: np.ndarray, k: int) -> np.ndarray:

@@ -22,57 +22,35 @@ from ..atomic import atomic_path
 from ..errors import AudioError, CodesError, ModelFileError
 from .audio import check_audio, resample
 from .rvq import MimiRvq, check_code_values, check_export, check_n_codebooks
-from .session import Graph, open_graph, resolve_provider
+from .session import GraphFolder
 
 log = logging.getLogger(__name__)
 
-GRAPHS = ("encoder", "decoder", "encoder_step", "decoder_step")
 MOSHI_CODEBOOKS = 8  # what Moshi uses; the default unless asked for more (up to all 32)
-_SHARED = ("codec", "export_id", "variant", "sample_rate", "frame_size", "weights_sha256",
-           "quantizer", "n_codebooks", "codebook_size")
 
 
-class MimiCodec:
+class MimiCodec(GraphFolder):
     """The graphs of one `codec-export mimi` folder, opened lazily on one provider."""
 
-    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None):
-        self.dir = Path(model_dir)
-        if not self.dir.is_dir():
-            raise ModelFileError(f"{self.dir}: no such model folder; run codec-export mimi -o {self.dir}")
-        self.present = [g for g in GRAPHS if (self.dir / f"{g}.onnx").is_file()]
-        if not self.present:
-            raise ModelFileError(f"{self.dir}: holds no Mimi graphs; run codec-export mimi -o {self.dir}")
-        self.provider = resolve_provider(provider, fallback)
-        self._graphs: dict[str, Graph] = {}
-        self.meta = self.graph(self.present[0]).meta
-        self.sample_rate, self.frame_size = int(self.meta["sample_rate"]), int(self.meta["frame_size"])
-        self.n_codebooks = int(self.meta["n_codebooks"])
-        self.codebook_size = int(self.meta["codebook_size"])
-        self.rvq = None
-        if self.meta["quantizer"] == "numpy":
-            self.rvq = MimiRvq.load(self.dir / "rvq.npz")
-            check_export(self.rvq, self.dir / "rvq.npz", self.meta)
+    codec, label = "mimi", "Mimi"
+    graphs = ("encoder", "decoder", "encoder_step", "decoder_step")
+    shared = (*GraphFolder.shared, "frame_size")
 
-    def graph(self, name: str) -> Graph:
-        if name not in self._graphs:
-            if name not in self.present:
-                raise ModelFileError(f"{self.dir} has no {name}.onnx; export with "
-                                     f"{'--streaming' if 'step' in name else '--len'}")
-            g = open_graph(self.dir / f"{name}.onnx", self.provider)
-            if g.meta.get("codec") != "mimi":
-                raise ModelFileError(f"{g.path}: holds a {g.meta.get('codec')} model, not mimi")
-            if self._graphs:
-                ref = next(iter(self._graphs.values())).meta
-                bad = [k for k in _SHARED if g.meta.get(k) != ref.get(k)]
-                if bad:
-                    raise ModelFileError(f"{g.path} does not belong with the other graphs in "
-                                         f"{self.dir} ({bad[0]}: {g.meta.get(bad[0])} vs "
-                                         f"{ref.get(bad[0])}); re-export the folder")
-            if (g.meta.get("role"), g.meta.get("mode")) != (name.split("_")[0], "step" if "step" in name else "fixed"):
-                raise ModelFileError(f"{g.path}: is a {g.meta.get('mode')} {g.meta.get('role')} graph, "
-                                     f"expected {name}")
-            self._graphs[name] = g
-        return self._graphs[name]
+    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None):
+        super().__init__(model_dir, provider, fallback)
+        meta = self.meta
+        self.sample_rate, self.frame_size = int(meta["sample_rate"]), int(meta["frame_size"])
+        self.n_codebooks, self.codebook_size = int(meta["n_codebooks"]), int(meta["codebook_size"])
+        self.rvq = None
+        if meta["quantizer"] == "numpy":
+            self.rvq = MimiRvq.load(self.dir / "rvq.npz")
+            check_export(self.rvq, self.dir / "rvq.npz", meta)
+
+    def expected(self, name: str) -> dict[str, str]:
+        return {"role": name.split("_")[0], "mode": "step" if "step" in name else "fixed"}
+
+    def missing(self, name: str) -> str:
+        return f"export with {'--streaming' if 'step' in name else '--len'}"
 
     def default_codebooks(self, n_codebooks: int | None) -> int:
         default = min(MOSHI_CODEBOOKS, self.n_codebooks)
@@ -130,6 +108,9 @@ class MimiCodec:
             x = np.pad(audio, ((0, 0), (0, g.int("samples") - audio.shape[1])))
             return np.stack([self._to_codes(g(row[None, None]), k)[:, :frames] for row in x])
         if "encoder_step" not in self.present:
+            if streaming:
+                raise ModelFileError(f"{self.dir} has no step graphs (encoder_step.onnx) to stream "
+                                     "through; export with --streaming")
             raise CodesError(f"{audio.shape[1]} samples are longer than the fixed "
                              f"{self.graph('encoder').int('samples')}-sample encoder; export with "
                              "--streaming to encode audio of any length")
@@ -143,6 +124,18 @@ class MimiCodec:
         return np.stack(out)
 
     # ---- decoding ------------------------------------------------------------------------
+    def decode_file(self, path: Path, streaming: bool = False,
+                    progress: bool = False) -> tuple[np.ndarray, int]:
+        """Audio `[C, length]` at the original rate from a `.npz` written by `save_codes`."""
+        codes, length, sr = load_codes(path)
+        codes = self.check_codes(codes)
+        frames = math.ceil(math.ceil(length * self.sample_rate / sr) / self.frame_size)
+        if abs(codes.shape[2] - frames) > 1:  # resampling may round by a sample
+            raise CodesError(f"{path}: {codes.shape[2]} frames cannot be {length} samples at {sr} Hz "
+                             f"({frames} frames); the file is inconsistent, re-encode the audio")
+        audio = resample(self.decode(codes, streaming, progress), self.sample_rate, sr)
+        return np.pad(audio, ((0, 0), (0, max(0, length - audio.shape[1]))))[:, :length], sr
+
     def decode(self, codes: np.ndarray, streaming: bool = False, progress: bool = False) -> np.ndarray:
         """Audio `[C, T * frame_size]` at 24 kHz for codes `[C, K, T]` (or `[K, T]`)."""
         codes = self.check_codes(codes)
@@ -153,6 +146,9 @@ class MimiCodec:
             padded = np.pad(codes, ((0, 0), (0, 0), (0, g.int("frames") - frames)))
             return np.stack([g(self._from_codes(c))[0, 0, :frames * self.frame_size] for c in padded])
         if "decoder_step" not in self.present:
+            if streaming:
+                raise ModelFileError(f"{self.dir} has no step graphs (decoder_step.onnx) to stream "
+                                     "through; export with --streaming")
             raise CodesError(f"{frames} frames are more than the fixed decoder's "
                              f"{self.graph('decoder').int('frames')}; export with --streaming to "
                              "decode codes of any length")
@@ -267,7 +263,11 @@ def load_codes(path: Path) -> tuple[np.ndarray, int, int]:
         with np.load(path, allow_pickle=False) as z:
             if str(z["codec"]) != "mimi":
                 raise CodesError(f"{path}: holds {z['codec']} codes, not mimi")
-            return z["codes"], int(z["length"]), int(z["sample_rate"])
+            codes, length, sr = z["codes"], int(z["length"]), int(z["sample_rate"])
     # BadZipFile: a truncated .npz; TypeError: a plain .npy, or a non-scalar length/rate.
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
         raise CodesError(f"{path}: not a codes file written by codec-run encode ({e})") from e
+    if length < 1 or not 1_000 <= sr <= 1_000_000:
+        raise CodesError(f"{path}: impossible original length {length} or sample rate {sr}; "
+                         "re-encode the audio")
+    return codes, length, sr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,3 +104,74 @@ def open_graph(path: Path, provider: str) -> Graph:
                             f"{sess.get_providers()[0]}); check the CUDA/cuDNN install or pass "
                             "--fallback cpu")
     return Graph(path, sess, meta)
+
+
+def _manifest_export_id(path: Path) -> str | None:
+    """The export id in manifest.json; None when there is no readable one (graphs copied alone)."""
+    try:
+        return str(json.loads(path.read_text())["export_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class GraphFolder:
+    """The graphs of one export folder, opened lazily on one provider.
+
+    Every graph opened is checked against the first: same codec and the same `shared` facts
+    (export id, rates, quantizer...), and the role/mode its file name promises.
+    """
+
+    codec = ""  # metadata "codec" the folder must hold
+    label = ""  # codec name for messages
+    graphs: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ("codec", "export_id", "variant", "sample_rate", "weights_sha256",
+                               "quantizer", "n_codebooks", "codebook_size")
+
+    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None):
+        self.dir = Path(model_dir)
+        if not self.dir.is_dir():
+            raise ModelFileError(f"{self.dir}: no such model folder; run codec-export {self.codec} "
+                                 f"-o {self.dir}")
+        self.present = [g for g in self.graphs if (self.dir / f"{g}.onnx").is_file()]
+        if not self.present:
+            raise ModelFileError(f"{self.dir}: holds no {self.label} graphs; run codec-export "
+                                 f"{self.codec} -o {self.dir}")
+        self.provider = resolve_provider(provider, fallback)
+        self._graphs: dict[str, Graph] = {}
+        self._manifest_id = _manifest_export_id(self.dir / "manifest.json")
+        self.meta = self.graph(self.present[0]).meta
+
+    def expected(self, name: str) -> dict[str, str]:
+        """Metadata the graph stored as `name`.onnx must carry."""
+        return {"role": name.split("_")[0]}
+
+    def missing(self, name: str) -> str:
+        """What to do when `name`.onnx is absent."""
+        return f"re-run codec-export {self.codec}"
+
+    def graph(self, name: str) -> Graph:
+        if name not in self._graphs:
+            if name not in self.present:
+                raise ModelFileError(f"{self.dir} has no {name}.onnx; {self.missing(name)}")
+            g = open_graph(self.dir / f"{name}.onnx", self.provider)
+            if g.meta.get("codec") != self.codec:
+                raise ModelFileError(f"{g.path}: holds a {g.meta.get('codec')} model, not "
+                                     f"{self.codec}; use a {self.codec} export")
+            if self._manifest_id not in (None, g.meta.get("export_id")):
+                raise ModelFileError(f"{g.path} does not belong with {self.dir}/manifest.json "
+                                     f"(export_id {g.meta.get('export_id')} vs {self._manifest_id}); "
+                                     "re-export the folder")
+            if self._graphs:
+                ref = next(iter(self._graphs.values()))
+                bad = [k for k in self.shared if g.meta.get(k) != ref.meta.get(k)]
+                if bad:
+                    raise ModelFileError(f"{g.path} does not belong with {ref.path} ({bad[0]}: "
+                                         f"{g.meta.get(bad[0])} vs {ref.meta.get(bad[0])}); "
+                                         "re-export the folder")
+            wrong = {k: v for k, v in self.expected(name).items() if g.meta.get(k) != v}
+            if wrong:
+                k = next(iter(wrong))
+                raise ModelFileError(f"{g.path}: has {k} {g.meta.get(k)}, expected {wrong[k]} "
+                                     f"for {name}.onnx; re-export the folder")
+            self._graphs[name] = g
+        return self._graphs[name]
