@@ -57,10 +57,7 @@ class UpConv1d(nn.ConvTranspose1d):
 
     def phase_weight(self) -> torch.Tensor:
         """`[C_out * s, C_in, 2]`: row `oc*s + p` holds taps (w[..., p+s], w[..., p])."""
-        s = self.stride[0]
-        w = self.weight.permute(1, 0, 2)  # [C_out, C_in, 2s]
-        taps = torch.stack([w[:, :, s:], w[:, :, :s]], dim=-1)  # [C_out, C_in, s, 2]
-        return taps.permute(0, 2, 1, 3).reshape(self.out_channels * s, self.in_channels, 2)
+        return polyphase_weight(self.weight, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pad = self.pad if self.use_padding else 0
