@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
@@ -12,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
+from .checkpoint import load_state, read_safetensors, transformers_folder
 from .dac import DAC, PRESETS, DacConfig
 from .hub import cache_dir, resolve, sha256_file
 
@@ -58,24 +58,6 @@ def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             out[key] = value
     return out
-
-
-def load_state(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str) -> None:
-    """Strict load that names the first missing/unexpected key or mismatched shape."""
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in sd]
-    unexpected = [k for k in sd if k not in expected]
-    if missing:
-        raise CheckpointError(f"{source}: missing key {missing[0]} ({len(missing)} missing); "
-                              "is this a checkpoint of this model and variant?")
-    if unexpected:
-        raise CheckpointError(f"{source}: unexpected key {unexpected[0]} ({len(unexpected)} "
-                              "unexpected); is this a checkpoint of this model and variant?")
-    for k, v in expected.items():
-        if tuple(sd[k].shape) != tuple(v.shape):
-            raise CheckpointError(f"{source}: {k} has shape {tuple(sd[k].shape)}, the model "
-                                  f"expects {tuple(v.shape)}; the config does not match the weights")
-    model.load_state_dict({k: v.float() for k, v in sd.items()})
 
 
 def read_official(path: Path) -> tuple[dict[str, torch.Tensor], DacConfig | None]:
@@ -130,20 +112,8 @@ def _hf_to_official(key: str, n_blocks: int) -> str:
 
 def read_transformers(path: Path) -> tuple[dict[str, torch.Tensor], DacConfig]:
     """State dict and config of a transformers `DacModel` folder (config.json + safetensors)."""
-    from safetensors.torch import load_file
-
-    folder = path if path.is_dir() else path.parent
-    files = sorted(folder.glob("*.safetensors")) if path.is_dir() else [path]
-    if not files or not (folder / "config.json").is_file():
-        raise CheckpointError(f"{path}: a transformers checkpoint needs config.json and "
-                              "*.safetensors in one folder")
-    try:
-        conf = json.loads((folder / "config.json").read_text())
-        sd: dict[str, torch.Tensor] = {}
-        for f in files:
-            sd.update(load_file(f))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot read the transformers checkpoint ({e})") from e
+    conf, files = transformers_folder(path)
+    sd = read_safetensors(files)
     if conf.get("model_type", "dac") != "dac":
         raise CheckpointError(f"{path}: config.json is for model_type {conf['model_type']!r}, not dac")
     rates = tuple(conf.get("downsampling_ratios", (2, 4, 8, 8)))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -12,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from .dac_weights import load_state
+from .checkpoint import load_state, read_safetensors, transformers_folder
 from .hub import cache_dir, resolve, sha256_file
 from .mimi import PRESETS, MimiConfig, MimiModel
 
@@ -29,26 +28,13 @@ def release_url(name: str) -> str:
     return f"{os.environ.get(BASE_URL_ENV, RELEASE_BASE).rstrip('/')}/{repo}/resolve/main/{file}"
 
 
-def _read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            sd.update(load_file(f))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"{f}: not a readable safetensors file ({e}); re-download it") from e
-    return sd
-
-
 def read_official(path: Path) -> dict[str, torch.Tensor]:
     """moshi's state dict, with both attention spellings mapped to `in_proj_weight`/`out_proj`.
 
     moshi >= 0.2 renames `in_proj_weight` -> `in_projs.0.weight` and `out_proj.weight` ->
     `out_projs.0.weight` when it loads; files written by it may carry either spelling.
     """
-    sd = _read_safetensors([path])
+    sd = read_safetensors([path])
     out = {}
     for k, v in sd.items():
         k = re.sub(r"\.in_projs\.0\.weight$", ".in_proj_weight", k)
@@ -131,17 +117,9 @@ def config_from_transformers(conf: dict, source: str) -> MimiConfig:
 
 def read_transformers(path: Path) -> tuple[dict[str, torch.Tensor], MimiConfig]:
     """State dict (moshi names) and config of a transformers `MimiModel` folder."""
-    folder = path if path.is_dir() else path.parent
-    files = sorted(folder.glob("*.safetensors")) if path.is_dir() else [path]
-    if not files or not (folder / "config.json").is_file():
-        raise CheckpointError(f"{path}: a transformers checkpoint needs config.json and "
-                              "*.safetensors in one folder")
-    try:
-        conf = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{folder}/config.json: unreadable ({e})") from e
-    cfg = config_from_transformers(conf, str(folder))
-    sd = _read_safetensors(files)
+    conf, files = transformers_folder(path)
+    cfg = config_from_transformers(conf, str(path))
+    sd = read_safetensors(files)
     expected = set(MimiModel(cfg).state_dict())
     out: dict[str, torch.Tensor] = {}
     qkv: dict[str, dict[str, torch.Tensor]] = {}

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from ..errors import CodesError, ModelFileError
 from .audio import check_audio, loudness, resample
 from .dacfile import DacFile
-from .rvq import DacRvq, check_code_values, check_export, check_n_codebooks
+from .rvq import DacRvq, check_export, check_n_codebooks
 from .session import GraphFolder
 
 log = logging.getLogger(__name__)
@@ -111,17 +111,6 @@ class DacCodec(GraphFolder):
                                  f"{self.n_codebooks} codebooks, got {codes.shape[0]}")
             return self.graph(name)(codes[None].astype(np.int64))[0, 0]
         return self.graph(name)(self.rvq.decode(codes)[None])[0, 0]
-
-    def check_codes(self, codes: np.ndarray) -> np.ndarray:
-        """Codes as `[C, K, T]` int64, or `CodesError` saying what is wrong."""
-        codes = np.asarray(codes)
-        if codes.ndim == 2:
-            codes = codes[None]
-        if codes.ndim != 3 or not 1 <= codes.shape[1] <= self.n_codebooks or codes.shape[2] == 0:
-            raise CodesError(f"codes must be [channels, codebooks<={self.n_codebooks}, frames], got "
-                             f"shape {list(codes.shape)}")
-        check_code_values(codes, self.codebook_size)
-        return codes.astype(np.int64)
 
     def decode(self, codes: np.ndarray, padding: bool | None = None,
                progress: bool = False) -> np.ndarray:

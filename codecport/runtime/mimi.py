@@ -21,7 +21,7 @@ from tqdm import tqdm
 from ..atomic import atomic_path
 from ..errors import AudioError, CodesError, ModelFileError
 from .audio import check_audio, resample
-from .rvq import MimiRvq, check_code_values, check_export, check_n_codebooks
+from .rvq import MimiRvq, check_export, check_n_codebooks
 from .session import GraphFolder
 
 log = logging.getLogger(__name__)
@@ -73,17 +73,6 @@ class MimiCodec(GraphFolder):
                                  f"{self.n_codebooks} codebooks, got {codes.shape[0]}")
             return codes[None].astype(np.int64)
         return self.rvq.decode(codes)[None]
-
-    def check_codes(self, codes: np.ndarray) -> np.ndarray:
-        """Codes as `[C, K, T]` int64, or `CodesError` saying what is wrong."""
-        codes = np.asarray(codes)
-        if codes.ndim == 2:
-            codes = codes[None]
-        if codes.ndim != 3 or not 1 <= codes.shape[1] <= self.n_codebooks or codes.shape[2] == 0:
-            raise CodesError(f"codes must be [channels, codebooks<={self.n_codebooks}, frames], got "
-                             f"shape {list(codes.shape)}")
-        check_code_values(codes, self.codebook_size)
-        return codes.astype(np.int64)
 
     def _fits(self, name: str, key: str, n: int) -> bool:
         """Whether `n` samples/frames fit the fixed-length graph `name` (when there is one)."""

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import ModelFileError, ProviderError
+from ..errors import CodesError, ModelFileError, ProviderError
+from .rvq import check_code_values
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,18 @@ class GraphFolder:
         self._graphs: dict[str, Graph] = {}
         self._manifest_id = _manifest_export_id(self.dir / "manifest.json")
         self.meta = self.graph(self.present[0]).meta
+
+    def check_codes(self, codes: np.ndarray) -> np.ndarray:
+        """Codes as `[C, K, T]` int64, or `CodesError` saying what is wrong."""
+        codes = np.asarray(codes)
+        if codes.ndim == 2:
+            codes = codes[None]
+        n = int(self.meta["n_codebooks"])
+        if codes.ndim != 3 or not 1 <= codes.shape[1] <= n or codes.shape[2] == 0:
+            raise CodesError(f"codes must be [channels, codebooks<={n}, frames], got shape "
+                             f"{list(codes.shape)}")
+        check_code_values(codes, int(self.meta["codebook_size"]))
+        return codes.astype(np.int64)
 
     def expected(self, name: str) -> dict[str, str]:
         """Metadata the graph stored as `name`.onnx must carry."""
