@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install codecport with the export and dev extras, then run the whole test suite on the CPU.
+# Install codecport with the export, dev and bench extras, then run the whole test suite on the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh export,dev
+bash scripts/setup.sh export,dev,bench
 exec .venv/bin/python -m pytest -q "$@"

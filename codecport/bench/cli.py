@@ -1,0 +1,220 @@
+"""codec-bench: speed, efficiency and memory of our graphs against the torch implementations.
+
+Each contender runs in its own process (`codecport.bench.worker`), one after another, so the
+timings and the peak RSS are its own. Needs the [export] extra (the model is exported first).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ..atomic import atomic_path
+from ..errors import CodecportError
+from .measure import gemm_peak, graph_flops
+
+# Contenders that are not installed here are listed, skipped, with the reason.
+_OPTIONAL = {
+    "transformers": ("transformers", "pip install 'codecport[dev]' (transformers)"),
+    "official": (None, ("the official packages (descript-audio-codec, moshi) pin old torch and "
+                       "numpy; codecport has no runner for them in this environment")),
+    "rustymimi": ("rustymimi", "pip install rustymimi"),
+}
+
+
+def _prepare(codec: str, variant: str, seconds: float, seed: int, out: Path) -> dict:
+    """Export the model (random weights) once into `out`, with its weights and config."""
+    from safetensors.torch import save_file
+
+    if codec == "dac":
+        from ..export.dac import export_dac
+        from ..models.dac import DAC, PRESETS, init_random
+
+        cfg = PRESETS[variant]
+        model = init_random(DAC(cfg), seed).eval()
+        samples = round(seconds * cfg.sample_rate)
+        export_dac(model, out / "model", samples, variant=variant, weights=f"random-init seed {seed}",
+                   weights_sha256="none")
+    else:
+        from ..export.mimi import export_mimi
+        from ..models.mimi import PRESETS, MimiModel, init_random
+
+        cfg = PRESETS[variant]
+        model = init_random(MimiModel(cfg), seed).eval()
+        samples = round(seconds * cfg.sample_rate / cfg.frame_size) * cfg.frame_size
+        export_mimi(model, out / "model", samples, 1, variant=variant,
+                    weights=f"random-init seed {seed}", weights_sha256="none")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "weights.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg.to_kwargs()))
+    return {"samples": samples, "sample_rate": cfg.sample_rate}
+
+
+def _worker(job: dict) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "codecport.bench.worker", json.dumps(job)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise CodecportError(f"{job['contender']} failed: {last}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _speedups(results: dict, ours: str) -> dict:
+    """How many times faster `ours` is than every other contender that ran, per direction."""
+    out = {}
+    for name, r in results.items():
+        if name == ours or "skipped" in r:
+            continue
+        out[f"{ours} vs {name}"] = {d: r[d]["seconds_median"] / results[ours][d]["seconds_median"]
+                                    for d in ("encode", "decode")}
+    return out
+
+
+def _table(report: dict) -> list[str]:
+    peak = report["gemm_peak"]["gflops"]
+    lines = [(f"{report['codec']} {report['variant']}: {report['seconds']:g} s of audio, "
+             f"{report['runs']} runs after a warm-up; fp32 GEMM peak {peak:.0f} GFLOP/s "
+             f"({report['gemm_peak']['library']})"),
+             (f"{'contender':<16}{'dir':<8}{'RTF median':>11}{'min':>8}{'max':>8}{'GFLOP/s':>9}"
+             f"{'of peak':>9}{'peak RSS':>10}")]
+    for name, r in report["contenders"].items():
+        if "skipped" in r:
+            lines.append(f"{name:<16}skipped: {r['skipped']}")
+            continue
+        for d in ("encode", "decode"):
+            s = r[d]
+            rate = report["flops"][d] / s["seconds_median"] / 1e9
+            lines.append(f"{name:<16}{d:<8}{s['rtf_median']:>11.3f}{s['rtf_min']:>8.3f}"
+                         f"{s['rtf_max']:>8.3f}{rate:>9.0f}{rate / peak:>9.0%}"
+                         f"{r['peak_rss_mb']:>8.0f}MB")
+    for pair, sp in report["speedups"].items():
+        lines.append(f"{pair}: encode {sp['encode']:.2f}x, decode {sp['decode']:.2f}x faster")
+    for name, r in report["contenders"].items():
+        if "streaming" in r:
+            st = r["streaming"]
+            for d in ("encode_step", "decode_step"):
+                p = st[d]
+                lines.append(f"{name} streaming {d} (80 ms frame, {st['steps']} steps): "
+                             f"p50 {p['p50_ms']:.1f} ms, p95 {p['p95_ms']:.1f} ms, p99 {p['p99_ms']:.1f} ms")
+    return lines
+
+
+def _plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = {n: r for n, r in report["contenders"].items() if "skipped" not in r}
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / max(1, len(ran))
+    for i, (name, r) in enumerate(ran.items()):
+        ax.bar([j + i * width for j in range(2)], [r[d]["rtf_median"] for d in ("encode", "decode")],
+               width, label=name)
+    ax.set_xticks([j + width * (len(ran) - 1) / 2 for j in range(2)], ["encode", "decode"])
+    ax.set_ylabel("real-time factor (lower is faster)")
+    ax.set_title(f"{report['codec']} {report['variant']}, {report['seconds']:g} s, {report['machine']['cpus']} CPUs")
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+
+
+@click.command(context_settings={"show_default": True})
+@click.argument("codec", type=click.Choice(["dac", "mimi"]))
+@click.option("--variant", default=None, help="Preset [default: 44khz for dac, mimi for mimi].")
+@click.option("--seconds", type=float, default=5.0, help="Audio per encode/decode call.")
+@click.option("--runs", type=click.IntRange(min=1), default=3, help="Timed runs after one warm-up.")
+@click.option("--provider", "providers", multiple=True, default=["cpu"],
+              type=click.Choice(["cpu", "cuda", "dml", "coreml"]), help="Our graphs on these (repeatable).")
+@click.option("--steps", type=click.IntRange(min=1), default=50, help="Mimi streaming steps timed.")
+@click.option("--contender", "contenders", multiple=True, default=["torch", "transformers", "official", "rustymimi"],
+              help="Others to compare with (repeatable): torch, transformers, official, rustymimi.")
+@click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
+              help="Keep the exported model here and reuse it on the next run [default: a temp folder].")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="Bar chart PNG (matplotlib).")
+def main(codec, variant, seconds, runs, providers, steps, contenders, work, json_out, plot) -> None:
+    """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
+    import tempfile
+
+    try:
+        import onnx  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        click.echo(f"error: codec-bench needs the [export] extra ({e}); pip install 'codecport[export]'",
+                   err=True)
+        sys.exit(1)
+    if plot and importlib.util.find_spec("matplotlib") is None:
+        click.echo("error: --plot needs matplotlib; pip install 'codecport[bench]'", err=True)
+        sys.exit(1)
+    variant = variant or ("44khz" if codec == "dac" else "mimi")
+    tmp = None
+    if work is None:
+        tmp = tempfile.TemporaryDirectory(prefix="codec-bench-")
+        work = Path(tmp.name)
+    try:
+        report = _bench(codec, variant, seconds, runs, providers, steps, contenders, work)
+    except CodecportError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    for line in _table(report):
+        click.echo(line)
+    if json_out:
+        with atomic_path(json_out) as t:
+            t.write_text(json.dumps(report, indent=2))
+        click.echo(f"wrote {json_out}")
+    if plot:
+        _plot(report, plot)
+        click.echo(f"wrote {plot}")
+
+
+def _bench(codec, variant, seconds, runs, providers, steps, contenders, work: Path) -> dict:
+    import onnxruntime
+    import torch
+
+    stamp = work / "stamp.json"
+    key = {"codec": codec, "variant": variant, "seconds": seconds}
+    if not stamp.is_file() or json.loads(stamp.read_text()) != key:
+        click.echo(f"exporting {codec} {variant} for {seconds:g} s of audio (random weights) ...")
+        _prepare(codec, variant, seconds, 0, work)
+        stamp.write_text(json.dumps(key))
+    model = work / "model"
+    enc = "encoder.onnx"
+    flops = {"encode": graph_flops(model / enc), "decode": graph_flops(model / "decoder.onnx")}
+    manifest = json.loads((model / "manifest.json").read_text())
+    audio_s = manifest["geometry"]["samples"] / int(manifest["sample_rate"])
+    report = {"codec": codec, "variant": variant, "seconds": audio_s, "runs": runs,
+              "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform(),
+                          "processor": platform.processor() or platform.machine(),
+                          "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
+              "gemm_peak": gemm_peak(), "flops": flops, "contenders": {}}
+    base = {"codec": codec, "dir": str(work), "seconds": audio_s, "runs": runs, "steps": steps}
+    t0 = time.perf_counter()
+    for p in providers:
+        click.echo(f"running onnx-{p} ...")
+        report["contenders"][f"onnx-{p}"] = _worker({**base, "contender": "onnx", "provider": p})
+    for name in contenders:
+        module, reason = _OPTIONAL.get(name, ("torch", ""))
+        if name != "torch" and (module is None or importlib.util.find_spec(module) is None):
+            report["contenders"][name] = {"skipped": f"not installed: {reason}" if module else reason}
+            continue
+        label = "torch-eager" if name == "torch" else name
+        click.echo(f"running {label} ...")
+        report["contenders"][label] = _worker({**base, "contender": name})
+    report["bench_seconds"] = time.perf_counter() - t0
+    report["speedups"] = _speedups(report["contenders"], f"onnx-{providers[0]}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""What codec-bench measures: timings, FLOPs counted from a graph, this machine's GEMM peak, RSS."""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+
+def timings(fn: Callable[[], object], runs: int, warmup: int = 1) -> list[float]:
+    """Seconds per call of `fn`, `runs` times after `warmup` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def summary(seconds: list[float], audio_seconds: float) -> dict[str, float]:
+    """Real-time factor (compute seconds per audio second): median, min, max."""
+    rtf = np.array(seconds) / audio_seconds
+    return {"rtf_median": float(np.median(rtf)), "rtf_min": float(rtf.min()),
+            "rtf_max": float(rtf.max()), "seconds_median": float(np.median(seconds))}
+
+
+def percentiles(seconds: list[float]) -> dict[str, float]:
+    ms = np.array(seconds) * 1e3
+    return {f"p{p}_ms": float(np.percentile(ms, p)) for p in (50, 95, 99)}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MB.
+
+    Linux: VmHWM, which starts afresh at exec. ru_maxrss does not: a worker started from a
+    process holding torch would report the parent's peak.
+    """
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+
+
+def graph_flops(path) -> int:
+    """Multiply-adds x 2 of the graph's Conv, ConvTranspose, MatMul and Gemm nodes.
+
+    Shapes come from ONNX shape inference; our graphs are static, so every count is exact.
+    Elementwise ops, Softmax and normalisations are left out: they are a small share and not
+    what a GEMM peak bounds.
+    """
+    import onnx
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(str(path), load_external_data=False))
+    shapes = {}
+    for vi in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        shapes[vi.name] = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    for init in model.graph.initializer:
+        shapes[init.name] = list(init.dims)
+    total = 0
+    for node in model.graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type in ("Conv", "ConvTranspose"):
+            w, out = shapes[node.input[1]], shapes[node.output[0]]
+            per_out = int(np.prod(w[1:])) if node.op_type == "Conv" else \
+                w[0] // attrs.get("group", 1) * int(np.prod(w[2:]))
+            total += 2 * int(np.prod(out)) * per_out
+        elif node.op_type in ("MatMul", "Gemm"):
+            a, out = shapes[node.input[0]], shapes[node.output[0]]
+            k = a[-2] if node.op_type == "Gemm" and attrs.get("transA", 0) else a[-1]
+            total += 2 * int(np.prod(out)) * k
+    return total
+
+
+def gemm_peak(seconds: float = 2.0, n: int = 1024) -> dict[str, float | str]:
+    """Best fp32 GEMM rate of ONNX Runtime's CPU MatMul (MLAS) on this machine, in GFLOP/s.
+
+    Measured with the same library and thread pool our graphs run on, so the efficiency
+    figure compares like with like.
+    """
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [n, n])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((n, n), np.float32), "b": rng.standard_normal((n, n), np.float32)}
+    sess.run(None, feeds)
+    best, start = float("inf"), time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        best = min(best, time.perf_counter() - t0)
+    return {"gflops": 2 * n ** 3 / best / 1e9, "library": f"onnxruntime {ort.__version__} MatMul "
+            f"(MLAS sgemm), {n}x{n}x{n}, best of {seconds:g} s"}

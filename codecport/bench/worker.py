@@ -1,0 +1,153 @@
+"""One contender of codec-bench, run in its own process so timings and peak RSS are its own.
+
+    python -m codecport.bench.worker '<json job>'   -> prints one JSON line
+
+Job keys: contender (onnx | torch | transformers), codec (dac | mimi), dir (the bench folder:
+`model/` graphs, `weights.safetensors`, `config.json`), seconds, runs, provider, steps.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .measure import peak_rss_mb, percentiles, summary, timings
+
+
+def _audio(n: int) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    t = np.arange(n) / 24000
+    return (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)[None]
+
+
+def run_onnx(job: dict) -> dict:
+    from ..runtime.dac import DacCodec
+    from ..runtime.mimi import MimiCodec, MimiStream
+
+    folder, runs = Path(job["dir"]) / "model", job["runs"]
+    if job["codec"] == "dac":
+        codec = DacCodec(folder, job["provider"])
+        x = _audio(codec.graph("encoder").int("samples"))
+        codes = codec.encode_exact(x)
+        enc = timings(lambda: codec.encode_exact(x), runs)
+        dec = timings(lambda: codec.decode(codes, padding=True), runs)
+        out = {}
+    else:
+        codec = MimiCodec(folder, job["provider"])
+        x = _audio(codec.graph("encoder").int("samples"))
+        codes = codec.encode(x, codec.sample_rate)
+        enc = timings(lambda: codec.encode(x, codec.sample_rate), runs)
+        dec = timings(lambda: codec.decode(codes), runs)
+        out = {"streaming": _mimi_steps(MimiStream(codec), codec.frame_size, job["steps"])}
+    return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
+            "provider": codec.provider}
+
+
+def _mimi_steps(stream, frame: int, steps: int) -> dict:
+    """Latency of one 80 ms frame through the step graphs, encode and decode separately."""
+    x = _audio(frame * (steps + 5))[0]
+    enc, dec = [], []
+    for i in range(steps + 5):
+        t0 = time.perf_counter()
+        codes = stream.encode_step(x[i * frame:(i + 1) * frame])
+        t1 = time.perf_counter()
+        stream.decode_step(codes)
+        t2 = time.perf_counter()
+        if i >= 5:  # the first steps warm the sessions up
+            enc.append(t1 - t0)
+            dec.append(t2 - t1)
+    return {"encode_step": percentiles(enc), "decode_step": percentiles(dec), "steps": steps}
+
+
+def _torch_model(job: dict):
+    """Our torch reference with the bench's weights."""
+    from safetensors.torch import load_file
+
+    from ..models.checkpoint import load_state
+
+    conf = json.loads((Path(job["dir"]) / "config.json").read_text())
+    if job["codec"] == "dac":
+        from ..models.dac import DAC, DacConfig
+
+        model = DAC(DacConfig.from_kwargs(conf))
+    else:
+        from ..models.mimi import MimiConfig, MimiModel
+
+        model = MimiModel(MimiConfig.from_kwargs(conf))
+    load_state(model, load_file(Path(job["dir"]) / "weights.safetensors"), "bench weights")
+    return model.eval()
+
+
+def run_torch(job: dict) -> dict:
+    import torch
+
+    model, runs = _torch_model(job), job["runs"]
+    meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
+    x = torch.from_numpy(_audio(int(meta["geometry"]["samples"])))[:, None]
+    k = None if job["codec"] == "dac" else 8  # as the ONNX contender: all (DAC), Moshi's 8
+    if job["codec"] == "mimi":
+        x = model.pad(x)
+    with torch.inference_mode():
+        codes = model.encode(x, k)
+        enc = timings(lambda: model.encode(x, k), runs)
+        dec = timings(lambda: model.decode(codes), runs)
+    return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
+            "threads": torch.get_num_threads()}
+
+
+def run_transformers(job: dict) -> dict:
+    """transformers' own port, built from the same config with its own random init: the
+    compute does not depend on the weights' values. Run as its users run it (weight norm
+    still in place for DAC, as `from_pretrained` leaves it)."""
+    import torch
+    import transformers
+
+    conf = json.loads((Path(job["dir"]) / "config.json").read_text())
+    meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
+    x = torch.from_numpy(_audio(int(meta["geometry"]["samples"])))[:, None]
+    runs = job["runs"]
+    if job["codec"] == "dac":
+        hf = transformers.DacModel(transformers.DacConfig(
+            encoder_hidden_size=conf["encoder_dim"], downsampling_ratios=conf["encoder_rates"],
+            decoder_hidden_size=conf["decoder_dim"], upsampling_ratios=conf["decoder_rates"],
+            n_codebooks=conf["n_codebooks"], codebook_size=conf["codebook_size"],
+            codebook_dim=conf["codebook_dim"], hidden_size=conf["latent_dim"],
+            sampling_rate=conf["sample_rate"])).eval()
+        encode = lambda: hf.encode(x).audio_codes
+        decode = lambda c: hf.decode(audio_codes=c).audio_values
+    else:
+        ratios = conf["ratios"]
+        hf = transformers.MimiModel(transformers.MimiConfig(
+            num_filters=conf["n_filters"], upsampling_ratios=ratios, hidden_size=conf["dimension"],
+            num_hidden_layers=conf["n_layers"], intermediate_size=conf["ffn"],
+            num_attention_heads=conf["n_heads"], num_key_value_heads=conf["n_heads"],
+            codebook_size=conf["codebook_size"], codebook_dim=conf["codebook_dim"],
+            vector_quantization_hidden_dimension=conf["codebook_dim"],
+            num_quantizers=conf["n_codebooks"], upsample_groups=conf["dimension"],
+            sampling_rate=conf["sample_rate"], sliding_window=conf["context"],
+            frame_rate=conf["sample_rate"] / (conf["downsample_stride"] * int(np.prod(ratios))))).eval()
+        k = min(8, conf["n_codebooks"])
+        encode = lambda: hf.encode(x, num_quantizers=k).audio_codes
+        decode = lambda c: hf.decode(c).audio_values
+    with torch.inference_mode():
+        codes = encode()
+        enc = timings(encode, runs)
+        dec = timings(lambda: decode(codes), runs)
+    return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
+            "version": transformers.__version__}
+
+
+def main() -> None:
+    job = json.loads(sys.argv[1])
+    run = {"onnx": run_onnx, "torch": run_torch, "transformers": run_transformers}[job["contender"]]
+    result = run(job)
+    result["peak_rss_mb"] = peak_rss_mb()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""codec-bench runs end to end on the tiny configs and writes a complete report (not its speed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.mark.parametrize("codec", ["dac", "mimi"])
+def test_bench_report_structure(tmp_path, codec):
+    out = tmp_path / "report.json"
+    proc = subprocess.run([str(BIN / "codec-bench"), codec, "--variant", "tiny", "--seconds", "0.5",
+                           "--runs", "1", "--steps", "3", "--contender", "torch",
+                           "--contender", "rustymimi", "--json", str(out)],
+                          capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["gemm_peak"]["gflops"] > 0 and "onnxruntime" in report["gemm_peak"]["library"]
+    assert report["flops"]["encode"] > 0 and report["flops"]["decode"] > 0
+    ran = report["contenders"]
+    assert set(ran) == {"onnx-cpu", "torch-eager", "rustymimi"}
+    assert "not installed" in ran["rustymimi"]["skipped"]
+    for name in ("onnx-cpu", "torch-eager"):
+        for d in ("encode", "decode"):
+            s = ran[name][d]
+            assert 0 < s["rtf_min"] <= s["rtf_median"] <= s["rtf_max"]
+        assert ran[name]["peak_rss_mb"] > 0
+    assert set(report["speedups"]) == {"onnx-cpu vs torch-eager"}
+    assert ("streaming" in ran["onnx-cpu"]) == (codec == "mimi")
+    if codec == "mimi":
+        p = ran["onnx-cpu"]["streaming"]["encode_step"]
+        assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"]
+    assert "onnx-cpu vs torch-eager" in proc.stdout and "skipped" in proc.stdout
+
+
+def test_bench_plot_needs_matplotlib_or_writes_png(tmp_path):
+    """--plot either writes a PNG or, without matplotlib, fails at once with one line."""
+    import importlib.util
+
+    png = tmp_path / "b.png"
+    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--variant", "tiny", "--seconds", "0.5",
+                           "--runs", "1", "--steps", "2", "--contender", "torch", "--plot", str(png)],
+                          capture_output=True, text=True, check=False, timeout=600)
+    if importlib.util.find_spec("matplotlib") is None:
+        assert proc.returncode == 1 and proc.stderr.strip().startswith("error: --plot needs matplotlib")
+        assert not png.exists()
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
