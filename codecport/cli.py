@@ -300,7 +300,7 @@ def encode_cmd(audio_in, model_dir, out, codebooks, streaming, provider, fallbac
 @_one_line_errors
 def decode_cmd(codes_in, model_dir, out, streaming, provider, fallback, verbose) -> None:
     """Decode codes.npy, codes.dac (DAC) or codes.npz (Mimi) to audio."""
-    from .runtime.audio import write_audio
+    from .runtime.audio import write_audio, write_audio_pieces
     from .runtime.dacfile import DacFile
 
     _logging(verbose)
@@ -311,15 +311,20 @@ def decode_cmd(codes_in, model_dir, out, streaming, provider, fallback, verbose)
     t0 = time.perf_counter()
     if mimi and codes_in.suffix == ".npz":
         audio, sr = codec.decode_file(codes_in, streaming=streaming, progress=True)
-    elif mimi:
-        audio, sr = codec.decode(_load_npy(codes_in), streaming=streaming, progress=True), codec.sample_rate
-    elif codes_in.suffix == ".dac":
+    elif codes_in.suffix == ".dac" and not mimi:
         audio, sr = codec.decompress(DacFile.load(codes_in), progress=True)
     else:
-        audio, sr = codec.decode(_load_npy(codes_in), progress=True), codec.sample_rate
+        # Bare codes: written piece by piece, so memory stays flat however long the file is.
+        codes, sr = _load_npy(codes_in), codec.sample_rate
+        pieces = codec.decode_pieces(codes, streaming, progress=True) if mimi else \
+            codec.decode_pieces(codes, progress=True)
+        channels, samples = write_audio_pieces(out, pieces, sr)
+        audio = None
     took = time.perf_counter() - t0
-    write_audio(out, audio, sr)
-    click.echo(f"{codes_in} -> {audio.shape[0]} ch x {audio.shape[1]} samples @ {sr} Hz in "
+    if audio is not None:
+        write_audio(out, audio, sr)
+        channels, samples = audio.shape
+    click.echo(f"{codes_in} -> {channels} ch x {samples} samples @ {sr} Hz in "
                f"{took:.2f} s on {codec.provider}")
     click.echo(f"wrote {out}")
 

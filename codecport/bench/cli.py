@@ -57,8 +57,10 @@ def _prepare(codec: str, variant: str, seconds: float, seed: int, out: Path) -> 
 
 
 def _worker(job: dict) -> dict:
+    # cwd: `python -m` puts the working directory first on sys.path, where any stray timeit.py
+    # or numpy.py would shadow the real module; the bench folder holds only our files.
     proc = subprocess.run([sys.executable, "-m", "codecport.bench.worker", json.dumps(job)],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, cwd=job["dir"])
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise CodecportError(f"{job['contender']} failed: {last}")
@@ -95,6 +97,9 @@ def _table(report: dict) -> list[str]:
                          f"{r['peak_rss_mb']:>8.0f}MB")
     for pair, sp in report["speedups"].items():
         lines.append(f"{pair}: encode {sp['encode']:.2f}x, decode {sp['decode']:.2f}x faster")
+    for m in report.get("memory", []):
+        lines.append(f"codec-run decode of {m['minutes']:g} min ({m['output_mb']:.0f} MB of audio "
+                     f"written): peak RSS {m['peak_rss_mb']:.0f} MB, {m['seconds']:.1f} s")
     for name, r in report["contenders"].items():
         if "streaming" in r:
             st = r["streaming"]
@@ -136,11 +141,15 @@ def _plot(report: dict, path: Path) -> None:
 @click.option("--steps", type=click.IntRange(min=1), default=50, help="Mimi streaming steps timed.")
 @click.option("--contender", "contenders", multiple=True, default=["torch", "transformers", "official", "rustymimi"],
               help="Others to compare with (repeatable): torch, transformers, official, rustymimi.")
+@click.option("--memory", "minutes", multiple=True, type=click.FloatRange(min=0.01),
+              help="Also run `codec-run decode` on codes this many minutes long and report its "
+                   "peak RSS (repeatable, e.g. --memory 1 --memory 10).")
 @click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
               help="Keep the exported model here and reuse it on the next run [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Bar chart PNG (matplotlib).")
-def main(codec, variant, seconds, runs, providers, steps, contenders, work, json_out, plot) -> None:
+def main(codec, variant, seconds, runs, providers, steps, contenders, minutes, work, json_out,
+         plot) -> None:
     """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
     import tempfile
 
@@ -160,7 +169,7 @@ def main(codec, variant, seconds, runs, providers, steps, contenders, work, json
         tmp = tempfile.TemporaryDirectory(prefix="codec-bench-")
         work = Path(tmp.name)
     try:
-        report = _bench(codec, variant, seconds, runs, providers, steps, contenders, work)
+        report = _bench(codec, variant, seconds, runs, providers, steps, contenders, minutes, work)
     except CodecportError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -178,7 +187,7 @@ def main(codec, variant, seconds, runs, providers, steps, contenders, work, json
         click.echo(f"wrote {plot}")
 
 
-def _bench(codec, variant, seconds, runs, providers, steps, contenders, work: Path) -> dict:
+def _bench(codec, variant, seconds, runs, providers, steps, contenders, minutes, work: Path) -> dict:
     import onnxruntime
     import torch
 
@@ -211,6 +220,9 @@ def _bench(codec, variant, seconds, runs, providers, steps, contenders, work: Pa
         label = "torch-eager" if name == "torch" else name
         click.echo(f"running {label} ...")
         report["contenders"][label] = _worker({**base, "contender": name})
+    for m in minutes:
+        click.echo(f"running codec-run decode of {m:g} min ...")
+        report.setdefault("memory", []).append(_worker({**base, "contender": "memory", "minutes": m}))
     report["bench_seconds"] = time.perf_counter() - t0
     report["speedups"] = _speedups(report["contenders"], f"onnx-{providers[0]}")
     return report

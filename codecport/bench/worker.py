@@ -141,9 +141,33 @@ def run_transformers(job: dict) -> dict:
             "version": transformers.__version__}
 
 
+def run_memory(job: dict) -> dict:
+    """`codec-run decode` of random codes for `minutes` of audio, in this process."""
+    from ..cli import run_cli
+
+    folder, out = Path(job["dir"]), Path(job["dir"]) / "memory"
+    out.mkdir(exist_ok=True)
+    meta = json.loads((folder / "model" / "manifest.json").read_text())
+    rate = int(meta["sample_rate"])
+    if job["codec"] == "dac":
+        chunk, step = meta["geometry"]["chunk_frames"], meta["geometry"]["chunk_step"]
+        frames = -(-round(job["minutes"] * 60 * rate) // step) * chunk
+    else:
+        frames = -(-round(job["minutes"] * 60 * rate) // int(meta["frame_size"]))
+    k = min(8, int(meta["n_codebooks"]))
+    codes = np.random.default_rng(0).integers(0, int(meta["codebook_size"]), (1, k, frames))
+    np.save(out / "codes.npy", codes)
+    t0 = time.perf_counter()
+    run_cli.main(["decode", str(out / "codes.npy"), "-m", str(folder / "model"), "-o",
+                  str(out / "decoded.wav")], standalone_mode=False)
+    return {"minutes": job["minutes"], "seconds": time.perf_counter() - t0,
+            "output_mb": (out / "decoded.wav").stat().st_size / 2 ** 20}
+
+
 def main() -> None:
     job = json.loads(sys.argv[1])
-    run = {"onnx": run_onnx, "torch": run_torch, "transformers": run_transformers}[job["contender"]]
+    run = {"onnx": run_onnx, "torch": run_torch, "transformers": run_transformers,
+           "memory": run_memory}[job["contender"]]
     result = run(job)
     result["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(result))

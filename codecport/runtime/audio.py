@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -66,9 +68,23 @@ def loudness(audio: np.ndarray, sr: int) -> float:
 
 def write_audio(path: Path, audio: np.ndarray, sr: int) -> None:
     """Write `[channels, samples]` atomically (temp file + rename); format from the suffix."""
+    write_audio_pieces(path, [audio], sr)
+
+
+def write_audio_pieces(path: Path, pieces: Iterable[np.ndarray], sr: int) -> tuple[int, int]:
+    """Write pieces `[channels, n]` one after another, atomically, holding one piece at a time.
+
+    Returns (channels, samples) written."""
     fmt = path.suffix.lstrip(".").upper() or "WAV"
     if fmt not in sf.available_formats():
         raise AudioError(f"{path}: unknown audio format {fmt!r}; use .wav or .flac")
-    with atomic_path(path) as tmp:
-        sf.write(tmp, np.clip(audio, -1.0, 1.0).T, sr, format=fmt,
-                 subtype="FLOAT" if fmt == "WAV" else None)
+    it = iter(pieces)
+    first = next(it)  # before the file exists: a bad first piece leaves nothing behind
+    n = 0
+    with atomic_path(path) as tmp, sf.SoundFile(tmp, "w", sr, first.shape[0], format=fmt,
+                                                 subtype="FLOAT" if fmt == "WAV" else None) as f:
+        for piece in itertools.chain([first], it):
+            f.write(np.clip(piece, -1.0, 1.0).T)
+            n += piece.shape[1]
+    return first.shape[0], n
+

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,11 @@ class DacCodec(GraphFolder):
         `padding=True` is the official `decode` (T must be the graph's frames); `False` decodes
         chunked-mode codes `chunk_frames` at a time; `None` picks by T.
         """
+        return np.concatenate(list(self.decode_pieces(codes, padding, progress)), axis=1)
+
+    def decode_pieces(self, codes: np.ndarray, padding: bool | None = None,
+                      progress: bool = False) -> Iterator[np.ndarray]:
+        """`decode`, one chunk `[C, chunk_step]` at a time: memory does not grow with T."""
         codes = self.check_codes(codes)
         t = codes.shape[-1]
         frames = self.graph("encoder").int("frames")
@@ -127,23 +133,15 @@ class DacCodec(GraphFolder):
         if padding:
             if t != frames:
                 raise CodesError(f"{t} frames given; the fixed-length decoder takes exactly {frames}")
-            return np.stack([self._decode_window("decoder", c) for c in codes])
+            yield np.stack([self._decode_window("decoder", c) for c in codes])
+            return
         chunk = self.graph("decoder_chunked").int("chunk_frames")
         if t % chunk:
             raise CodesError(f"{t} frames is neither the fixed length {frames} nor a multiple of the "
                              f"chunk length {chunk}; re-encode with this model, or export with "
                              "--len / --chunk-len matching the codes")
-        bar = tqdm(total=codes.shape[0] * t // chunk, desc="decode", unit="chunk",
-                   disable=None if progress else True)
-        out = []
-        for c in codes:
-            pieces = []
-            for i in range(0, t, chunk):
-                pieces.append(self._decode_window("decoder_chunked", c[:, i:i + chunk]))
-                bar.update()
-            out.append(np.concatenate(pieces))
-        bar.close()
-        return np.stack(out)
+        for i in tqdm(range(0, t, chunk), desc="decode", unit="chunk", disable=None if progress else True):
+            yield np.stack([self._decode_window("decoder_chunked", c[:, i:i + chunk]) for c in codes])
 
     def decompress(self, f: DacFile, progress: bool = False) -> tuple[np.ndarray, int]:
         """Audio `[channels, original_length]` at the original rate, like the official one."""

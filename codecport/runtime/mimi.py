@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -141,14 +142,26 @@ class MimiCodec(GraphFolder):
             raise CodesError(f"{frames} frames are more than the fixed decoder's "
                              f"{self.graph('decoder').int('frames')}; export with --streaming to "
                              "decode codes of any length")
-        out = []
-        for c in codes:
-            stream = MimiStream(self)
-            n = stream.step_frames
-            pieces = [stream.decode_step(c[:, i:i + n]) for i in
-                      tqdm(range(0, frames, n), desc="decode", unit="step", disable=None if progress else True)]
-            out.append(np.concatenate([*pieces, stream.flush_decoder()]))
-        return np.stack(out)
+        return np.concatenate(list(self._stream_pieces(codes, progress)), axis=1)
+
+    def decode_pieces(self, codes: np.ndarray, streaming: bool = False,
+                      progress: bool = False) -> Iterator[np.ndarray]:
+        """`decode`, one step `[C, samples]` at a time when streaming: memory does not grow
+        with T. Codes that fit the fixed decoder come in one piece."""
+        codes = self.check_codes(codes)
+        if not streaming and self._fits("decoder", "frames", codes.shape[2]):
+            yield self.decode(codes)
+        else:
+            yield from self._stream_pieces(codes, progress)
+
+    def _stream_pieces(self, codes: np.ndarray, progress: bool) -> Iterator[np.ndarray]:
+        """Every channel through its own stream, in lockstep, one step of audio at a time."""
+        streams = [MimiStream(self) for _ in codes]
+        n = streams[0].step_frames
+        for i in tqdm(range(0, codes.shape[2], n), desc="decode", unit="step",
+                      disable=None if progress else True):
+            yield np.stack([s.decode_step(c[:, i:i + n]) for s, c in zip(streams, codes)])
+        yield np.stack([s.flush_decoder() for s in streams])
 
 
 class MimiStream:
