@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -198,12 +199,11 @@ def _bench(codec, variant, seconds, runs, providers, steps, contenders, minutes,
         _prepare(codec, variant, seconds, 0, work)
         stamp.write_text(json.dumps(key))
     model = work / "model"
-    enc = "encoder.onnx"
-    flops = {"encode": graph_flops(model / enc), "decode": graph_flops(model / "decoder.onnx")}
+    flops = {"encode": graph_flops(model / "encoder.onnx"), "decode": graph_flops(model / "decoder.onnx")}
     manifest = json.loads((model / "manifest.json").read_text())
     audio_s = manifest["geometry"]["samples"] / int(manifest["sample_rate"])
     report = {"codec": codec, "variant": variant, "seconds": audio_s, "runs": runs,
-              "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform(),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "processor": platform.processor() or platform.machine(),
                           "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
               "gemm_peak": gemm_peak(), "flops": flops, "contenders": {}}
