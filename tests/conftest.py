@@ -46,6 +46,16 @@ def tiny_mimi_export(tmp_path_factory, tiny_mimi):
     return out
 
 
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """`$XDG_CACHE_HOME` in tmp_path, and no proxy between urllib and a local test server."""
+    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    return xdg
+
+
 def noise(n: int, channels: int = 1, seed: int = 0, scale: float = 0.3) -> np.ndarray:
     """Audio-like test signal `[channels, n]`: a few sines plus noise."""
     rng = np.random.default_rng(seed)

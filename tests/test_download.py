@@ -44,14 +44,27 @@ def cached_files(cache: Path) -> list[Path]:
     return [p for p in cache.rglob("*") if p.is_file()]
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch) -> Path:
-    """`$XDG_CACHE_HOME`, and no proxy between urllib and the local server."""
-    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    xdg = tmp_path / "xdg"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
-    return xdg
+@contextmanager
+def serve_dir(root: Path) -> Iterator[Server]:
+    """`root` served on 127.0.0.1, recording the path of every GET."""
+    hits: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def do_GET(self):
+            hits.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    with serve(Handler) as url:
+        yield Server(root, url, hits)
+
+
+pytestmark = pytest.mark.usefixtures("cache")
 
 
 @pytest.fixture(scope="module")
@@ -77,22 +90,9 @@ def server(tmp_path, official_pth, monkeypatch) -> Iterator[Server]:
     root = tmp_path / "served"
     (root / "0.0.1").mkdir(parents=True)
     shutil.copyfile(official_pth, root / "0.0.1" / "weights.pth")
-    hits: list[str] = []
-
-    class Handler(SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def do_GET(self):
-            hits.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args):
-            pass
-
-    with serve(Handler) as url:
-        monkeypatch.setenv("CODECPORT_DAC_BASE_URL", url)
-        yield Server(root, url, hits)
+    with serve_dir(root) as srv:
+        monkeypatch.setenv("CODECPORT_DAC_BASE_URL", srv.url)
+        yield srv
 
 
 def assert_same_model(model, tiny_dac) -> None:

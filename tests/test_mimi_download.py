@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import shutil
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_download import Server, cached_files, serve
+from test_download import Server, cached_files, serve, serve_dir
 
 from codecport.errors import DownloadError
 from codecport.models.mimi import PRESETS
@@ -21,14 +21,7 @@ REPO, FILE = RELEASES["mimi"]
 RELEASE_PATH = f"/{REPO}/resolve/main/{FILE}"  # Hugging Face's layout under the base URL
 
 
-@pytest.fixture(autouse=True)
-def cache(tmp_path, monkeypatch) -> Path:
-    """`$XDG_CACHE_HOME`, and no proxy between urllib and the local server."""
-    for var in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    xdg = tmp_path / "xdg"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
-    return xdg
+pytestmark = pytest.mark.usefixtures("cache")
 
 
 @pytest.fixture(scope="module")
@@ -46,22 +39,9 @@ def server(tmp_path, official_file, monkeypatch) -> Iterator[Server]:
     (root / RELEASE_PATH[1:]).parent.mkdir(parents=True)
     shutil.copyfile(official_file, root / RELEASE_PATH[1:])
     shutil.copyfile(official_file, root / "tiny-mimi.safetensors")
-    hits: list[str] = []
-
-    class Handler(SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(root), **kwargs)
-
-        def do_GET(self):
-            hits.append(self.path)
-            super().do_GET()
-
-        def log_message(self, *args):
-            pass
-
-    with serve(Handler) as url:
-        monkeypatch.setenv(BASE_URL_ENV, url)
-        yield Server(root, url, hits)
+    with serve_dir(root) as srv:
+        monkeypatch.setenv(BASE_URL_ENV, srv.url)
+        yield srv
 
 
 def assert_same_model(model, tiny_mimi) -> None:
