@@ -218,7 +218,10 @@ def _codec(model_dir: Path, provider: str, fallback: str | None):
     graphs = sorted(model_dir.glob("*.onnx")) if model_dir.is_dir() else []
     if not graphs:
         raise ModelFileError(f"{model_dir}: no exported graphs here; run codec-export first")
-    codec = read_metadata(graphs[0]).get("codec")
+    try:  # the manifest says it without loading a model; the codec class checks the graphs anyway
+        codec = json.loads((model_dir / "manifest.json").read_text())["codec"]
+    except (OSError, ValueError, KeyError, TypeError):
+        codec = read_metadata(graphs[0]).get("codec")
     if codec == "mimi":
         return MimiCodec(model_dir, provider, fallback)
     return DacCodec(model_dir, provider, fallback)
