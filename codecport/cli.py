@@ -195,6 +195,36 @@ def export_mimi_cmd(variant, length, streaming, frames, window, weights, random_
     _print_validation(report)
 
 
+@export_cli.command("check")
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
+              help="Also write the report as JSON.")
+@_one_line_errors
+def check_cmd(target, json_out) -> None:
+    """Per execution provider, whether each graph would run whole: CoreML (ML Program and
+    NeuralNetwork) and NNAPI from ONNX Runtime's usability checker, DirectML from a rule table."""
+    _export_imports()
+    from .export.check import check
+
+    reports = check(target)
+    for r in reports:
+        click.echo(f"{r['file']} (opset {r['opset']}, {r['nodes']} nodes)")
+        for ep, v in r["eps"].items():
+            share = f"{v['supported']}/{v['nodes']} nodes"
+            if v["full"]:
+                click.echo(f"  {ep:<21} yes: one partition, {share}")
+                continue
+            grouped: dict[str, list[str]] = {}
+            for op, reason in v["reasons"].items():
+                grouped.setdefault(reason, []).append(op)
+            why = "; ".join(f"{', '.join(ops)}: {reason}" for reason, ops in grouped.items())
+            click.echo(f"  {ep:<21} no: {v['partitions']} partitions, {share} - {why}")
+    if json_out:
+        with atomic_path(json_out) as tmp:
+            tmp.write_text(json.dumps(reports, indent=2))
+        click.echo(f"wrote {json_out}")
+
+
 # ---- codec-run ---------------------------------------------------------------------------
 provider_option = click.option("--provider", type=click.Choice(["cpu", "cuda", "dml", "coreml", "auto"]),
                                default="cpu", help="ONNX Runtime execution provider.")
