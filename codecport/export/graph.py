@@ -25,7 +25,8 @@ from ..errors import ExportError
 log = logging.getLogger(__name__)
 
 OPSET = 17
-# onnxsim may fold an explicit Pad back into the Conv's `pads`, which is what we avoid.
+# onnxsim may fold a Pad into the Conv's `pads`, which is what we avoid (our padding is a Concat, but
+# a Pad must not slip into the Conv either).
 _SKIPPED_OPTIMIZERS = ["fuse_pad_into_conv"]
 
 
@@ -73,10 +74,35 @@ def to_onnx(spec: GraphSpec) -> onnx.ModelProto:
     simplified, ok = onnxsim.simplify(model, skipped_optimizers=_SKIPPED_OPTIMIZERS)
     if not ok:
         raise ExportError(f"{spec.name}: onnxsim could not verify the simplified graph")
+    _constants_to_initializers(simplified)
     del simplified.metadata_props[:]
     for k, v in {**spec.metadata, "codecport_version": __version__}.items():
         simplified.metadata_props.add(key=k, value=str(v))
     return simplified
+
+
+def _constants_to_initializers(model: onnx.ModelProto) -> None:
+    """Move Constant nodes into initializers: the same values, but CoreML's ML Program (and
+    ORT's partitioner for it) takes no Constant node, so each one would cut the graph."""
+    keep = []
+    for node in model.graph.node:
+        if node.op_type != "Constant" or len(node.attribute) != 1:
+            keep.append(node)
+            continue
+        attr = node.attribute[0]
+        value = onnx.helper.get_attribute_value(attr)
+        if attr.name == "value":
+            tensor = value
+        elif attr.name in ("value_float", "value_floats", "value_int", "value_ints"):
+            dtype = np.float32 if "float" in attr.name else np.int64
+            tensor = onnx.numpy_helper.from_array(np.array(value, dtype=dtype))
+        else:  # sparse or string constants: leave them as they are
+            keep.append(node)
+            continue
+        tensor.name = node.output[0]
+        model.graph.initializer.append(tensor)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
 
 
 def static_check(model: onnx.ModelProto, spec: GraphSpec) -> None:

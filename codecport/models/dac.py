@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import PaddedConv1d, ResidualUnit, Snake, UpConv1d, set_padding
+from .layers import PaddedConv1d, ResidualUnit, Snake, UpConv1d, set_padding, zero_pad
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ class DAC(nn.Module):
     def preprocess(self, audio: torch.Tensor) -> torch.Tensor:
         """Right-pad to a hop multiple, as the official `preprocess` does."""
         hop = self.cfg.hop_length
-        return F.pad(audio, (0, -audio.shape[-1] % hop))
+        return zero_pad(audio, 0, -audio.shape[-1] % hop)
 
     def encode(self, audio: torch.Tensor, n_codebooks: int | None = None) -> torch.Tensor:
         """Codes `[B, K, frames]` for audio `[B, 1, T]`."""

@@ -1,9 +1,9 @@
 """Building blocks written for export: explicit padding, polyphase transposed convs, Snake.
 
-Every conv keeps the official padding as data (`pad`) and applies it with an explicit constant
-`Pad`, so the exported `Conv` nodes carry zero `pads`: execution providers
-disagree on how they pad (CoreML, DirectML, MLX), and a plain Pad is portable. `set_padding(model,
-False)` reproduces the official "padding off" chunked mode.
+Every conv keeps the official padding as data (`pad`) and applies it explicitly, as a Concat with
+zeros, so the exported `Conv` nodes carry zero `pads`: execution providers disagree on how they
+pad (CoreML, DirectML, MLX), and CoreML's ML Program takes Concat but not Pad.
+`set_padding(model, False)` reproduces the official "padding off" chunked mode.
 """
 
 from __future__ import annotations
@@ -11,6 +11,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def zero_pad(x: torch.Tensor, left: int, right: int = 0) -> torch.Tensor:
+    """`F.pad(x, (left, right))` on the last axis, traced as a Concat with constant zeros."""
+    parts = [x]
+    if left:
+        parts.insert(0, x.new_zeros(*x.shape[:-1], left))
+    if right:
+        parts.append(x.new_zeros(*x.shape[:-1], right))
+    return torch.cat(parts, -1) if len(parts) > 1 else x
 
 
 class Snake(nn.Module):
@@ -35,7 +45,7 @@ class PaddedConv1d(nn.Conv1d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.use_padding and self.pad:
-            x = F.pad(x, (self.pad, self.pad))
+            x = zero_pad(x, self.pad, self.pad)
         return super().forward(x)
 
 
@@ -65,7 +75,7 @@ class UpConv1d(nn.ConvTranspose1d):
         if not self.polyphase:
             return F.conv_transpose1d(x, self.weight, self.bias, stride=s, padding=pad)
         b, _, t = x.shape
-        y = F.conv1d(F.pad(x, (1, 1)), self.phase_weight(), self.bias.repeat_interleave(s))
+        y = F.conv1d(zero_pad(x, 1, 1), self.phase_weight(), self.bias.repeat_interleave(s))
         # [B, C_out*s, T+1] -> [B, C_out, T+1, s] -> [B, C_out, (T+1)*s]: index j*s + p.
         y = y.reshape(b, self.out_channels, s, t + 1).transpose(2, 3)
         y = y.reshape(b, self.out_channels, (t + 1) * s)
@@ -114,7 +124,9 @@ class StreamState:
 
     @property
     def first(self) -> torch.Tensor:
-        return self.offset == 0
+        """1.0 on the first step, else 0.0, computed without comparison ops (CoreML's ML Program
+        has none): offset is a whole number >= 0."""
+        return (1 - self.offset.float()).clamp(0, 1)  # both bounds: no empty optional input
 
 
 class _Wrap(nn.Module):
@@ -150,13 +162,14 @@ class CausalConv1d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.left:
             if self.stream is None:
-                # Concat of the first sample rather than Pad(mode=edge): portable across EPs.
-                x = torch.cat([x[..., :1].expand(-1, -1, self.left), x], -1) if self.replicate \
-                    else F.pad(x, (self.left, 0))
+                # Tile + Concat rather than Pad(mode=edge) or Expand: portable across EPs.
+                x = torch.cat([x[..., :1].repeat(1, 1, self.left), x], -1) if self.replicate \
+                    else zero_pad(x, self.left)
             else:
                 prev = self.stream.inputs[self.state_name]
                 if self.replicate:  # moshi starts the replicate pad from the first frame
-                    prev = torch.where(self.stream.first, x[..., :1].expand_as(prev), prev)
+                    first = self.stream.first
+                    prev = first * x[..., :1].repeat(1, 1, self.left) + (1 - first) * prev
                 x = torch.cat([prev, x], -1)
                 self.stream.outputs[self.state_name] = x[..., -self.left:]
         return self.conv.conv(x)
@@ -204,7 +217,7 @@ class CausalUpConv1d(nn.Module):
                 raise ValueError("streaming needs the polyphase form of the transposed conv")
             return ct(x)[..., :t * s]
         if self.stream is None:
-            x = F.pad(x, (1, 0))
+            x = zero_pad(x, 1)
         else:
             x = torch.cat([self.stream.inputs[self.state_name], x], -1)
             self.stream.outputs[self.state_name] = x[..., -1:]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import nn
 
-from .layers import CausalConv1d, CausalUpConv1d, StreamState
+from .layers import CausalConv1d, CausalUpConv1d, StreamState, zero_pad
 from .transformer import Attention, Transformer
 
 
@@ -253,7 +253,7 @@ class MimiModel(nn.Module):
     def pad(self, audio: torch.Tensor) -> torch.Tensor:
         """Zero-pad to whole frames, as moshi (since April 2025) does before encoding."""
         n = audio.shape[-1]
-        return nn.functional.pad(audio, (0, -n % self.cfg.frame_size))
+        return zero_pad(audio, 0, -n % self.cfg.frame_size)
 
     # ---- explicit streaming state -------------------------------------------------------
     def stateful(self, side: str) -> list[nn.Module]:

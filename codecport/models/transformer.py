@@ -26,8 +26,7 @@ def apply_rope(x: torch.Tensor, pos: torch.Tensor, max_period: float) -> torch.T
     freqs = torch.exp(torch.arange(d // 2, dtype=torch.float32) * (-math.log(max_period) * 2 / d))
     ang = pos[:, None] * freqs  # [T, D/2]
     cos, sin = torch.cos(ang), torch.sin(ang)
-    pairs = x.reshape(*x.shape[:-1], d // 2, 2)
-    xr, xi = pairs[..., 0], pairs[..., 1]
+    xr, xi = x.reshape(*x.shape[:-1], d // 2, 2).unbind(-1)  # Split, not Gather (CoreML)
     return torch.stack([xr * cos - xi * sin, xr * sin + xi * cos], dim=-1).reshape(x.shape)
 
 
@@ -60,32 +59,38 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, dim = x.shape
-        qkv = F.linear(x, self.in_proj_weight).reshape(b, t, 3, self.heads, dim // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [B, H, T, D]
-        steps = torch.arange(t)
+        # Split rather than indexing: CoreML's ML Program has no Gather.
+        q, k, v = (p.transpose(1, 2) for p in F.linear(x, self.in_proj_weight)
+                   .reshape(b, t, 3, self.heads, dim // self.heads).unbind(2))  # each [B, H, T, D]
+        steps = torch.arange(t, dtype=torch.float32)
         if self.stream is None:
             pos_q = steps
             pos_k = pos_q
         else:
-            offset = self.stream.offset  # int64 [1]
+            offset = self.stream.offset.float()  # exact: positions stay far below 2**24
             pos_q = offset + steps
-            pos_k = torch.cat([offset - self.context + torch.arange(self.context), pos_q])
-            cache = self.stream.inputs[self.state_name]
-            k = torch.cat([cache[0], k], dim=2)
-            v = torch.cat([cache[1], v], dim=2)
-        q = apply_rope(q, pos_q.float(), self.max_period)
+            pos_k = torch.cat([offset - self.context + torch.arange(self.context, dtype=torch.float32),
+                               pos_q])
+            k_cache, v_cache = self.stream.inputs[self.state_name].unbind(0)
+            k = torch.cat([k_cache, k], dim=2)
+            v = torch.cat([v_cache, v], dim=2)
+        q = apply_rope(q, pos_q, self.max_period)
         if self.stream is None:
-            k = apply_rope(k, pos_k.float(), self.max_period)
+            k = apply_rope(k, pos_k, self.max_period)
         else:  # cached keys are already rotated; rotate only the new ones
             c = self.context
-            k = torch.cat([k[:, :, :c], apply_rope(k[:, :, c:], pos_q.float(), self.max_period)], 2)
+            k = torch.cat([k[:, :, :c], apply_rope(k[:, :, c:], pos_q, self.max_period)], 2)
             self.stream.outputs[self.state_name] = torch.stack([k[:, :, -c:], v[:, :, -c:]])
+        # Visibility as 0/1 floats from clamps rather than comparisons (none in CoreML's ML
+        # Program); positions are whole numbers, so clamp(n, 0, 1) is 1 iff n >= 1.
         delta = pos_q[:, None] - pos_k[None, :]
-        visible = (delta >= 0) & (delta < self.context) & (pos_k >= 0)[None, :]
+        visible = ((delta + 1).clamp(0, 1) * (self.context - delta).clamp(0, 1)
+                   * (pos_k + 1).clamp(0, 1)[None, :])
         if self.stream is not None and self.moshi_ring:
-            visible = visible & (pos_k > pos_q[-1] - self.context)[None, :]
-        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dim // self.heads)
-        scores = scores.masked_fill(~visible, float("-inf"))
+            visible = visible * (pos_k - pos_q[-1] + self.context).clamp(0, 1)[None, :]
+        # A finite -3e4 rather than -inf: exp() of it is exactly 0 all the same, and it stays
+        # finite in fp16, where 0 * inf would give NaN for the visible keys.
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(dim // self.heads) + (visible - 1) * 3e4
         y = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, H, T, D]
         return self.out_proj(y.transpose(1, 2).reshape(b, t, dim))
 
