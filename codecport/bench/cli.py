@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from .. import __version__
 from ..atomic import atomic_path
 from ..errors import CodecportError
 from .measure import gemm_peak, graph_flops
@@ -193,7 +194,7 @@ def _bench(codec, variant, seconds, runs, providers, steps, contenders, minutes,
     import torch
 
     stamp = work / "stamp.json"
-    key = {"codec": codec, "variant": variant, "seconds": seconds}
+    key = {"codec": codec, "variant": variant, "seconds": seconds, "codecport": __version__}
     if not stamp.is_file() or json.loads(stamp.read_text()) != key:
         click.echo(f"exporting {codec} {variant} for {seconds:g} s of audio (random weights) ...")
         _prepare(codec, variant, seconds, 0, work)
