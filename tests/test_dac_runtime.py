@@ -121,3 +121,19 @@ def test_resampled_input_keeps_its_rate_and_length(codec):
     assert (f.sample_rate, f.original_length) == (22050, 9000)
     out, sr = codec.decompress(f)
     assert sr == 22050 and out.shape == (1, 9000)
+
+
+def test_decoder_only_folder(tmp_path, tiny_export):
+    """An app may ship only the decoders: decoding works and equals the full folder's."""
+    import shutil
+
+    from codecport.errors import ModelFileError
+
+    for name in ("decoder.onnx", "decoder_chunked.onnx", "rvq.npz", "manifest.json"):
+        shutil.copy(tiny_export / name, tmp_path / name)
+    full, dec_only = DacCodec(tiny_export), DacCodec(tmp_path)
+    for frames in (full.fixed_frames(), 3 * full.graph("decoder_chunked").int("chunk_frames")):
+        codes = np.random.default_rng(frames).integers(0, full.codebook_size, (1, full.n_codebooks, frames))
+        np.testing.assert_array_equal(dec_only.decode(codes), full.decode(codes))
+    with pytest.raises(ModelFileError, match="encoder"):
+        dec_only.compress(noise(600), 16000)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import CodesError, ModelFileError
+from ..errors import CodesError
 from .audio import check_audio, loudness, resample
 from .dacfile import DacFile
 from .rvq import DacRvq, check_export, check_n_codebooks
@@ -35,8 +35,6 @@ class DacCodec(GraphFolder):
 
     def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None):
         super().__init__(model_dir, provider, fallback)
-        if self.present[0] != "encoder":
-            raise ModelFileError(f"{self.dir} has no encoder.onnx; re-run codec-export dac")
         meta = self.meta
         self.sample_rate, self.hop = int(meta["sample_rate"]), int(meta["hop_length"])
         self.n_codebooks, self.codebook_size = int(meta["n_codebooks"]), int(meta["codebook_size"])
@@ -51,9 +49,15 @@ class DacCodec(GraphFolder):
         out = self.graph(name)(x[None, None].astype(np.float32))[0]
         return out[:k].astype(np.int64) if self.rvq is None else self.rvq.encode(out, k)
 
+    def fixed_frames(self) -> int | None:
+        """Frames of the fixed-length pair, from whichever of them the folder holds (an app may
+        ship only the decoders); None with neither."""
+        name = next((g for g in ("encoder", "decoder") if g in self.present), None)
+        return None if name is None else self.graph(name).int("frames")
+
     def fits_exact(self, n: int) -> bool:
         """Whether `n` samples go through the fixed-length graph in one exact call."""
-        return math.ceil(n / self.hop) == self.graph("encoder").int("frames")
+        return math.ceil(n / self.hop) == self.fixed_frames()
 
     def encode_exact(self, audio: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
         """Official `encode` codes `[C, K, frames]` for `[C, N]` audio that fits the graph."""
@@ -127,7 +131,7 @@ class DacCodec(GraphFolder):
         """`decode`, one chunk `[C, chunk_step]` at a time: memory does not grow with T."""
         codes = self.check_codes(codes)
         t = codes.shape[-1]
-        frames = self.graph("encoder").int("frames")
+        frames = self.fixed_frames()
         if padding is None:
             padding = t == frames
         if padding:
