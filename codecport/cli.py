@@ -234,12 +234,28 @@ fallback_option = click.option("--fallback", type=click.Choice(["cpu"]), default
                                help="Use this provider when the requested one is not installed.")
 
 
+def _parse_options(ctx, param, values) -> dict[str, str]:
+    out = {}
+    for v in values:
+        key, sep, value = v.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{v!r} is not KEY=VALUE", ctx=ctx, param=param)
+        out[key] = value
+    return out
+
+
+option_option = click.option("--provider-option", "options", multiple=True, callback=_parse_options,
+                             metavar="KEY=VALUE",
+                             help="ONNX Runtime provider option, overriding codecport's defaults "
+                                  "(e.g. MLComputeUnits=CPUAndNeuralEngine for CoreML); repeatable.")
+
+
 @click.group(context_settings={"show_default": True})
 def run_cli() -> None:
     """Encode and decode audio with exported ONNX graphs (no torch needed)."""
 
 
-def _codec(model_dir: Path, provider: str, fallback: str | None):
+def _codec(model_dir: Path, provider: str, fallback: str | None, options: dict[str, str]):
     """DacCodec or MimiCodec, by what the folder's graphs say they are."""
     from .runtime.dac import DacCodec
     from .runtime.mimi import MimiCodec
@@ -253,8 +269,8 @@ def _codec(model_dir: Path, provider: str, fallback: str | None):
     except (OSError, ValueError, KeyError, TypeError):
         codec = read_metadata(graphs[0]).get("codec")
     if codec == "mimi":
-        return MimiCodec(model_dir, provider, fallback)
-    return DacCodec(model_dir, provider, fallback)
+        return MimiCodec(model_dir, provider, fallback, options)
+    return DacCodec(model_dir, provider, fallback, options)
 
 
 def _is_mimi(codec) -> bool:
@@ -279,14 +295,16 @@ streaming_option = click.option("--streaming", is_flag=True,
 @streaming_option
 @provider_option
 @fallback_option
+@option_option
 @click.option("-v", "--verbose", is_flag=True)
 @_one_line_errors
-def encode_cmd(audio_in, model_dir, out, codebooks, streaming, provider, fallback, verbose) -> None:
+def encode_cmd(audio_in, model_dir, out, codebooks, streaming, provider, fallback, options,
+               verbose) -> None:
     """Encode a WAV/FLAC file of any length and sample rate to codes."""
     from .runtime.audio import read_audio
 
     _logging(verbose)
-    codec = _codec(model_dir, provider, fallback)
+    codec = _codec(model_dir, provider, fallback, options)
     mimi = _is_mimi(codec)
     suffixes = (".npy", ".npz") if mimi else (".npy", ".dac")
     if out.suffix not in suffixes:
@@ -329,15 +347,16 @@ def encode_cmd(audio_in, model_dir, out, codebooks, streaming, provider, fallbac
 @streaming_option
 @provider_option
 @fallback_option
+@option_option
 @click.option("-v", "--verbose", is_flag=True)
 @_one_line_errors
-def decode_cmd(codes_in, model_dir, out, streaming, provider, fallback, verbose) -> None:
+def decode_cmd(codes_in, model_dir, out, streaming, provider, fallback, options, verbose) -> None:
     """Decode codes.npy, codes.dac (DAC) or codes.npz (Mimi) to audio."""
     from .runtime.audio import write_audio, write_audio_pieces
     from .runtime.dacfile import DacFile
 
     _logging(verbose)
-    codec = _codec(model_dir, provider, fallback)
+    codec = _codec(model_dir, provider, fallback, options)
     mimi = _is_mimi(codec)
     if streaming and not mimi:
         raise click.UsageError("--streaming is for Mimi folders")

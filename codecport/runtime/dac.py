@@ -33,8 +33,9 @@ class DacCodec(GraphFolder):
     graphs = ("encoder", "decoder", "encoder_chunked", "decoder_chunked")
     shared = (*GraphFolder.shared, "hop_length")
 
-    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None):
-        super().__init__(model_dir, provider, fallback)
+    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None,
+                 options: dict[str, str] | None = None):
+        super().__init__(model_dir, provider, fallback, options)
         meta = self.meta
         self.sample_rate, self.hop = int(meta["sample_rate"]), int(meta["hop_length"])
         self.n_codebooks, self.codebook_size = int(meta["n_codebooks"]), int(meta["codebook_size"])

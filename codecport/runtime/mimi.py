@@ -37,8 +37,9 @@ class MimiCodec(GraphFolder):
     graphs = ("encoder", "decoder", "encoder_step", "decoder_step")
     shared = (*GraphFolder.shared, "frame_size")
 
-    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None):
-        super().__init__(model_dir, provider, fallback)
+    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None,
+                 options: dict[str, str] | None = None):
+        super().__init__(model_dir, provider, fallback, options)
         meta = self.meta
         self.sample_rate, self.frame_size = int(meta["sample_rate"]), int(meta["frame_size"])
         self.n_codebooks, self.codebook_size = int(meta["n_codebooks"]), int(meta["codebook_size"])

@@ -28,6 +28,31 @@ INSTALL = {
     "coreml": "the standard onnxruntime wheel on macOS",
 }
 AUTO_ORDER = ("cuda", "dml", "coreml", "cpu")
+# Provider options set by default (overridable, see `provider_options`):
+# - CoreML: ML Program (our graphs are one ML Program partition; NeuralNetwork lacks Sin/Erf...),
+#   static input shapes only (ours are static), every compute unit;
+# - CUDA: exhaustive cuDNN conv algorithm search (fixed shapes: searched once per session).
+DEFAULT_OPTIONS = {
+    "CoreMLExecutionProvider": {"ModelFormat": "MLProgram", "RequireStaticInputShapes": "1",
+                                "MLComputeUnits": "ALL"},
+    "CUDAExecutionProvider": {"cudnn_conv_algo_search": "EXHAUSTIVE"},
+}
+
+
+def provider_options(provider: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """Options for ORT provider `provider`: our defaults, then the caller's overrides."""
+    return {**DEFAULT_OPTIONS.get(provider, {}), **(overrides or {})}
+
+
+def session_options() -> ort.SessionOptions:
+    """Session options for every graph; DirectML needs its own (see `open_graph`)."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    # Spinning worker threads of one session starve the next one (Mimi runs encoder and decoder
+    # steps back to back): on the 2-core dev machine a Mimi encode step took 47 ms spinning,
+    # 32 ms not.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return opts
 
 
 def resolve_provider(provider: str, fallback: str | None = None) -> str:
@@ -81,18 +106,19 @@ def read_metadata(path: Path) -> dict[str, str]:
     return open_graph(path, "CPUExecutionProvider").meta
 
 
-def open_graph(path: Path, provider: str) -> Graph:
-    """Session for `path` on `provider`; a missing or corrupt file is a `ModelFileError`."""
+def open_graph(path: Path, provider: str, options: dict[str, str] | None = None) -> Graph:
+    """Session for `path` on `provider` (with `provider_options` overridden by `options`);
+    a missing or corrupt file is a `ModelFileError`."""
     if not path.is_file():
         raise ModelFileError(f"{path}: no such model file; run codec-export first")
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    # Spinning worker threads of one session starve the next one (Mimi runs encoder and decoder
-    # steps back to back): on the 2-core dev machine a Mimi encode step took 47 ms spinning,
-    # 32 ms not.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts = session_options()
+    if provider == "DmlExecutionProvider":
+        # DirectML's documented requirements: no memory pattern, sequential execution.
+        opts.enable_mem_pattern = False
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     try:
-        sess = ort.InferenceSession(str(path), opts, providers=[provider])
+        sess = ort.InferenceSession(str(path), opts, providers=[provider],
+                                    provider_options=[provider_options(provider, options)])
     except Exception as e:  # ORT raises its own untyped Fail/InvalidProtobuf errors
         raise ModelFileError(f"{path}: not a loadable ONNX model ({str(e).splitlines()[0]}); "
                              "re-run codec-export") from e
@@ -128,8 +154,10 @@ class GraphFolder:
     shared: tuple[str, ...] = ("codec", "export_id", "variant", "sample_rate", "weights_sha256",
                                "quantizer", "n_codebooks", "codebook_size")
 
-    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None):
+    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None,
+                 options: dict[str, str] | None = None):
         self.dir = Path(model_dir)
+        self.options = options
         if not self.dir.is_dir():
             raise ModelFileError(f"{self.dir}: no such model folder; run codec-export {self.codec} "
                                  f"-o {self.dir}")
@@ -166,7 +194,7 @@ class GraphFolder:
         if name not in self._graphs:
             if name not in self.present:
                 raise ModelFileError(f"{self.dir} has no {name}.onnx; {self.missing(name)}")
-            g = open_graph(self.dir / f"{name}.onnx", self.provider)
+            g = open_graph(self.dir / f"{name}.onnx", self.provider, self.options)
             if g.meta.get("codec") != self.codec:
                 raise ModelFileError(f"{g.path}: holds a {g.meta.get('codec')} model, not "
                                      f"{self.codec}; use a {self.codec} export")
