@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -98,13 +98,8 @@ class MimiCodec(GraphFolder):
             g = self.graph("encoder")
             x = np.pad(audio, ((0, 0), (0, g.int("samples") - audio.shape[1])))
             return np.stack([self._to_codes(g(row[None, None]), k)[:, :frames] for row in x])
-        if "encoder_step" not in self.present:
-            if streaming:
-                raise ModelFileError(f"{self.dir} has no step graphs (encoder_step.onnx) to stream "
-                                     "through; export with --streaming")
-            raise CodesError(f"{audio.shape[1]} samples are longer than the fixed "
-                             f"{self.graph('encoder').int('samples')}-sample encoder; export with "
-                             "--streaming to encode audio of any length")
+        self._need_steps("encoder", streaming, lambda: f"{audio.shape[1]} samples are longer than "
+                         f"the fixed {self.graph('encoder').int('samples')}-sample encoder")
         out = []
         for row in audio:
             stream = MimiStream(self, k)
@@ -113,6 +108,16 @@ class MimiCodec(GraphFolder):
                      for i in tqdm(steps, desc="encode", unit="step", disable=None if progress else True)]
             out.append(np.concatenate([*codes, stream.flush_encoder()], axis=1))
         return np.stack(out)
+
+    def _need_steps(self, side: str, streaming: bool, too_long: Callable[[], str]) -> None:
+        """Refuse, saying why, when the step graphs of `side` are needed but not exported
+        (`too_long` is called only then: it may open the fixed graph)."""
+        if f"{side}_step" in self.present:
+            return
+        if streaming:
+            raise ModelFileError(f"{self.dir} has no step graphs ({side}_step.onnx) to stream "
+                                 "through; export with --streaming")
+        raise CodesError(f"{too_long()}; export with --streaming to handle any length")
 
     # ---- decoding ------------------------------------------------------------------------
     def decode_file(self, path: Path, streaming: bool = False,
@@ -136,13 +141,8 @@ class MimiCodec(GraphFolder):
             # Code 0 pads the tail; being causal, the decoder's first samples do not see it.
             padded = np.pad(codes, ((0, 0), (0, 0), (0, g.int("frames") - frames)))
             return np.stack([g(self._from_codes(c))[0, 0, :frames * self.frame_size] for c in padded])
-        if "decoder_step" not in self.present:
-            if streaming:
-                raise ModelFileError(f"{self.dir} has no step graphs (decoder_step.onnx) to stream "
-                                     "through; export with --streaming")
-            raise CodesError(f"{frames} frames are more than the fixed decoder's "
-                             f"{self.graph('decoder').int('frames')}; export with --streaming to "
-                             "decode codes of any length")
+        self._need_steps("decoder", streaming, lambda: f"{frames} frames are more than the fixed "
+                         f"decoder's {self.graph('decoder').int('frames')}")
         return np.concatenate(list(self._stream_pieces(codes, progress)), axis=1)
 
     def decode_pieces(self, codes: np.ndarray, streaming: bool = False,
