@@ -17,6 +17,8 @@ from .errors import CodecportError, CodesError, ModelFileError
 
 DAC_VARIANTS = ["44khz", "24khz", "16khz", "44khz-16kbps", "tiny"]
 MIMI_VARIANTS = ["mimi", "tiny"]
+# export.variants.TARGETS, named here so that `--help` does not import onnx
+TARGET_CHOICES = ("cpu", "cuda", "dml", "coreml", "nnapi", "mobile")
 
 
 def _one_line_errors(fn):
@@ -56,6 +58,16 @@ def _export_options(fn):
                      help="With --in-graph-quantizer: codebooks in the graphs [default: all]."),
         click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=None,
                      help="Output folder [default: CODEC-VARIANT-LEN]."),
+        click.option("--target", type=click.Choice(list(TARGET_CHOICES)), default="cpu",
+                     help="Where the graphs will run: nnapi/mobile carry the convs as 2-D and spell "
+                          "the ops NNAPI lacks, mobile adds .ort files and a reduced-build operator "
+                          "config, coreml adds .mlpackage files (coremltools)."),
+        click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32",
+                     help="fp16 (fp32 inputs/outputs) or int8 (static QDQ); the deviation from "
+                          "fp32 is measured and written into each file and the manifest."),
+        click.option("--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     multiple=True, help="Audio file(s) to calibrate int8 on (repeatable) "
+                                         "[default: generated clips]."),
         click.option("-v", "--verbose", is_flag=True),
     ]):
         fn = option(fn)
@@ -82,13 +94,33 @@ def _random_weights(init_random, model, seed: int):
     return init_random(model, seed).eval(), f"random-init seed {seed} (NOT trained weights)", "none"
 
 
+def _shaping(target: str, precision: str, calibration: tuple[Path, ...]):
+    from .export.variants import Shaping
+
+    shaping = Shaping(target, precision, list(calibration) or None)
+    shaping.check()  # before the (long) export, not after
+    return shaping
+
+
 def _print_validation(report: dict) -> None:
+    fp32 = " (fp32, before the variant)" if "deviation" in report else ""
     for name, errs in report["validation"].items():
         what = ", ".join(f"{k}={v:.3g}" if "err" in k else "codes identical" for k, v in errs.items())
-        click.echo(f"  {report['files'][name]:<22} validated vs torch: {what}")
-    for name in ("rvq", "manifest"):
-        if name in report["files"]:
-            click.echo(f"  {report['files'][name]}")
+        click.echo(f"  {name + '.onnx':<22} validated vs torch{fp32}: {what}")
+    if "deviation" in report:
+        click.echo(f"  target {report['target']}, precision {report['precision']}; deviation from fp32 "
+                   f"on {report['clip_set']}:")
+        for name, d in report["deviation"].items():
+            parts = []
+            if "code_agreement_pct" in d:
+                parts.append(f"codes {d['code_agreement_pct']:.2f}% equal")
+            if "snr_db" in d:
+                parts.append(f"audio SNR {d['snr_db']:.1f} dB, max abs err {d['max_abs_err']:.2g}")
+            parts.append(f"{d['size_bytes'] / 1e6:.1f} MB (fp32 {d['fp32_size_bytes'] / 1e6:.1f} MB)")
+            click.echo(f"    {name + '.onnx':<22} {', '.join(parts)}")
+    for name, file in report["files"].items():
+        if not file.endswith(".onnx"):
+            click.echo(f"  {file}")
 
 
 @export_cli.command("dac")
@@ -106,11 +138,12 @@ def _print_validation(report: dict) -> None:
 @_export_options
 @_one_line_errors
 def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_graph_quantizer,
-                   codebooks, out_dir, verbose) -> None:
+                   codebooks, out_dir, target, precision, calibration, verbose) -> None:
     """Write encoder/decoder graphs (exact length and chunked), RVQ arrays and a manifest."""
     _logging(verbose)
     _check_codebooks_flag(in_graph_quantizer, codebooks)
     _export_imports()
+    shaping = _shaping(target, precision, calibration)
     from .export.dac import export_dac
     from .models.dac import DAC, PRESETS, init_random
     from .models.dac_weights import RELEASES, load_dac
@@ -130,7 +163,7 @@ def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_gr
     out_dir = out_dir or Path(f"dac-{variant}-{length}")
     in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
     report = export_dac(model, out_dir, length, chunk_len, variant=variant, weights=source,
-                        weights_sha256=sha, in_graph_codebooks=in_graph)
+                        weights_sha256=sha, in_graph_codebooks=in_graph, shaping=shaping)
     click.echo(f"exported dac {variant} ({source}) in {time.perf_counter() - t0:.1f} s to {out_dir}/")
     geo = report["geometry"]
     click.echo(f"  exact graphs  : {geo['samples']} samples <-> {geo['frames']} frames "
@@ -160,13 +193,15 @@ def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_gr
 @_export_options
 @_one_line_errors
 def export_mimi_cmd(variant, length, streaming, frames, window, weights, random_init, seed,
-                    in_graph_quantizer, codebooks, out_dir, verbose) -> None:
+                    in_graph_quantizer, codebooks, out_dir, target, precision, calibration,
+                    verbose) -> None:
     """Write fixed-length (--len) and/or streaming step graphs (--streaming), RVQ arrays and a manifest."""
     _logging(verbose)
     if length is None and not streaming:
         raise click.UsageError("pass --len N (fixed-length graphs), --streaming (step graphs), or both")
     _check_codebooks_flag(in_graph_quantizer, codebooks)
     _export_imports()
+    shaping = _shaping(target, precision, calibration)
     from .export.mimi import export_mimi
     from .models.mimi import PRESETS, MimiModel, init_random
     from .models.mimi_weights import load_mimi
@@ -183,7 +218,7 @@ def export_mimi_cmd(variant, length, streaming, frames, window, weights, random_
     in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
     report = export_mimi(model, out_dir, length, frames if streaming else None, variant=variant,
                          weights=source, weights_sha256=sha, in_graph_codebooks=in_graph,
-                         window=window)
+                         window=window, shaping=shaping)
     click.echo(f"exported mimi {variant} ({source}) in {time.perf_counter() - t0:.1f} s to {out_dir}/")
     geo, fs = report["geometry"], model.cfg.frame_size
     if geo["samples"] is not None:

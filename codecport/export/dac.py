@@ -22,8 +22,9 @@ from torch import nn
 from ..errors import ExportError
 from ..models.dac import DAC
 from ..runtime.rvq import DacRvq
-from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx, write_export
+from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx
 from .validate import AUDIO_ATOL, check_close, check_codes, run
+from .variants import CodecHooks, Shaping, finish_export
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +175,15 @@ def validate(spec: GraphSpec, model, dac: DAC, rvq: DacRvq, seed: int = 1) -> di
 
 def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None, *,
                variant: str, weights: str, weights_sha256: str,
-               in_graph_codebooks: int | None = None) -> dict:
+               in_graph_codebooks: int | None = None, shaping: Shaping | None = None) -> dict:
     """Export, check and validate every graph, then write them all; returns the report.
 
-    Nothing is written unless every graph passes; each file is written atomically.
+    `shaping` asks for a target/precision variant (see variants.py), measured against the
+    validated fp32 graphs. Nothing is written unless every graph passes; each file is written
+    atomically.
     """
+    shaping = shaping or Shaping()
+    shaping.check()
     cfg = dac.cfg
     if samples < cfg.hop_length:
         raise ExportError(f"--len {samples} is shorter than one frame ({cfg.hop_length} samples)")
@@ -192,8 +197,9 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
     meta["export_id"] = export_id(meta, vars(geo), in_graph_codebooks)
     rvq = rvq_of(dac)
     models, report = {}, {"files": {}, "validation": {}, "geometry": vars(geo)}
+    specs = graph_specs(dac.eval(), geo, meta, in_graph_codebooks)
     try:
-        for spec in graph_specs(dac.eval(), geo, meta, in_graph_codebooks):
+        for spec in specs:
             t0 = time.perf_counter()
             model = to_onnx(spec)
             static_check(model, spec)
@@ -201,10 +207,27 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
             models[spec.name] = model
             log.info("%s: exported, checked and validated in %.1f s", spec.name,
                      time.perf_counter() - t0)
+        manifest = {**meta, "quantizer": "numpy" if in_graph_codebooks is None else "graph",
+                    "n_codebooks": in_graph_codebooks or cfg.n_codebooks, **report}
+        report.update(finish_export(out_dir, models, rvq.arrays() if in_graph_codebooks is None
+                                    else None, manifest, shaping, _hooks(cfg, geo, specs)))
     finally:
         dac.set_padding(True)  # the graph wrappers switch it; hand the model back as it came
-    manifest = {**meta, "quantizer": "numpy" if in_graph_codebooks is None else "graph",
-                "n_codebooks": in_graph_codebooks or cfg.n_codebooks, **report}
-    report["files"] = write_export(out_dir, models, rvq.arrays() if in_graph_codebooks is None
-                                   else None, manifest)
     return report
+
+
+def _hooks(cfg, geo: Geometry, specs: list[GraphSpec]) -> CodecHooks:
+    """How the variant step runs each graph: the exact pair on a clip cut to the graph's
+    length, the chunked pair on the whole clip (a few windows)."""
+    from ..runtime.dac import DacCodec
+
+    def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
+        return codec.encode_exact(clip[:, :geo.samples]) if name == "encoder" else codec.encode_chunked(clip)
+
+    def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
+        return codec.decode(codes, padding=name == "decoder")
+
+    return CodecHooks(open=DacCodec, encode=encode, decode=decode,
+                      pairs={"encoder": "decoder", "encoder_chunked": "decoder_chunked"},
+                      sample_rate=cfg.sample_rate, clip_samples=max(geo.samples, 2 * geo.window),
+                      specs={s.name: s for s in specs})

@@ -146,9 +146,10 @@ def export_id(*facts) -> str:
 
 
 def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[str, np.ndarray] | None,
-                 manifest: dict) -> dict[str, str]:
+                 manifest: dict, extra_files: dict[str, str] | None = None) -> dict[str, str]:
     """Write the graphs, the RVQ arrays (when the quantizer is outside the graphs) and
-    manifest.json, each atomically; returns name -> file written."""
+    manifest.json last, each atomically; returns name -> file written. `extra_files` (already
+    in `out_dir`) are listed in the manifest too."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, model in models.items():
@@ -156,8 +157,9 @@ def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[st
         files[name] = f"{name}.onnx"
     if rvq is not None:
         with atomic_path(out_dir / "rvq.npz") as tmp, open(tmp, "wb") as f:
-            np.savez(f, **rvq, export_id=np.array(manifest["export_id"]))
+            np.savez(f, **rvq, export_id=np.array(manifest.get("export_id", "")))
         files["rvq"] = "rvq.npz"
+    files.update(extra_files or {})
     files["manifest"] = "manifest.json"
     with atomic_path(out_dir / "manifest.json") as tmp:
         tmp.write_text(json.dumps({**manifest, "files": files}, indent=2))

@@ -34,8 +34,9 @@ from ..errors import ExportError
 from ..models.layers import StreamState
 from ..models.mimi import MimiModel
 from ..runtime.rvq import MimiRvq
-from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx, write_export
+from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx
 from .validate import AUDIO_ATOL, check_close, check_codes, run
+from .variants import CodecHooks, Shaping, finish_export
 
 log = logging.getLogger(__name__)
 
@@ -212,15 +213,20 @@ def validate(spec: GraphSpec, onnx_model, model: MimiModel, rvq: MimiRvq, seed: 
 
 def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, step_frames: int | None = None,
                 *, variant: str, weights: str, weights_sha256: str,
-                in_graph_codebooks: int | None = None, window: str = "whole-clip") -> dict:
+                in_graph_codebooks: int | None = None, window: str = "whole-clip",
+                shaping: Shaping | None = None) -> dict:
     """Export, check and validate the requested graphs, then write them all; returns the report.
 
     `samples` gives the fixed-length pair, `step_frames` the streaming pair (at least one).
     `window` is the step graphs' attention: "whole-clip" (streaming equals the whole clip, as
     moshi's `encode`) or "moshi-stream" (moshi's streaming mode, ring cache and all).
-    Nothing is written unless every graph passes; each file is written atomically.
+    `shaping` asks for a target/precision variant (see variants.py), measured against the
+    validated fp32 graphs. Nothing is written unless every graph passes; each file is written
+    atomically.
     """
     cfg = model.cfg
+    shaping = shaping or Shaping()
+    shaping.check()
     if samples is None and step_frames is None:
         raise ExportError("nothing to export: pass --len (fixed-length graphs) and/or --streaming")
     if samples is not None and samples < 1:
@@ -246,18 +252,40 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
     rvq = rvq_of(model)
     models, report = {}, {"validation": {}, "geometry": {**vars(geo), "step_samples": geo.step_samples}}
     model.set_moshi_ring(window == "moshi-stream")
+    specs = graph_specs(model.eval(), geo, meta, k, window)
     try:
-        for spec in graph_specs(model.eval(), geo, meta, k, window):
+        for spec in specs:
             t0 = time.perf_counter()
             onnx_model = to_onnx(spec)
             static_check(onnx_model, spec)
             report["validation"][spec.name] = validate(spec, onnx_model, model, rvq)
             models[spec.name] = onnx_model
             log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
+        manifest = {**meta, "quantizer": "numpy" if k is None else "graph",
+                    "n_codebooks": k or cfg.n_codebooks, **report}
+        report.update(finish_export(out_dir, models, rvq.arrays() if k is None else None, manifest,
+                                    shaping, _hooks(cfg, geo, specs)))
     finally:
         model.set_moshi_ring(False)  # hand the model back as it came
-    manifest = {**meta, "quantizer": "numpy" if k is None else "graph",
-                "n_codebooks": k or cfg.n_codebooks, **report}
-    report["files"] = write_export(out_dir, models, rvq.arrays() if k is None else None, manifest)
     return report
+
+
+def _hooks(cfg, geo: Geometry, specs: list[GraphSpec]) -> CodecHooks:
+    """How the variant step runs each graph: the fixed pair on a clip cut to its length, the
+    step pair streaming the whole clip (a dozen steps), with the runtime's default codebooks."""
+    from ..runtime.mimi import MimiCodec
+
+    def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
+        k = codec.default_codebooks(None)
+        if name == "encoder":
+            return codec.encode(clip[:, :geo.samples], cfg.sample_rate, k)
+        return codec.encode(clip, cfg.sample_rate, k, streaming=True)
+
+    def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
+        return codec.decode(codes, streaming=name == "decoder_step")
+
+    clip = max(geo.samples or 0, 12 * (geo.step_samples or 0))
+    return CodecHooks(open=MimiCodec, encode=encode, decode=decode,
+                      pairs={"encoder": "decoder", "encoder_step": "decoder_step"},
+                      sample_rate=cfg.sample_rate, clip_samples=clip, specs={s.name: s for s in specs})
 
