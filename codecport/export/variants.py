@@ -174,13 +174,11 @@ def calibration_clips(paths: list[Path] | None, hooks: CodecHooks, seed: int = 1
     clip length, or generated clips when none is given."""
     if not paths:
         return generated_clips(4, hooks.clip_samples, hooks.sample_rate, seed)
-    from ..runtime.audio import load_audio
+    from ..runtime.audio import read_audio, resample
 
     clips = []
     for p in paths:
-        audio, sr = load_audio(Path(p))
-        from ..runtime.audio import resample
-
+        audio, sr = read_audio(Path(p))
         x = resample(audio, sr, hooks.sample_rate).mean(axis=0, keepdims=True)
         for i in range(0, max(1, x.shape[1] - hooks.clip_samples + 1), hooks.clip_samples):
             piece = x[:, i:i + hooks.clip_samples]
@@ -380,10 +378,11 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
         if shaping.precision == "fp32":
             _check_lossless(dev)
         for name, m in variants.items():
-            d = {**dev.get(name, {}), "size_bytes": (var_dir / f"{name}.onnx").stat().st_size,
-                 "fp32_size_bytes": (ref_dir / f"{name}.onnx").stat().st_size}
+            d = {**dev.get(name, {}), "size_bytes": 0, "fp32_size_bytes": models[name].ByteSize()}
+            while d["size_bytes"] != m.ByteSize():  # the record is part of the size it records
+                d["size_bytes"] = m.ByteSize()
+                _set_metadata(m, {"deviation": json.dumps(d, sort_keys=True)})
             dev[name] = d
-            _set_metadata(m, {"deviation": json.dumps(d, sort_keys=True)})
         report = {"target": shaping.target, "precision": shaping.precision, "deviation": dev,
                   "clip_set": "2 generated clips (tones with moving pitch, envelope, noise), "
                               f"{hooks.clip_samples} samples each, seed 7"}

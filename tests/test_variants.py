@@ -1,0 +1,249 @@
+"""Every --target and --precision on the tiny DAC and Mimi: checker verdicts, measured deviation
+within each precision's bounds, files that the runtime (and ORT, for .ort) loads and runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from codecport.cli import TARGET_CHOICES
+from codecport.errors import ExportError
+from codecport.export import dac as export_dac_mod
+from codecport.export import mimi as export_mimi_mod
+from codecport.export import variants
+from codecport.export.check import check_graph
+from codecport.export.rewrite import conv_to_2d, nnapi_ops
+from codecport.export.variants import TARGETS, Shaping, finish_export
+from codecport.runtime.dac import DacCodec
+from codecport.runtime.mimi import MimiCodec
+
+from conftest import MIMI_TINY_FRAMES, MIMI_TINY_STEP, TINY_CHUNK, TINY_LEN, noise
+
+COMBOS = [(t, p) for t, spec in TARGETS.items() for p in spec.precisions]
+# Lower bounds per precision on the tiny random models (decoder SNR dB, encoder code agreement %).
+# fp32 rewrites (2-D layout, NNAPI spellings) must be rounding-level; fp16 keeps ~11 bits of
+# mantissa; int8 is coarse on random weights, the bounds only catch a broken quantization.
+BOUNDS = {"fp32": (90.0, 99.9), "fp16": (40.0, 95.0), "int8": (15.0, 60.0)}
+
+
+def _stage(monkeypatch, module, export, *args, **kwargs):
+    """Run the real exporter, keeping what it hands the variant step (the validated fp32 graphs)."""
+    seen = {}
+
+    def capture(out_dir, models, rvq, manifest, shaping, hooks):
+        seen.update(models=models, rvq=rvq, manifest=manifest, hooks=hooks)
+        return variants.finish_export(out_dir, models, rvq, manifest, shaping, hooks)
+
+    with monkeypatch.context() as m:
+        m.setattr(module, "finish_export", capture)
+        export(*args, **kwargs)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def dac_stage(tmp_path_factory, tiny_dac):
+    with pytest.MonkeyPatch.context() as mp:
+        return _stage(mp, export_dac_mod, export_dac_mod.export_dac, tiny_dac,
+                      tmp_path_factory.mktemp("dac_fp32"), TINY_LEN, TINY_CHUNK, variant="tiny",
+                      weights="random-init seed 0", weights_sha256="none")
+
+
+@pytest.fixture(scope="module")
+def mimi_stage(tmp_path_factory, tiny_mimi):
+    with pytest.MonkeyPatch.context() as mp:
+        return _stage(mp, export_mimi_mod, export_mimi_mod.export_mimi, tiny_mimi,
+                      tmp_path_factory.mktemp("mimi_fp32"), MIMI_TINY_FRAMES * tiny_mimi.cfg.frame_size,
+                      MIMI_TINY_STEP, variant="tiny", weights="random-init seed 0", weights_sha256="none")
+
+
+def test_cli_targets_match_the_exporter():
+    assert set(TARGET_CHOICES) == set(TARGETS)
+
+
+@pytest.mark.parametrize("codec", ["dac", "mimi"])
+@pytest.mark.parametrize("target,precision", COMBOS)
+def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_stage, tmp_path):
+    stage = dac_stage if codec == "dac" else mimi_stage
+    out = tmp_path / "out"
+    report = finish_export(out, stage["models"], stage["rvq"], stage["manifest"],
+                           Shaping(target, precision), stage["hooks"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    graphs = list(stage["models"])
+    t = TARGETS[target]
+
+    # Checker verdicts: every graph is one partition on what the target promises.
+    for name in graphs:
+        verdicts = check_graph(out / f"{name}.onnx")["eps"]
+        if precision != "int8":
+            assert verdicts["coreml-mlprogram"]["full"], (name, verdicts["coreml-mlprogram"])
+            assert verdicts["directml"]["full"], (name, verdicts["directml"])
+        if t.layout_2d and precision == "fp32":
+            assert verdicts["nnapi"]["full"], (name, verdicts["nnapi"])
+
+    if report.get("deviation") is None:  # the validated fp32 graphs, written as they are
+        assert (target, precision) in [("cpu", "fp32"), ("cuda", "fp32"), ("dml", "fp32")]
+        assert "precision" not in manifest
+    else:
+        snr_min, agree_min = BOUNDS[precision]
+        assert manifest["precision"] == precision and manifest["target"] == target
+        assert manifest["export_id"] != stage["manifest"]["export_id"]
+        for name in graphs:
+            d = report["deviation"][name]
+            meta = {p.key: p.value for p in onnx.load(str(out / f"{name}.onnx")).metadata_props}
+            assert json.loads(meta["deviation"]) == json.loads(json.dumps(d))
+            assert meta["precision"] == precision and meta["export_id"] == manifest["export_id"]
+            assert d["size_bytes"] == (out / f"{name}.onnx").stat().st_size
+            if "code_agreement_pct" in d:
+                assert d["code_agreement_pct"] >= agree_min, (name, d)
+            else:
+                assert d["snr_db"] >= snr_min, (name, d)
+        if precision == "fp16":  # the weights really are half precision
+            dec = onnx.load(str(out / "decoder.onnx"))
+            assert sum(i.data_type == TensorProto.FLOAT16 for i in dec.graph.initializer) > 0
+            assert all(i.type.tensor_type.elem_type == TensorProto.FLOAT for i in dec.graph.input
+                       if i.name in ("latent", "audio"))
+        if precision == "int8":
+            assert any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out / "decoder.onnx")).graph.node)
+
+    # The folder runs through the runtime as written.
+    codec_cls = DacCodec if codec == "dac" else MimiCodec
+    folder = codec_cls(out)
+    if codec == "dac":
+        codes = folder.encode_chunked(noise(2 * TINY_CHUNK))
+        assert np.isfinite(folder.decode(codes, padding=False)).all()
+    else:
+        codes = folder.encode(noise(MIMI_TINY_FRAMES * 48), 24000, streaming=True)
+        assert np.isfinite(folder.decode(codes, streaming=True)).all()
+
+    if t.ort_format:
+        assert (out / "required_operators_and_types.config").read_text().strip()
+        only_ort = tmp_path / "only_ort"
+        shutil.copytree(out, only_ort)
+        for f in only_ort.glob("*.onnx"):
+            f.unlink()
+        for name in graphs:  # ORT itself loads each file and runs it on the CPU
+            sess = ort.InferenceSession(str(only_ort / f"{name}.ort"), providers=["CPUExecutionProvider"])
+            feeds = {i.name: np.zeros(i.shape, np.int64 if "int64" in i.type else np.float32)
+                     for i in sess.get_inputs()}
+            assert all(np.isfinite(o).all() for o in sess.run(None, feeds) if o.dtype.kind == "f")
+    if t.mlpackage:
+        for name in graphs:
+            spec = report["mlpackage"][name]
+            assert (out / f"{name}.mlpackage").is_dir()
+            want = {i.name: list(i.shape) for i in stage["hooks"].specs[name].inputs}
+            assert {k: v["shape"] for k, v in spec["inputs"].items()} == want
+
+
+def test_nothing_is_written_when_a_variant_fails(dac_stage, tmp_path, monkeypatch):
+    def broken(model, feeds):
+        raise ExportError("quantizer broke")
+
+    monkeypatch.setattr(variants, "to_int8", broken)
+    with pytest.raises(ExportError, match="quantizer broke"):
+        finish_export(tmp_path / "out", dac_stage["models"], dac_stage["rvq"], dac_stage["manifest"],
+                      Shaping("mobile", "int8"), dac_stage["hooks"])
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("shaping,msg", [
+    (Shaping("dml", "int8"), "dml takes"), (Shaping("coreml", "int8"), "coreml takes"),
+    (Shaping("phone", "fp32"), "--target must be"), (Shaping("cpu", "fp8"), "--precision must be"),
+    (Shaping("cpu", "fp16", calibration=["x.wav"]), "--calibration only applies"),
+])
+def test_refused_combinations(shaping, msg):
+    with pytest.raises(ExportError, match=msg):
+        shaping.check()
+
+
+def test_int8_calibrates_on_the_users_audio(dac_stage, tmp_path):
+    import soundfile as sf
+
+    wav = tmp_path / "calib.wav"
+    sf.write(wav, noise(3 * TINY_CHUNK, seed=3).T, 16000)
+    hooks = dac_stage["hooks"]
+    clips = variants.calibration_clips([wav], hooks)
+    assert len(clips) >= 1 and all(c.shape == (1, hooks.clip_samples) for c in clips)
+    generated = variants.calibration_clips(None, hooks)
+    assert not np.allclose(clips[0], generated[0][:, :clips[0].shape[1]])
+    out = tmp_path / "out"
+    finish_export(out, dac_stage["models"], dac_stage["rvq"], dac_stage["manifest"],
+                  Shaping("cpu", "int8", [wav]), hooks)
+    # Calibrated on other audio, the quantization scales differ from the default's.
+    default = tmp_path / "default"
+    finish_export(default, dac_stage["models"], dac_stage["rvq"], dac_stage["manifest"],
+                  Shaping("cpu", "int8"), hooks)
+    scales = lambda d: sorted(float(numpy_helper.to_array(i).ravel()[0]) for i in
+                              onnx.load(str(d / "decoder.onnx")).graph.initializer if i.name.endswith("_scale"))
+    assert scales(out) != scales(default)
+
+
+# ---- the rewrites, op by op ----------------------------------------------------------------
+def _run(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _one_op(op: str, shape: list[int], inits: list = (), extra_inputs: list[str] = (), **attrs):
+    node = helper.make_node(op, ["x", *extra_inputs], ["y"], **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_erf_spelling_is_within_fp32_rounding():
+    x = np.concatenate([np.linspace(-6, 6, 20001), [0.0, 1e-35, -1e-35, 40.0, -40.0]]).astype(np.float32)
+    model = nnapi_ops(_one_op("Erf", [x.size]))
+    assert {n.op_type for n in model.graph.node}.isdisjoint({"Erf", "Abs", "Sign"})
+    got = _run(model, {"x": x})[0]
+    want = np.array([math.erf(v) for v in x.astype(np.float64)])
+    assert np.max(np.abs(got - want)) < 5e-7
+
+
+def test_cos_spelling_holds_for_large_angles():
+    x = np.concatenate([np.linspace(-10, 10, 1001), np.linspace(1e3, 3e4, 1001)]).astype(np.float32)
+    model = nnapi_ops(_one_op("Cos", [x.size]))
+    assert "Cos" not in {n.op_type for n in model.graph.node}
+    assert np.max(np.abs(_run(model, {"x": x})[0] - np.cos(x.astype(np.float64)))) < 1e-5
+
+
+def test_layer_norm_and_tile_spellings_are_exact():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 5, 16)).astype(np.float32)
+    scale, bias = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "s"), \
+        numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    ln = _one_op("LayerNormalization", [1, 5, 16], [scale, bias], ["s", "b"], epsilon=1e-5)
+    ln = onnx.shape_inference.infer_shapes(ln)
+    spelled = nnapi_ops(ln)
+    assert "LayerNormalization" not in {n.op_type for n in spelled.graph.node}
+    np.testing.assert_allclose(_run(spelled, {"x": x})[0], _run(ln, {"x": x})[0], atol=2e-6)
+    reps = numpy_helper.from_array(np.array([1, 1, 3], np.int64), "r")
+    tile = _one_op("Tile", [1, 5, 1], [reps], ["r"])
+    spelled = nnapi_ops(tile)
+    assert "Tile" not in {n.op_type for n in spelled.graph.node}
+    np.testing.assert_array_equal(_run(spelled, {"x": x[..., :1]})[0], _run(tile, {"x": x[..., :1]})[0])
+
+
+def test_conv_to_2d_is_the_same_conv():
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((6, 2, 5)).astype(np.float32), "w")
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], strides=[2], dilations=[3], group=2,
+                            kernel_shape=[5])
+    graph = helper.make_graph([conv], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 40])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 14])],
+                              initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    two_d = conv_to_2d(model)
+    conv2 = next(n for n in two_d.graph.node if n.op_type == "Conv")
+    weight = next(i for i in two_d.graph.initializer if i.name == conv2.input[1])
+    assert list(weight.dims) == [6, 2, 5, 1]
+    assert {n.op_type for n in two_d.graph.node} == {"Reshape", "Conv"}
+    x = rng.standard_normal((1, 4, 40)).astype(np.float32)
+    np.testing.assert_allclose(_run(two_d, {"x": x})[0], _run(model, {"x": x})[0], atol=1e-6)
