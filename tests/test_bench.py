@@ -17,26 +17,31 @@ def test_bench_report_structure(tmp_path, codec):
     out = tmp_path / "report.json"
     proc = subprocess.run([str(BIN / "codec-bench"), codec, "--variant", "tiny", "--seconds", "0.5",
                            "--runs", "1", "--steps", "3", "--contender", "torch",
-                           "--contender", "rustymimi", "--json", str(out)],
+                           "--contender", "rustymimi", "--precision", "fp32", "--precision", "int8",
+                           "--json", str(out)],
                           capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["gemm_peak"]["gflops"] > 0 and "onnxruntime" in report["gemm_peak"]["library"]
     assert report["flops"]["encode"] > 0 and report["flops"]["decode"] > 0
     ran = report["contenders"]
-    assert set(ran) == {"onnx-cpu", "torch-eager", "rustymimi"}
+    assert set(ran) == {"onnx-cpu", "onnx-cpu-int8", "torch-eager", "rustymimi"}
     assert "not installed" in ran["rustymimi"]["skipped"]
-    for name in ("onnx-cpu", "torch-eager"):
+    dev = ran["onnx-cpu-int8"]["deviation"]
+    assert 0 <= dev["encoder"]["code_agreement_pct"] <= 100 and "snr_db" in dev["decoder"]
+    assert dev["decoder"]["size_bytes"] > 0
+    for name in ("onnx-cpu", "onnx-cpu-int8", "torch-eager"):
         for d in ("encode", "decode"):
             s = ran[name][d]
             assert 0 < s["rtf_min"] <= s["rtf_median"] <= s["rtf_max"]
         assert ran[name]["peak_rss_mb"] > 0
-    assert set(report["speedups"]) == {"onnx-cpu vs torch-eager"}
+    assert set(report["speedups"]) == {"onnx-cpu vs torch-eager", "onnx-cpu-int8 vs onnx-cpu"}
     assert ("streaming" in ran["onnx-cpu"]) == (codec == "mimi")
     if codec == "mimi":
         p = ran["onnx-cpu"]["streaming"]["encode_step"]
         assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"]
     assert "onnx-cpu vs torch-eager" in proc.stdout and "skipped" in proc.stdout
+    assert "onnx-cpu-int8 decoder deviation from fp32" in proc.stdout
 
 
 def test_bench_plot_needs_matplotlib_or_writes_png(tmp_path):

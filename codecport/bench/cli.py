@@ -73,7 +73,7 @@ def _speedups(results: dict, ours: str) -> dict:
     """How many times faster `ours` is than every other contender that ran, per direction."""
     out = {}
     for name, r in results.items():
-        if name == ours or "skipped" in r:
+        if name == ours or "skipped" in r or "deviation" in r:  # variants: against our fp32 below
             continue
         out[f"{ours} vs {name}"] = {d: r[d]["seconds_median"] / results[ours][d]["seconds_median"]
                                     for d in ("encode", "decode")}
@@ -97,6 +97,15 @@ def _table(report: dict) -> list[str]:
             lines.append(f"{name:<16}{d:<8}{s['rtf_median']:>11.3f}{s['rtf_min']:>8.3f}"
                          f"{s['rtf_max']:>8.3f}{rate:>9.0f}{rate / peak:>9.0%}"
                          f"{r['peak_rss_mb']:>8.0f}MB")
+    for name, r in report["contenders"].items():
+        for graph, d in r.get("deviation", {}).items():
+            what = []
+            if "code_agreement_pct" in d:
+                what.append(f"codes {d['code_agreement_pct']:.1f}% equal (first codebook "
+                            f"{d['first_codebook_agreement_pct']:.1f}%)")
+            what.append(f"audio SNR {d['snr_db']:.1f} dB")
+            lines.append(f"{name} {graph} deviation from fp32: {', '.join(what)}, "
+                         f"{d['size_bytes'] / 1e6:.0f} MB (fp32 {d['fp32_size_bytes'] / 1e6:.0f} MB)")
     for pair, sp in report["speedups"].items():
         lines.append(f"{pair}: encode {sp['encode']:.2f}x, decode {sp['decode']:.2f}x faster")
     for m in report.get("memory", []):
@@ -140,6 +149,10 @@ def _plot(report: dict, path: Path) -> None:
 @click.option("--runs", type=click.IntRange(min=1), default=3, help="Timed runs after one warm-up.")
 @click.option("--provider", "providers", multiple=True, default=["cpu"],
               type=click.Choice(["cpu", "cuda", "dml", "coreml"]), help="Our graphs on these (repeatable).")
+@click.option("--precision", "precisions", multiple=True, default=["fp32"],
+              type=click.Choice(["fp32", "fp16", "int8"]),
+              help="Our graphs in these precisions (repeatable); fp16/int8 are built from the fp32 "
+                   "export and their measured deviation is reported next to their speed.")
 @click.option("--steps", type=click.IntRange(min=1), default=50, help="Mimi streaming steps timed.")
 @click.option("--contender", "contenders", multiple=True, default=["torch", "transformers", "official", "rustymimi"],
               help="Others to compare with (repeatable): torch, transformers, official, rustymimi.")
@@ -150,8 +163,8 @@ def _plot(report: dict, path: Path) -> None:
               help="Keep the exported model here and reuse it on the next run [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Bar chart PNG (matplotlib).")
-def main(codec, variant, seconds, runs, providers, steps, contenders, minutes, work, json_out,
-         plot) -> None:
+def main(codec, variant, seconds, runs, providers, precisions, steps, contenders, minutes, work,
+         json_out, plot) -> None:
     """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
     import tempfile
 
@@ -171,7 +184,8 @@ def main(codec, variant, seconds, runs, providers, steps, contenders, minutes, w
         tmp = tempfile.TemporaryDirectory(prefix="codec-bench-")
         work = Path(tmp.name)
     try:
-        report = _bench(codec, variant, seconds, runs, providers, steps, contenders, minutes, work)
+        report = _bench(codec, variant, seconds, runs, providers, precisions, steps, contenders,
+                        minutes, work)
     except CodecportError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -189,7 +203,21 @@ def main(codec, variant, seconds, runs, providers, steps, contenders, minutes, w
         click.echo(f"wrote {plot}")
 
 
-def _bench(codec, variant, seconds, runs, providers, steps, contenders, minutes, work: Path) -> dict:
+def _variant(work: Path, precision: str) -> Path:
+    """The fp32 export's `precision` variant, built once and kept beside it."""
+    from ..export.variants import Shaping, variant_of_folder
+
+    folder = work / f"model-{precision}"
+    fp32_id = json.loads((work / "model" / "manifest.json").read_text())["export_id"]
+    manifest = folder / "manifest.json"
+    if not manifest.is_file() or json.loads(manifest.read_text()).get("fp32_export_id") != fp32_id:
+        click.echo(f"building the {precision} variant (calibration and deviation measured) ...")
+        variant_of_folder(work / "model", folder, Shaping("cpu", precision))
+    return folder
+
+
+def _bench(codec, variant, seconds, runs, providers, precisions, steps, contenders, minutes,
+           work: Path) -> dict:
     import onnxruntime
     import torch
 
@@ -210,9 +238,17 @@ def _bench(codec, variant, seconds, runs, providers, steps, contenders, minutes,
               "gemm_peak": gemm_peak(), "flops": flops, "contenders": {}}
     base = {"codec": codec, "dir": str(work), "seconds": audio_s, "runs": runs, "steps": steps}
     t0 = time.perf_counter()
-    for p in providers:
-        click.echo(f"running onnx-{p} ...")
-        report["contenders"][f"onnx-{p}"] = _worker({**base, "contender": "onnx", "provider": p})
+    for precision in precisions:
+        folder = "model" if precision == "fp32" else _variant(work, precision).name
+        suffix = "" if precision == "fp32" else f"-{precision}"
+        for p in providers:
+            name = f"onnx-{p}{suffix}"
+            click.echo(f"running {name} ...")
+            report["contenders"][name] = _worker({**base, "contender": "onnx", "provider": p,
+                                                  "model": folder})
+            if precision != "fp32":
+                dev = json.loads((work / folder / "manifest.json").read_text())["deviation"]
+                report["contenders"][name]["deviation"] = {g: dev[g] for g in ("encoder", "decoder")}
     for name in contenders:
         module, reason = _OPTIONAL.get(name, ("torch", ""))
         if name != "torch" and (module is None or importlib.util.find_spec(module) is None):
@@ -225,7 +261,14 @@ def _bench(codec, variant, seconds, runs, providers, steps, contenders, minutes,
         click.echo(f"running codec-run decode of {m:g} min ...")
         report.setdefault("memory", []).append(_worker({**base, "contender": "memory", "minutes": m}))
     report["bench_seconds"] = time.perf_counter() - t0
-    report["speedups"] = _speedups(report["contenders"], f"onnx-{providers[0]}")
+    ours = f"onnx-{providers[0]}" + ("" if precisions[0] == "fp32" else f"-{precisions[0]}")
+    report["speedups"] = _speedups(report["contenders"], ours)
+    for precision in precisions[1:] if precisions[0] == "fp32" else []:
+        # Each lower precision against our own fp32, as the targets are stated.
+        low = f"onnx-{providers[0]}-{precision}"
+        report["speedups"][f"{low} vs {ours}"] = {
+            d: report["contenders"][ours][d]["seconds_median"] / report["contenders"][low][d]["seconds_median"]
+            for d in ("encode", "decode")}
     return report
 
 

@@ -28,7 +28,7 @@ def run_onnx(job: dict) -> dict:
     from ..runtime.dac import DacCodec
     from ..runtime.mimi import MimiCodec, MimiStream
 
-    folder, runs = Path(job["dir"]) / "model", job["runs"]
+    folder, runs = Path(job["dir"]) / job.get("model", "model"), job["runs"]
     if job["codec"] == "dac":
         codec = DacCodec(folder, job["provider"])
         x = _audio(codec.graph("encoder").int("samples"))

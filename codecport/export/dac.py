@@ -210,24 +210,26 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
         manifest = {**meta, "quantizer": "numpy" if in_graph_codebooks is None else "graph",
                     "n_codebooks": in_graph_codebooks or cfg.n_codebooks, **report}
         report.update(finish_export(out_dir, models, rvq.arrays() if in_graph_codebooks is None
-                                    else None, manifest, shaping, _hooks(cfg, geo, specs)))
+                                    else None, manifest, shaping, hooks(manifest, specs)))
     finally:
         dac.set_padding(True)  # the graph wrappers switch it; hand the model back as it came
     return report
 
 
-def _hooks(cfg, geo: Geometry, specs: list[GraphSpec]) -> CodecHooks:
-    """How the variant step runs each graph: the exact pair on a clip cut to the graph's
-    length, the chunked pair on the whole clip (a few windows)."""
+def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
+    """How the variant step runs each graph of the export `manifest` describes: the exact pair
+    on a clip cut to its length, the chunked pair on the whole clip (a few windows)."""
     from ..runtime.dac import DacCodec
 
+    geo = manifest["geometry"]
+
     def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
-        return codec.encode_exact(clip[:, :geo.samples]) if name == "encoder" else codec.encode_chunked(clip)
+        return codec.encode_exact(clip[:, :geo["samples"]]) if name == "encoder" else codec.encode_chunked(clip)
 
     def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
         return codec.decode(codes, padding=name == "decoder")
 
     return CodecHooks(open=DacCodec, encode=encode, decode=decode,
                       pairs={"encoder": "decoder", "encoder_chunked": "decoder_chunked"},
-                      sample_rate=cfg.sample_rate, clip_samples=max(geo.samples, 2 * geo.window),
-                      specs={s.name: s for s in specs})
+                      sample_rate=int(manifest["sample_rate"]),
+                      clip_samples=max(geo["samples"], 2 * geo["window"]), specs={s.name: s for s in specs})

@@ -264,28 +264,30 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
         manifest = {**meta, "quantizer": "numpy" if k is None else "graph",
                     "n_codebooks": k or cfg.n_codebooks, **report}
         report.update(finish_export(out_dir, models, rvq.arrays() if k is None else None, manifest,
-                                    shaping, _hooks(cfg, geo, specs)))
+                                    shaping, hooks(manifest, specs)))
     finally:
         model.set_moshi_ring(False)  # hand the model back as it came
     return report
 
 
-def _hooks(cfg, geo: Geometry, specs: list[GraphSpec]) -> CodecHooks:
-    """How the variant step runs each graph: the fixed pair on a clip cut to its length, the
-    step pair streaming the whole clip (a dozen steps), with the runtime's default codebooks."""
+def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
+    """How the variant step runs each graph of the export `manifest` describes: the fixed pair
+    on a clip cut to its length, the step pair streaming the whole clip (a dozen steps), with the
+    runtime's default codebooks."""
     from ..runtime.mimi import MimiCodec
+
+    geo, sr = manifest["geometry"], int(manifest["sample_rate"])
 
     def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
         k = codec.default_codebooks(None)
         if name == "encoder":
-            return codec.encode(clip[:, :geo.samples], cfg.sample_rate, k)
-        return codec.encode(clip, cfg.sample_rate, k, streaming=True)
+            return codec.encode(clip[:, :geo["samples"]], sr, k)
+        return codec.encode(clip, sr, k, streaming=True)
 
     def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
         return codec.decode(codes, streaming=name == "decoder_step")
 
-    clip = max(geo.samples or 0, 12 * (geo.step_samples or 0))
+    clip = max(geo["samples"] or 0, 12 * (geo["step_samples"] or 0))
     return CodecHooks(open=MimiCodec, encode=encode, decode=decode,
                       pairs={"encoder": "decoder", "encoder_step": "decoder_step"},
-                      sample_rate=cfg.sample_rate, clip_samples=clip, specs={s.name: s for s in specs})
-
+                      sample_rate=sr, clip_samples=clip, specs={s.name: s for s in specs})

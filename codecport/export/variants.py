@@ -417,6 +417,30 @@ def _install(src: Path, dst: Path) -> None:
         shutil.copy(src, tmp_file)
 
 
+def variant_of_folder(fp32_dir: Path, out_dir: Path, shaping: Shaping) -> dict:
+    """`finish_export` from a written fp32 export folder instead of a fresh trace (no weights
+    needed); the .mlpackage conversion needs the torch modules, so not `--target coreml`."""
+    from ..runtime.rvq import DacRvq, MimiRvq
+
+    if TARGETS[shaping.target].mlpackage:
+        raise ExportError("a .mlpackage is converted from the torch model: export with --target coreml")
+    manifest = json.loads((fp32_dir / "manifest.json").read_text())
+    if "precision" in manifest:
+        raise ExportError(f"{fp32_dir} is already a {manifest['precision']} variant; start from an "
+                          "fp32 export")
+    if manifest["codec"] == "dac":
+        from .dac import hooks
+    else:
+        from .mimi import hooks
+    models = {name: onnx.load(str(fp32_dir / file)) for name, file in manifest["files"].items()
+              if file.endswith(".onnx")}
+    rvq = None
+    if "rvq" in manifest["files"]:
+        rvq = (DacRvq if manifest["codec"] == "dac" else MimiRvq).load(fp32_dir / "rvq.npz").arrays()
+    base = {k: v for k, v in manifest.items() if k != "files"}
+    return finish_export(out_dir, models, rvq, base, shaping, hooks(manifest))
+
+
 def _check_lossless(dev: dict[str, dict]) -> None:
     for name, d in dev.items():
         encoder = "code_agreement_pct" in d
