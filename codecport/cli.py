@@ -296,7 +296,7 @@ def _codec(model_dir: Path, provider: str, fallback: str | None, options: dict[s
     from .runtime.mimi import MimiCodec
     from .runtime.session import read_metadata
 
-    graphs = sorted(model_dir.glob("*.onnx")) if model_dir.is_dir() else []
+    graphs = _graph_files(model_dir) if model_dir.is_dir() else []
     if not graphs:
         raise ModelFileError(f"{model_dir}: no exported graphs here; run codec-export first")
     try:  # the manifest says it without loading a model; the codec class checks the graphs anyway
@@ -306,6 +306,14 @@ def _codec(model_dir: Path, provider: str, fallback: str | None, options: dict[s
     if codec == "mimi":
         return MimiCodec(model_dir, provider, fallback, options)
     return DacCodec(model_dir, provider, fallback, options)
+
+
+def _graph_files(folder: Path) -> list[Path]:
+    """The folder's graphs: each `.onnx`, and each `.ort` without an `.onnx` beside it (what the
+    runtime loads, see runtime/session.py)."""
+    onnx_files = sorted(folder.glob("*.onnx"))
+    stems = {f.stem for f in onnx_files}
+    return onnx_files + sorted(f for f in folder.glob("*.ort") if f.stem not in stems)
 
 
 def _is_mimi(codec) -> bool:
@@ -427,12 +435,12 @@ def _load_npy(path: Path) -> np.ndarray:
 @click.argument("target", type=click.Path(path_type=Path))
 @_one_line_errors
 def info_cmd(target) -> None:
-    """Show what an exported folder or .onnx file holds (from its metadata)."""
+    """Show what an exported folder or .onnx/.ort file holds (from its metadata)."""
     from .runtime.session import read_metadata
 
-    files = sorted(target.glob("*.onnx")) if target.is_dir() else [target]
+    files = _graph_files(target) if target.is_dir() else [target]
     if not files:
-        raise ModelFileError(f"{target}: no .onnx files here; run codec-export first")
+        raise ModelFileError(f"{target}: no .onnx or .ort files here; run codec-export first")
     for f in files:
         meta = read_metadata(f)
         click.echo(f"{f}:")

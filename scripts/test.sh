@@ -2,5 +2,5 @@
 # Install codecport with the export, dev and bench extras, then run the whole test suite on the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh export,dev,bench
+bash scripts/setup.sh export,dev,bench,coreml
 exec .venv/bin/python -m pytest -q "$@"

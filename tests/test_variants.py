@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from conftest import MIMI_TINY_FRAMES, MIMI_TINY_STEP, TINY_CHUNK, TINY_LEN, noise
 from onnx import TensorProto, helper, numpy_helper
 
 from codecport.cli import TARGET_CHOICES
@@ -23,8 +24,6 @@ from codecport.export.rewrite import conv_to_2d, nnapi_ops
 from codecport.export.variants import TARGETS, Shaping, finish_export
 from codecport.runtime.dac import DacCodec
 from codecport.runtime.mimi import MimiCodec
-
-from conftest import MIMI_TINY_FRAMES, MIMI_TINY_STEP, TINY_CHUNK, TINY_LEN, noise
 
 COMBOS = [(t, p) for t, spec in TARGETS.items() for p in spec.precisions]
 # Lower bounds per precision on the tiny random models (decoder SNR dB, encoder code agreement %).
@@ -115,12 +114,15 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
     # The folder runs through the runtime as written.
     codec_cls = DacCodec if codec == "dac" else MimiCodec
     folder = codec_cls(out)
-    if codec == "dac":
-        codes = folder.encode_chunked(noise(2 * TINY_CHUNK))
-        assert np.isfinite(folder.decode(codes, padding=False)).all()
-    else:
+    def roundtrip(folder):
+        if codec == "dac":
+            codes = folder.encode_chunked(noise(2 * TINY_CHUNK))
+            return codes, folder.decode(codes, padding=False)
         codes = folder.encode(noise(MIMI_TINY_FRAMES * 48), 24000, streaming=True)
-        assert np.isfinite(folder.decode(codes, streaming=True)).all()
+        return codes, folder.decode(codes, streaming=True)
+
+    codes, audio = roundtrip(folder)
+    assert np.isfinite(audio).all()
 
     if t.ort_format:
         assert (out / "required_operators_and_types.config").read_text().strip()
@@ -133,6 +135,16 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
             feeds = {i.name: np.zeros(i.shape, np.int64 if "int64" in i.type else np.float32)
                      for i in sess.get_inputs()}
             assert all(np.isfinite(o).all() for o in sess.run(None, feeds) if o.dtype.kind == "f")
+        # ... and the runtime runs a folder of only .ort files to the same codes and audio.
+        # (ORT optimizes an .onnx fully at load; the .ort keeps the converter's level, so
+        # reduced-precision graphs may round differently.)
+        codes_ort, audio_ort = roundtrip(codec_cls(only_ort))
+        if precision == "fp32":
+            np.testing.assert_array_equal(codes_ort, codes)
+            np.testing.assert_allclose(audio_ort, audio, atol=1e-5)
+        else:
+            assert np.mean(codes_ort == codes) >= 0.95
+            assert variants.snr_db(audio, audio_ort) >= 30.0
     if t.mlpackage:
         for name in graphs:
             spec = report["mlpackage"][name]

@@ -67,7 +67,9 @@ def to_onnx(spec: GraphSpec) -> onnx.ModelProto:
     buf = io.BytesIO()
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(spec.module, dummy, buf, input_names=[t.name for t in spec.inputs],
+        # In eval mode already: the exporter puts the wrapper back in the mode it found, with a
+        # recursive train() that would otherwise leave the codec model in training mode.
+        torch.onnx.export(spec.module.eval(), dummy, buf, input_names=[t.name for t in spec.inputs],
                           output_names=[t.name for t in spec.outputs], opset_version=OPSET,
                           do_constant_folding=True, dynamo=False)
     model = onnx.load_from_string(buf.getvalue())

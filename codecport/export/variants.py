@@ -362,7 +362,7 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
             calib = record_feeds(hooks.open(ref_dir, options={"io_binding": "0"}), hooks, clips)
         variants = {}
         for name, model in models.items():
-            m = nnapi_ops(conv_to_2d(model)) if target.layout_2d else model
+            m = nnapi_ops(conv_to_2d(model)) if target.layout_2d else _copy(model)
             if shaping.precision == "fp16":
                 m = to_fp16(m, overflowing_nodes(m, calib[name][:4]))
             elif shaping.precision == "int8":

@@ -5,7 +5,8 @@ Mimi is causal end to end, so both ways through the graphs give moshi's codes ex
   same way; later padding cannot change earlier frames) and the first frames are kept;
 - streaming: anything longer goes through `encoder_step`/`decoder_step`, carrying the state
   between calls, which equals the whole-clip result with no seams (the step graphs are validated
-  against the whole clip at export).
+  against the whole clip at export). The state stays on the provider's device between steps
+  through IO binding (see `MimiStream`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..atomic import atomic_path
 from ..errors import AudioError, CodesError, ModelFileError
 from .audio import check_audio, resample
 from .rvq import MimiRvq, check_export, check_n_codebooks
-from .session import GraphFolder
+from .session import GraphFolder, StepRunner
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,11 @@ MOSHI_CODEBOOKS = 8  # what Moshi uses; the default unless asked for more (up to
 
 
 class MimiCodec(GraphFolder):
-    """The graphs of one `codec-export mimi` folder, opened lazily on one provider."""
+    """The graphs of one `codec-export mimi` folder, opened lazily on one provider.
+
+    `options={"io_binding": "0"}` (CLI: `--provider-option io_binding=0`) makes every stream
+    carry its state as numpy arrays instead of through IO binding; see `MimiStream`.
+    """
 
     codec, label = "mimi", "Mimi"
     graphs = ("encoder", "decoder", "encoder_step", "decoder_step")
@@ -115,8 +120,8 @@ class MimiCodec(GraphFolder):
         if f"{side}_step" in self.present:
             return
         if streaming:
-            raise ModelFileError(f"{self.dir} has no step graphs ({side}_step.onnx) to stream "
-                                 "through; export with --streaming")
+            raise ModelFileError(f"{self.dir} has no step graphs ({side}_step.onnx or .ort) to "
+                                 "stream through; export with --streaming")
         raise CodesError(f"{too_long()}; export with --streaming to handle any length")
 
     # ---- decoding ------------------------------------------------------------------------
@@ -166,43 +171,46 @@ class MimiCodec(GraphFolder):
 
 
 class MimiStream:
-    """Streaming encode and decode through the step graphs, the state held as numpy arrays.
+    """Streaming encode and decode through the step graphs, carrying their state between steps.
 
     `encode_step(pcm)` takes any number of 24 kHz samples and returns the codes `[K, t]` of every
     step completed so far (t may be 0); `decode_step(codes)` takes any number of code frames and
     returns the audio of every completed step. Partial steps wait in a buffer until the next call,
     or until `flush_encoder()`/`flush_decoder()` pads them with zeros and returns the rest.
     `reset()` starts a new stream. Codes have `n_codebooks` levels (default Moshi's 8).
+
+    `io_binding` (default: the codec's `io_binding` option, on unless `options` say
+    `io_binding=0`) keeps the state as OrtValues on the provider's device through IO binding:
+    on CUDA it never leaves GPU memory, only the step's audio or codes cross to the host.
+    Without it the state is numpy arrays passed to `session.run`. The results are the same bits.
     """
 
-    def __init__(self, codec: MimiCodec, n_codebooks: int | None = None):
+    def __init__(self, codec: MimiCodec, n_codebooks: int | None = None, io_binding: bool | None = None):
         self.codec = codec
         self.k = codec.default_codebooks(n_codebooks)
         self.step_frames = codec.graph("encoder_step" if "encoder_step" in codec.present
                                        else "decoder_step").int("frames")
         self.step_samples = self.step_frames * codec.frame_size
-        self.reset()
+        self.io_binding = codec.io_binding if io_binding is None else io_binding
+        self._runners = {side: StepRunner(codec.graph(f"{side}_step"), self.io_binding)
+                         for side in ("encoder", "decoder") if f"{side}_step" in codec.present}
+        self._clear_buffers()
 
     def reset(self) -> None:
-        self._state = {side: self._zero_state(side) for side in ("encoder", "decoder")
-                       if f"{side}_step" in self.codec.present}
+        for runner in self._runners.values():
+            runner.reset()
+        self._clear_buffers()
+
+    def _clear_buffers(self) -> None:
         self._pcm = np.zeros(0, np.float32)
         self._codes = np.zeros((self.k, 0), np.int64)
 
-    def _zero_state(self, side: str) -> dict[str, np.ndarray]:
-        sess = self.codec.graph(f"{side}_step").session
-        return {i.name: np.zeros(i.shape, np.int64 if i.name == "offset_in" else np.float32)
-                for i in sess.get_inputs()[1:]}
-
     def _step(self, side: str, x: np.ndarray) -> np.ndarray:
-        g = self.codec.graph(f"{side}_step")
-        state = self._state.get(side)
-        if state is None:
-            raise ModelFileError(f"{self.codec.dir} has no {side}_step.onnx; export with --streaming")
-        outs = g.run({g.session.get_inputs()[0].name: x, **state})
-        self._state[side] = {name[:-len("_out")] + "_in": v
-                             for name, v in zip(g.output_names[1:], outs[1:])}
-        return outs[0]
+        runner = self._runners.get(side)
+        if runner is None:
+            raise ModelFileError(f"{self.codec.dir} has no {side}_step.onnx (or .ort); export with "
+                                 "--streaming")
+        return runner(x)
 
     def encode_step(self, pcm: np.ndarray) -> np.ndarray:
         """Codes `[K, t]` for every whole step now buffered; the rest waits for more samples."""

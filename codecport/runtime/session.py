@@ -1,4 +1,8 @@
-"""ONNX Runtime sessions: provider choice, and the facts each graph carries in its metadata."""
+"""ONNX Runtime sessions: provider choice, and the facts each graph carries in its metadata.
+
+A graph is `{name}.onnx`, or `{name}.ort` (ONNX Runtime's own format, for the mobile and minimal
+builds) where there is no `.onnx`; both carry the same metadata (the converter keeps it).
+"""
 
 from __future__ import annotations
 
@@ -37,11 +41,33 @@ DEFAULT_OPTIONS = {
                                 "MLComputeUnits": "ALL"},
     "CUDAExecutionProvider": {"cudnn_conv_algo_search": "EXHAUSTIVE"},
 }
+# Keys of the same KEY=VALUE set that codecport reads itself and never hands to ORT, with their
+# defaults (every provider):
+# - io_binding: 1 runs streaming step graphs through IO binding, their state kept between steps as
+#   OrtValues on the provider's device (`Graph.device`: CUDA memory for the CUDA EP), so only the
+#   step's input and output cross to the host; 0 runs them through plain `run` with numpy state.
+#   Bit-identical results either way; 0 is there to rule the binding out when a provider misbehaves.
+CODECPORT_OPTIONS = {"io_binding": "1"}
+# .onnx first: an .ort beside it is a copy converted for one build or target, not the export itself.
+SUFFIXES = (".onnx", ".ort")
+# numpy dtypes of the tensor types our graphs' inputs and outputs may have.
+DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+          "tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 
 def provider_options(provider: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
-    """Options for ORT provider `provider`: our defaults, then the caller's overrides."""
-    return {**DEFAULT_OPTIONS.get(provider, {}), **(overrides or {})}
+    """Options for ORT provider `provider`: our defaults, then the caller's overrides, less the
+    `CODECPORT_OPTIONS` keys (ORT refuses keys it does not know for some providers)."""
+    merged = {**DEFAULT_OPTIONS.get(provider, {}), **(overrides or {})}
+    return {k: v for k, v in merged.items() if k not in CODECPORT_OPTIONS}
+
+
+def codecport_option(key: str, overrides: dict[str, str] | None = None) -> bool:
+    """A 0/1 `CODECPORT_OPTIONS` value: its default unless `overrides` set it."""
+    value = str((overrides or {}).get(key, CODECPORT_OPTIONS[key])).strip().lower()
+    if value not in ("0", "1", "false", "true"):
+        raise ProviderError(f"option {key} must be 0 or 1, got {value!r}")
+    return value in ("1", "true")
 
 
 def session_options() -> ort.SessionOptions:
@@ -100,15 +126,101 @@ class Graph:
     def int(self, key: str) -> int:
         return int(self.meta[key])
 
+    @property
+    def device(self) -> tuple[str, int]:
+        """(device type, id) for OrtValues and IO binding: where this session's kernels leave
+        their results. Only CUDA is taken off the host; other providers bind host memory."""
+        if self.provider == "CUDAExecutionProvider":
+            opts = self.session.get_provider_options().get(self.provider, {})
+            return "cuda", int(opts.get("device_id", 0))
+        return "cpu", 0
+
+
+def _dtype(arg: ort.NodeArg, path: Path) -> type:
+    if arg.type not in DTYPES:
+        raise ModelFileError(f"{path}: {arg.name} is a {arg.type}, which codecport does not handle; "
+                             "re-export it")
+    return DTYPES[arg.type]
+
+
+class StepRunner:
+    """A streaming step graph with its state carried between calls: each `<state>_out` (and
+    `offset_out`) of one step is the `<state>_in` of the next; `reset()` zeroes it all, which is
+    the initial state the step graphs document in their `initial_state` metadata.
+
+    `io_binding=False` keeps the state as numpy arrays and calls `session.run`. `io_binding=True`
+    keeps it as OrtValues on `graph.device`, in two sets that swap roles every step (one bound as
+    the inputs, the other as the outputs: an output never overwrites the input it is computed
+    from, and nothing is allocated per step); only the step's first input goes in from the host
+    and its first output comes back, into a new array the caller owns. Both give the same bits.
+    """
+
+    def __init__(self, graph: Graph, io_binding: bool):
+        self.graph, self.io_binding = graph, io_binding
+        inputs, outputs = graph.session.get_inputs(), graph.session.get_outputs()
+        self.input, self.output = inputs[0].name, outputs[0]
+        self.out_dtype = _dtype(self.output, graph.path)
+        self.pairs = [(o.name, o.name[:-len("_out")] + "_in") for o in outputs[1:]]
+        self.states = {i.name: i for i in inputs[1:]}
+        if any(not o.endswith("_out") for o, _ in self.pairs) or {i for _, i in self.pairs} != set(self.states):
+            raise ModelFileError(f"{graph.path}: its state inputs and outputs are not <name>_in/<name>_out "
+                                 "pairs; re-export it")
+        self.reset()
+
+    def _zeros(self, name: str) -> np.ndarray:
+        arg = self.states[name]
+        return np.zeros(arg.shape, _dtype(arg, self.graph.path))
+
+    def reset(self) -> None:
+        """Back to the initial state (all zeros)."""
+        if not self.io_binding:
+            self._state = {name: self._zeros(name) for name in self.states}
+            return
+        device, device_id = self.graph.device
+        zeros = {n: ort.OrtValue.ortvalue_from_numpy(self._zeros(n), device, device_id) for n in self.states}
+        spare = {n: ort.OrtValue.ortvalue_from_shape_and_type(a.shape, _dtype(a, self.graph.path), device,
+                                                              device_id)
+                 for n, a in self.states.items()}
+        self._bindings = [self._bind(zeros, spare), self._bind(spare, zeros)]
+        self._turn = 0
+
+    def _bind(self, src: dict[str, ort.OrtValue], dst: dict[str, ort.OrtValue]) -> ort.IOBinding:
+        """Binding that reads the state from `src` and writes the next one into `dst`."""
+        binding = self.graph.session.io_binding()
+        for out_name, in_name in self.pairs:
+            binding.bind_ortvalue_input(in_name, src[in_name])
+            binding.bind_ortvalue_output(out_name, dst[in_name])
+        return binding
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """The step's first output for its first input `x`; the state moves on one step."""
+        if not self.io_binding:
+            outs = self.graph.session.run(None, {self.input: x, **self._state})
+            self._state = {in_name: v for (_, in_name), v in zip(self.pairs, outs[1:])}
+            return outs[0]
+        binding = self._bindings[self._turn]
+        binding.bind_cpu_input(self.input, np.ascontiguousarray(x))
+        # A new host array each step: the caller keeps it while the next step writes elsewhere.
+        out = np.empty(self.output.shape, self.out_dtype)
+        binding.bind_ortvalue_output(self.output.name, ort.OrtValue.ortvalue_from_numpy(out))
+        self.graph.session.run_with_iobinding(binding)
+        self._turn ^= 1
+        return out
+
+
+def graph_file(folder: Path, name: str) -> Path | None:
+    """`name`.onnx in `folder`, else `name`.ort; None with neither."""
+    return next((p for p in (folder / f"{name}{s}" for s in SUFFIXES) if p.is_file()), None)
+
 
 def read_metadata(path: Path) -> dict[str, str]:
-    """metadata_props of an ONNX file, without building a full session for execution."""
+    """Metadata of a graph file (.onnx or .ort), without building a full session for execution."""
     return open_graph(path, "CPUExecutionProvider").meta
 
 
 def open_graph(path: Path, provider: str, options: dict[str, str] | None = None) -> Graph:
-    """Session for `path` on `provider` (with `provider_options` overridden by `options`);
-    a missing or corrupt file is a `ModelFileError`."""
+    """Session for `path` (.onnx, or ORT-format .ort) on `provider` (with `provider_options`
+    overridden by `options`); a missing or corrupt file is a `ModelFileError`."""
     if not path.is_file():
         raise ModelFileError(f"{path}: no such model file; run codec-export first")
     opts = session_options()
@@ -120,7 +232,7 @@ def open_graph(path: Path, provider: str, options: dict[str, str] | None = None)
         sess = ort.InferenceSession(str(path), opts, providers=[provider],
                                     provider_options=[provider_options(provider, options)])
     except Exception as e:  # ORT raises its own untyped Fail/InvalidProtobuf errors
-        raise ModelFileError(f"{path}: not a loadable ONNX model ({str(e).splitlines()[0]}); "
+        raise ModelFileError(f"{path}: not a loadable model ({str(e).splitlines()[0]}); "
                              "re-run codec-export") from e
     meta = dict(sess.get_modelmeta().custom_metadata_map)
     if "codec" not in meta:
@@ -145,7 +257,11 @@ class GraphFolder:
     """The graphs of one export folder, opened lazily on one provider.
 
     Every graph opened is checked against the first: same codec and the same `shared` facts
-    (export id, rates, quantizer...), and the role/mode its file name promises.
+    (export id, rates, quantizer...), and the role/mode its file name promises. A graph is read
+    from `{name}.onnx`, or from `{name}.ort` where there is no `.onnx`.
+
+    `options` are the provider's (see `provider_options`) plus `CODECPORT_OPTIONS`, e.g.
+    `{"io_binding": "0"}` to stream through numpy state instead of IO binding.
     """
 
     codec = ""  # metadata "codec" the folder must hold
@@ -158,10 +274,12 @@ class GraphFolder:
                  options: dict[str, str] | None = None):
         self.dir = Path(model_dir)
         self.options = options
+        self.io_binding = codecport_option("io_binding", options)
         if not self.dir.is_dir():
             raise ModelFileError(f"{self.dir}: no such model folder; run codec-export {self.codec} "
                                  f"-o {self.dir}")
-        self.present = [g for g in self.graphs if (self.dir / f"{g}.onnx").is_file()]
+        self.files = {g: p for g in self.graphs if (p := graph_file(self.dir, g)) is not None}
+        self.present = list(self.files)
         if not self.present:
             raise ModelFileError(f"{self.dir}: holds no {self.label} graphs; run codec-export "
                                  f"{self.codec} -o {self.dir}")
@@ -183,18 +301,19 @@ class GraphFolder:
         return codes.astype(np.int64)
 
     def expected(self, name: str) -> dict[str, str]:
-        """Metadata the graph stored as `name`.onnx must carry."""
+        """Metadata the graph stored as `name`.onnx/.ort must carry."""
         return {"role": name.split("_")[0]}
 
     def missing(self, name: str) -> str:
-        """What to do when `name`.onnx is absent."""
+        """What to do when `name`.onnx/.ort is absent."""
         return f"re-run codec-export {self.codec}"
 
     def graph(self, name: str) -> Graph:
         if name not in self._graphs:
             if name not in self.present:
-                raise ModelFileError(f"{self.dir} has no {name}.onnx; {self.missing(name)}")
-            g = open_graph(self.dir / f"{name}.onnx", self.provider, self.options)
+                raise ModelFileError(f"{self.dir} has no {name}.onnx (or {name}.ort); "
+                                     f"{self.missing(name)}")
+            g = open_graph(self.files[name], self.provider, self.options)
             if g.meta.get("codec") != self.codec:
                 raise ModelFileError(f"{g.path}: holds a {g.meta.get('codec')} model, not "
                                      f"{self.codec}; use a {self.codec} export")
@@ -213,6 +332,6 @@ class GraphFolder:
             if wrong:
                 k = next(iter(wrong))
                 raise ModelFileError(f"{g.path}: has {k} {g.meta.get(k)}, expected {wrong[k]} "
-                                     f"for {name}.onnx; re-export the folder")
+                                     f"for {g.path.name}; re-export the folder")
             self._graphs[name] = g
         return self._graphs[name]
