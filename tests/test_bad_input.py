@@ -254,3 +254,50 @@ def test_export_names_missing_key(tmp_path, tiny_dac):
     proc = cli("codec-export", "dac", "--variant", "tiny", "--len", 600, "--weights", pth, "-o", out)
     line = assert_one_line_error(proc, out)
     assert dropped in line
+
+
+# ---- codec-export --target / --precision -----------------------------------------------------
+@pytest.mark.parametrize("args,says", [
+    (["--target", "dml", "--precision", "int8"], "--target dml takes --precision fp32 or fp16"),
+    (["--target", "coreml", "--precision", "int8"], "--target coreml takes"),
+    (["--precision", "fp16", "--calibration", "{wav}"], "--calibration only applies to --precision int8"),
+])
+def test_export_refuses_what_a_target_cannot_take(tmp_path, args, says):
+    wav = tmp_path / "c.wav"
+    sf.write(wav, noise(4000).T, 16000)
+    out = tmp_path / "out"
+    proc = cli("codec-export", "dac", "--variant", "tiny", "--random-init", "--len", 600, "-o", out,
+               *[a.format(wav=wav) for a in args])
+    assert says in assert_one_line_error(proc, out)
+
+
+def test_export_int8_calibrated_on_a_corrupt_file(tmp_path):
+    bad = tmp_path / "calib.wav"
+    bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
+    out = tmp_path / "out"
+    proc = cli("codec-export", "dac", "--variant", "tiny", "--random-init", "--len", 600, "-o", out,
+               "--precision", "int8", "--calibration", bad)
+    assert "cannot read audio" in assert_one_line_error(proc, out)
+
+
+def test_export_mobile_int8_and_run_it(tmp_path):
+    """The CLI path end to end: the variant folder, its report, and codec-run on it."""
+    out = tmp_path / "mobile"
+    proc = cli("codec-export", "mimi", "--variant", "tiny", "--random-init", "--len", 960, "--streaming",
+               "--frames", 2, "--target", "mobile", "--precision", "int8", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "target mobile, precision int8; deviation from fp32" in proc.stdout
+    assert "encoder_step.onnx" in proc.stdout and "% equal" in proc.stdout and "SNR" in proc.stdout
+    assert "required_operators_and_types.config" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"] == "mobile" and manifest["precision"] == "int8"
+    assert set(manifest["deviation"]) == {"encoder", "decoder", "encoder_step", "decoder_step"}
+    wav = tmp_path / "in.wav"
+    sf.write(wav, noise(24000 // 2).T, 24000)
+    codes = tmp_path / "codes.npz"
+    proc = cli("codec-run", "encode", wav, "-m", out, "-o", codes)
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("codec-run", "decode", codes, "-m", out, "-o", tmp_path / "out.wav")
+    assert proc.returncode == 0, proc.stderr
+    audio, sr = sf.read(tmp_path / "out.wav")
+    assert sr == 24000 and len(audio) == 24000 // 2 and np.isfinite(audio).all()

@@ -96,6 +96,11 @@ class Shaping:
                               f"{' or '.join(TARGETS[self.target].precisions)}, not {self.precision}")
         if self.calibration and self.precision != "int8":
             raise ExportError("--calibration only applies to --precision int8")
+        if self.calibration:  # a bad file is reported now, not after a long fp32 export
+            from ..runtime.audio import read_audio
+
+            for path in self.calibration:
+                read_audio(Path(path))
 
 
 @dataclass
