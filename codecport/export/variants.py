@@ -193,25 +193,35 @@ def calibration_clips(paths: list[Path] | None, hooks: CodecHooks, seed: int = 1
 
 # ---- precision -----------------------------------------------------------------------------
 def overflowing_nodes(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> list[str]:
-    """Nodes whose fp32 output exceeds fp16's range on `feeds` (measured, every intermediate)."""
+    """Nodes whose fp32 output exceeds fp16's range on `feeds` (measured, every intermediate).
+
+    Each float intermediate gets an Abs -> ReduceMax output, so the probe returns one number per
+    tensor instead of keeping every activation of a long window in memory at once.
+    """
     import onnxruntime as ort
 
     probe = _copy(model)
-    outputs = {o.name for o in probe.graph.output}
-    producer = {}
-    for node in probe.graph.node:
+    g = probe.graph
+    floats = {vi.name for vi in onnx.shape_inference.infer_shapes(model).graph.value_info
+              if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    floats |= {o.name for o in g.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    producer, peaks = {}, []
+    for node in list(g.node):
         for out in node.output:
-            producer[out] = node.name
-            if out not in outputs:
-                probe.graph.output.append(helper.make_empty_tensor_value_info(out))
+            if out in floats:
+                producer[f"{out}__absmax"] = node.name
+                g.node.append(helper.make_node("Abs", [out], [f"{out}__abs"]))
+                g.node.append(helper.make_node("ReduceMax", [f"{out}__abs"], [f"{out}__absmax"], keepdims=0))
+                peaks.append(helper.make_tensor_value_info(f"{out}__absmax", onnx.TensorProto.FLOAT, []))
+    del g.output[:]
+    g.output.extend(peaks)
     sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
     peak: dict[str, float] = {}
     for feed in feeds:
         for name, value in zip(names, sess.run(None, feed)):
-            if np.issubdtype(value.dtype, np.floating) and value.size:
-                peak[name] = max(peak.get(name, 0.0), float(np.abs(value).max()))
-    hot = sorted({producer[n] for n, v in peak.items() if n in producer and not v < FP16_MAX})
+            peak[name] = max(peak.get(name, 0.0), float(value))
+    hot = sorted({producer[n] for n, v in peak.items() if not v < FP16_MAX})
     if hot:
         log.info("fp16: %d node(s) overflow fp16 on the probe clips and stay fp32: %s", len(hot),
                  ", ".join(hot[:8]))
