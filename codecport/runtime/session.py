@@ -27,7 +27,7 @@ PROVIDERS = {
 }
 # What to install for each provider (the error message says it).
 INSTALL = {
-    "cuda": "pip install 'codecport[gpu]' (onnxruntime-gpu, with CUDA 12 and cuDNN 9)",
+    "cuda": "pip install 'codecport[gpu]' (onnxruntime-gpu; current releases need CUDA 13 and cuDNN 9)",
     "dml": "pip install onnxruntime-directml (Windows)",
     "coreml": "the standard onnxruntime wheel on macOS",
 }
