@@ -282,3 +282,21 @@ def test_fp16_keeps_the_nodes_that_overflow_in_fp32():
     np.testing.assert_allclose(_run(kept, {"x": x})[0], x, rtol=5e-3)  # 1e-5 is subnormal in fp16
     # Not kept, the fp16 converter clips the 1e5 to fp16's 65504: the result is a third off.
     assert np.max(np.abs(_run(variants.to_fp16(model, []), {"x": x})[0] / x - 1)) > 0.2
+
+
+def test_recorded_feeds_are_a_bounded_sample(mimi_stage, tmp_path):
+    """Calibration keeps at most `keep` real feeds per graph, step state included."""
+    hooks = mimi_stage["hooks"]
+    folder = tmp_path / "fp32"
+    variants.write_export(folder, mimi_stage["models"], mimi_stage["rvq"], mimi_stage["manifest"])
+    clips = variants.generated_clips(2, hooks.clip_samples, hooks.sample_rate, seed=1)
+    everything = variants.record_feeds(hooks.open(folder, options={"io_binding": "0"}), hooks, clips,
+                                       keep=10_000)
+    sample = variants.record_feeds(hooks.open(folder, options={"io_binding": "0"}), hooks, clips, keep=5)
+    steps = everything["encoder_step"]
+    assert len(steps) > 5 and {"offset_in", "audio"} <= set(steps[0])
+    # Real state: the stream's offset advances step by step from 0.
+    assert steps[0]["offset_in"].item() == 0 < steps[1]["offset_in"].item() < steps[2]["offset_in"].item()
+    assert all(len(v) <= 5 for v in sample.values()) and len(sample["encoder_step"]) == 5
+    offsets = {f["offset_in"].item() for f in steps}
+    assert all(f["offset_in"].item() in offsets for f in sample["encoder_step"])

@@ -46,29 +46,29 @@ FP16_MAX = 65504.0
 # fp32 rewrites (layout, NNAPI spellings) must reproduce fp32 up to rounding: anything past this
 # is a bug in the rewrite, not a property of the target.
 REWRITE_MIN_AGREEMENT, REWRITE_MIN_SNR = 99.0, 60.0
+# Calibration feeds kept per graph (see record_feeds).
+MAX_FEEDS = 64
 
 
 @dataclass(frozen=True)
 class Target:
     layout_2d: bool = False  # 1-D convs carried as 2-D
-    ort_format: bool = False  # .ort files + required_operators.config
+    ort_format: bool = False  # .ort files + required_operators_and_types.config
     mlpackage: bool = False  # CoreML .mlpackage per graph
     precisions: tuple[str, ...] = PRECISIONS
-    note: str = ""
 
 
 TARGETS = {
-    "cpu": Target(note="CPU EP"),
-    "cuda": Target(note="CUDA EP"),
+    "cpu": Target(),
+    "cuda": Target(),
     # DirectML's int8 story is QDQ-on-GPU with its own caveats; we only claim what the rule table
     # checks (fp32/fp16 tensors).
-    "dml": Target(precisions=("fp32", "fp16"), note="DirectML EP"),
-    # coremltools quantizes its own way (ct.optimize), not from ONNX QDQ: no int8 here.
-    "coreml": Target(mlpackage=True, precisions=("fp32", "fp16"),
-                     note="CoreML EP (ML Program) and a native .mlpackage"),
-    "nnapi": Target(layout_2d=True, note="NNAPI EP: 2-D convs"),
-    "mobile": Target(layout_2d=True, ort_format=True,
-                     note="ORT mobile: 2-D convs, .ort files and a reduced-build operator config"),
+    "dml": Target(precisions=("fp32", "fp16")),
+    # coremltools quantizes its own way (ct.optimize), not from ONNX QDQ, and ORT's ML Program
+    # partitioner takes no Q/DQ: no int8 here.
+    "coreml": Target(mlpackage=True, precisions=("fp32", "fp16")),
+    "nnapi": Target(layout_2d=True),
+    "mobile": Target(layout_2d=True, ort_format=True),
 }
 
 
@@ -115,7 +115,7 @@ class CodecHooks:
     `specs` the graphs' GraphSpecs, for the .mlpackage conversion.
     """
 
-    open: Callable[[Path], object]
+    open: Callable[..., object]  # (dir, options=None) -> DacCodec | MimiCodec
     encode: Callable[[object, str, np.ndarray], np.ndarray]
     decode: Callable[[object, str, np.ndarray], np.ndarray]
     pairs: dict[str, str]
@@ -282,23 +282,30 @@ def to_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.
         quantize_static(_copy(model), out, Reader(), quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=["Conv", "MatMul"], nodes_to_exclude=exclude,
                         per_channel=True, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8,
-                        # The step graphs' inputs include state; QDQ on graph inputs is fine.
-                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+                        weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
         return onnx.load(str(out))
 
 
 # ---- feeds recorded from the runtime -------------------------------------------------------
-def record_feeds(codec, hooks: CodecHooks, clips: list[np.ndarray]) -> dict[str, list[dict]]:
-    """Every input each graph of `codec` receives while `hooks.exercise` runs on `clips`: the
-    real feeds, state included for step graphs, for calibration and range measurement."""
+def record_feeds(codec, hooks: CodecHooks, clips: list[np.ndarray],
+                 keep: int = MAX_FEEDS) -> dict[str, list[dict]]:
+    """The inputs each graph of `codec` receives while `exercise` runs on `clips`: the real
+    feeds, state included for step graphs, for calibration and range measurement. At most `keep`
+    per graph, a uniform sample (reservoir): a step graph's feeds carry megabytes of state each."""
     feeds: dict[str, list[dict]] = {}
+    seen: dict[str, int] = {}
+    rng = np.random.default_rng(0)
     for name in codec.present:
         graph = codec.graph(name)
         sess_run = graph.session.run
 
         def recording(outputs, feed, *args, _name=name, _run=sess_run, **kwargs):
-            feeds.setdefault(_name, []).append({k: np.array(v) for k, v in feed.items()})
+            n = seen[_name] = seen.get(_name, 0) + 1
+            kept = feeds.setdefault(_name, [])
+            if len(kept) < keep:
+                kept.append({k: np.array(v) for k, v in feed.items()})
+            elif (slot := int(rng.integers(0, n))) < keep:
+                kept[slot] = {k: np.array(v) for k, v in feed.items()}
             return _run(outputs, feed, *args, **kwargs)
 
         graph.session.run = recording
