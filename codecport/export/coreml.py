@@ -93,11 +93,18 @@ def _converter_quiet() -> Iterator[None]:
     noise = _DropExpected("Saving value type of int64 into a builtin type of int32")
     ct_logger.setLevel(max(level, logging.WARNING))
     ct_logger.addFilter(noise)
+    # and its pass-by-pass tqdm bars on stderr (tqdm reads TQDM_DISABLE when a bar is made)
+    tqdm_was = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
     try:
         yield
     finally:
         ct_logger.removeFilter(noise)
         ct_logger.setLevel(level)
+        if tqdm_was is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = tqdm_was
 
 
 @contextlib.contextmanager
