@@ -26,6 +26,7 @@ Design choices:
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import shutil
@@ -93,18 +94,15 @@ def _converter_quiet() -> Iterator[None]:
     noise = _DropExpected("Saving value type of int64 into a builtin type of int32")
     ct_logger.setLevel(max(level, logging.WARNING))
     ct_logger.addFilter(noise)
-    # and its pass-by-pass tqdm bars on stderr (tqdm reads TQDM_DISABLE when a bar is made)
-    tqdm_was = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
+    # Its pass-by-pass tqdm bars go to sys.stderr, which is swapped for a buffer; log handlers
+    # keep the stream they were made with, so warnings still show.
+    bars = io.StringIO()
     try:
-        yield
+        with contextlib.redirect_stderr(bars):
+            yield
     finally:
         ct_logger.removeFilter(noise)
         ct_logger.setLevel(level)
-        if tqdm_was is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = tqdm_was
 
 
 @contextlib.contextmanager
