@@ -17,9 +17,10 @@ from onnx import TensorProto, helper, numpy_helper
 from codecport.cli import TARGET_CHOICES
 from codecport.errors import ExportError
 from codecport.export import dac as export_dac_mod
+from codecport.export import deviation, precision, variants
 from codecport.export import mimi as export_mimi_mod
-from codecport.export import variants
 from codecport.export.check import check_graph
+from codecport.export.graph import write_export
 from codecport.export.rewrite import conv_to_2d, nnapi_ops
 from codecport.export.variants import TARGETS, Shaping, finish_export
 from codecport.runtime.dac import DacCodec
@@ -148,7 +149,7 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
             np.testing.assert_allclose(audio_ort, audio, atol=1e-5)
         else:
             assert np.mean(codes_ort == codes) >= 0.95
-            assert variants.snr_db(audio, audio_ort) >= 30.0
+            assert deviation.snr_db(audio, audio_ort) >= 30.0
     if t.mlpackage:
         for name in graphs:
             spec = report["mlpackage"][name]
@@ -184,9 +185,9 @@ def test_int8_calibrates_on_the_users_audio(dac_stage, tmp_path):
     wav = tmp_path / "calib.wav"
     sf.write(wav, noise(3 * TINY_CHUNK, seed=3).T, 16000)
     hooks = dac_stage["hooks"]
-    clips = variants.calibration_clips([wav], hooks)
+    clips = deviation.calibration_clips([wav], hooks)
     assert len(clips) >= 1 and all(c.shape == (1, hooks.clip_samples) for c in clips)
-    generated = variants.calibration_clips(None, hooks)
+    generated = deviation.calibration_clips(None, hooks)
     assert not np.allclose(clips[0], generated[0][:, :clips[0].shape[1]])
     out = tmp_path / "out"
     finish_export(out, dac_stage["models"], dac_stage["rvq"], dac_stage["manifest"],
@@ -276,23 +277,23 @@ def test_fp16_keeps_the_nodes_that_overflow_in_fp32():
                               initializer=[big, small])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = np.array([0.5, 1.0, 2.0, -3.0], np.float32)
-    assert variants.overflowing_nodes(model, [{"x": x}]) == ["blow_up"]
-    assert variants.overflowing_nodes(model, [{"x": x * 1e-3}]) == []
-    kept = variants.to_fp16(model, ["blow_up"])
+    assert precision.overflowing_nodes(model, [{"x": x}]) == ["blow_up"]
+    assert precision.overflowing_nodes(model, [{"x": x * 1e-3}]) == []
+    kept = precision.to_fp16(model, ["blow_up"])
     np.testing.assert_allclose(_run(kept, {"x": x})[0], x, rtol=5e-3)  # 1e-5 is subnormal in fp16
     # Not kept, the fp16 converter clips the 1e5 to fp16's 65504: the result is a third off.
-    assert np.max(np.abs(_run(variants.to_fp16(model, []), {"x": x})[0] / x - 1)) > 0.2
+    assert np.max(np.abs(_run(precision.to_fp16(model, []), {"x": x})[0] / x - 1)) > 0.2
 
 
 def test_recorded_feeds_are_a_bounded_sample(mimi_stage, tmp_path):
     """Calibration keeps at most `keep` real feeds per graph, step state included."""
     hooks = mimi_stage["hooks"]
     folder = tmp_path / "fp32"
-    variants.write_export(folder, mimi_stage["models"], mimi_stage["rvq"], mimi_stage["manifest"])
-    clips = variants.generated_clips(2, hooks.clip_samples, hooks.sample_rate, seed=1)
-    everything = variants.record_feeds(hooks.open(folder, options={"io_binding": "0"}), hooks, clips,
+    write_export(folder, mimi_stage["models"], mimi_stage["rvq"], mimi_stage["manifest"])
+    clips = deviation.generated_clips(2, hooks.clip_samples, hooks.sample_rate, seed=1)
+    everything = deviation.record_feeds(hooks.open(folder, options={"io_binding": "0"}), hooks, clips,
                                        keep=10_000)
-    sample = variants.record_feeds(hooks.open(folder, options={"io_binding": "0"}), hooks, clips, keep=5)
+    sample = deviation.record_feeds(hooks.open(folder, options={"io_binding": "0"}), hooks, clips, keep=5)
     steps = everything["encoder_step"]
     assert len(steps) > 5 and {"offset_in", "audio"} <= set(steps[0])
     # Real state: the stream's offset advances step by step from 0.

@@ -22,9 +22,10 @@ from torch import nn
 from ..errors import ExportError
 from ..models.dac import DAC
 from ..runtime.rvq import DacRvq
+from .deviation import CodecHooks
 from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx
 from .validate import AUDIO_ATOL, check_close, check_codes, run
-from .variants import CodecHooks, Shaping, finish_export
+from .variants import Shaping, finish_export
 
 log = logging.getLogger(__name__)
 

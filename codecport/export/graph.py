@@ -136,6 +136,13 @@ def static_check(model: onnx.ModelProto, spec: GraphSpec) -> None:
                               f"{declared.get(vi.name)}")
 
 
+def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A deep copy: the rewrites and ORT's tools must not touch the validated graph they start from."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    return m
+
+
 def save_atomic(model: onnx.ModelProto, path: Path) -> None:
     """Write to a temporary file beside `path`, then rename: never a half-written model."""
     with atomic_path(path) as tmp:

@@ -34,9 +34,10 @@ from ..errors import ExportError
 from ..models.layers import StreamState
 from ..models.mimi import MimiModel
 from ..runtime.rvq import MimiRvq
+from .deviation import CodecHooks
 from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx
 from .validate import AUDIO_ATOL, check_close, check_codes, run
-from .variants import CodecHooks, Shaping, finish_export
+from .variants import Shaping, finish_export
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..errors import ExportError
+from .graph import copy_model
 
 
 class _Builder:
@@ -51,16 +52,10 @@ def _shapes(model: onnx.ModelProto) -> dict[str, list[int]]:
             for vi in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]}
 
 
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    return m
-
-
 def _replace_nodes(model: onnx.ModelProto, rewrite, prefix: str) -> onnx.ModelProto:
     """Rebuild the node list, `rewrite(node, builder)` returning True when it replaced `node`
     (having emitted the replacement, which must write the node's outputs, into the builder)."""
-    model = _copy(model)
+    model = copy_model(model)
     g = model.graph
     b = _Builder(model, prefix)
     for node in list(g.node):

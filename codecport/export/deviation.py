@@ -1,0 +1,164 @@
+"""How a variant's graphs are run, fed and measured: through the runtime, as users run them.
+
+The same clips go through the fp32 export folder and the variant folder; `deviation` compares
+what comes out, graph by graph. `record_feeds` captures the real inputs each graph receives (step
+state included) for calibration and range probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# Calibration feeds kept per graph (see record_feeds).
+MAX_FEEDS = 64
+
+
+@dataclass
+class CodecHooks:
+    """What the variant machinery needs from a codec exporter.
+
+    `open(dir)` builds the runtime codec for an export folder. `encode(codec, name, clip)` gives
+    codes for a clip `[1, N]` at the model rate through encoder graph `name` (the clip cut to
+    what that graph's path takes); `decode(codec, name, codes)` gives audio through decoder
+    graph `name`. `pairs` maps each encoder to the decoder its codes go back through.
+    `clip_samples` is a clip length that reaches every graph (chunked/step ones included), and
+    `specs` the graphs' GraphSpecs, for the .mlpackage conversion.
+    """
+
+    open: Callable[..., object]  # (dir, options=None) -> DacCodec | MimiCodec
+    encode: Callable[[object, str, np.ndarray], np.ndarray]
+    decode: Callable[[object, str, np.ndarray], np.ndarray]
+    pairs: dict[str, str]
+    sample_rate: int
+    clip_samples: int
+    specs: dict
+
+
+def exercise(hooks: CodecHooks, codec, clip: np.ndarray,
+             codes: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Every graph of `codec` run once on `clip`: encoder name -> codes, decoder name -> audio.
+
+    Decoders decode `codes[their encoder]` when given (the fp32 folder's codes, so both folders
+    decode the same codes), else this codec's own codes.
+    """
+    out = {}
+    for enc, dec in hooks.pairs.items():
+        if enc in codec.present:
+            out[enc] = hooks.encode(codec, enc, clip)
+        src = (codes or out).get(enc)
+        if dec in codec.present and src is not None:
+            out[dec] = hooks.decode(codec, dec, src)
+    return out
+
+
+def generated_clips(n: int, samples: int, sample_rate: int, seed: int) -> list[np.ndarray]:
+    """Speech/music-like test audio `[1, samples]`: harmonic tones with a moving pitch, an
+    amplitude envelope and a little noise; deterministic in `seed`."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(samples) / sample_rate
+    clips = []
+    for _ in range(n):
+        f0 = rng.uniform(90, 300) * (1 + 0.2 * np.sin(2 * np.pi * rng.uniform(0.5, 3) * t))
+        phase = 2 * np.pi * np.cumsum(f0) / sample_rate
+        tone = sum(np.sin(h * phase) / h for h in range(1, 6))
+        env = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(1, 4) * t + rng.uniform(0, 6))
+        x = 0.25 * env * tone + 0.02 * rng.standard_normal(samples)
+        clips.append((x / max(1.0, np.abs(x).max()))[None].astype(np.float32))
+    return clips
+
+
+def calibration_clips(paths: list[Path] | None, hooks: CodecHooks, seed: int = 100) -> list[np.ndarray]:
+    """The user's calibration audio (any format soundfile reads, resampled, mono) cut to the
+    clip length, or generated clips when none is given."""
+    if not paths:
+        return generated_clips(4, hooks.clip_samples, hooks.sample_rate, seed)
+    from ..runtime.audio import read_audio, resample
+
+    clips = []
+    for p in paths:
+        audio, sr = read_audio(Path(p))
+        x = resample(audio, sr, hooks.sample_rate).mean(axis=0, keepdims=True)
+        for i in range(0, max(1, x.shape[1] - hooks.clip_samples + 1), hooks.clip_samples):
+            piece = x[:, i:i + hooks.clip_samples]
+            clips.append(np.pad(piece, ((0, 0), (0, hooks.clip_samples - piece.shape[1]))))
+    return clips[:16]  # calibration cost grows with it; 16 clips cover the ranges
+
+
+def record_feeds(codec, hooks: CodecHooks, clips: list[np.ndarray],
+                 keep: int = MAX_FEEDS) -> dict[str, list[dict]]:
+    """The inputs each graph of `codec` receives while `exercise` runs on `clips`: the real
+    feeds, state included for step graphs, for calibration and range measurement. At most `keep`
+    per graph, a uniform sample (reservoir): a step graph's feeds carry megabytes of state each."""
+    feeds: dict[str, list[dict]] = {}
+    seen: dict[str, int] = {}
+    rng = np.random.default_rng(0)
+    for name in codec.present:
+        graph = codec.graph(name)
+        sess_run = graph.session.run
+
+        def recording(outputs, feed, *args, _name=name, _run=sess_run, **kwargs):
+            n = seen[_name] = seen.get(_name, 0) + 1
+            kept = feeds.setdefault(_name, [])
+            if len(kept) < keep:
+                kept.append({k: np.array(v) for k, v in feed.items()})
+            elif (slot := int(rng.integers(0, n))) < keep:
+                kept[slot] = {k: np.array(v) for k, v in feed.items()}
+            return _run(outputs, feed, *args, **kwargs)
+
+        graph.session.run = recording
+    try:
+        for clip in clips:
+            exercise(hooks, codec, clip)
+    finally:
+        for name in codec.present:
+            del codec.graph(name).session.run
+    return feeds
+
+
+def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
+    noise = float(np.sum((got.astype(np.float64) - ref) ** 2))
+    signal = float(np.sum(ref.astype(np.float64) ** 2))
+    if noise == 0.0:
+        return float("inf")
+    return 10 * np.log10(max(signal, 1e-30) / noise)
+
+
+def deviation(ref_dir: Path, var_dir: Path, hooks: CodecHooks, clips: list[np.ndarray]) -> dict[str, dict]:
+    """Per graph: code agreement (encoders), SNR and max abs error of decoded audio vs fp32.
+
+    An encoder's audio figures decode its codes with the fp32 decoder, so they show what the
+    variant encoder alone costs; a decoder decodes the fp32 codes.
+    """
+    ref, var = hooks.open(ref_dir), hooks.open(var_dir)
+    acc: dict[str, dict[str, list]] = {}
+    for clip in clips:
+        want = exercise(hooks, ref, clip)
+        got = exercise(hooks, var, clip, codes=want)
+        for enc, dec in hooks.pairs.items():
+            if enc in got:
+                a = acc.setdefault(enc, {"agree": [], "first": [], "ref": [], "got": []})
+                a["agree"].append((got[enc] == want[enc]).ravel())
+                a["first"].append((got[enc][:, 0] == want[enc][:, 0]).ravel())
+                if dec in want:
+                    a["ref"].append(want[dec].ravel())
+                    a["got"].append(hooks.decode(ref, dec, got[enc]).ravel())
+            if dec in got:
+                a = acc.setdefault(dec, {"agree": [], "first": [], "ref": [], "got": []})
+                a["ref"].append(want[dec].ravel())
+                a["got"].append(got[dec].ravel())
+    out = {}
+    for name, a in acc.items():
+        d = {}
+        if a["agree"]:
+            d["code_agreement_pct"] = round(100 * float(np.mean(np.concatenate(a["agree"]))), 3)
+            d["first_codebook_agreement_pct"] = round(100 * float(np.mean(np.concatenate(a["first"]))), 3)
+        if a["ref"]:
+            r, g = np.concatenate(a["ref"]), np.concatenate(a["got"])
+            d["snr_db"] = round(snr_db(r, g), 2)
+            d["max_abs_err"] = float(np.max(np.abs(g.astype(np.float64) - r)))
+        out[name] = d
+    return out
