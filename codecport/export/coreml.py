@@ -28,10 +28,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import os
-import shutil
 import sys
-import tempfile
 import time
 import warnings
 from collections import Counter
@@ -42,6 +39,7 @@ import numpy as np
 import torch
 
 from .. import __version__
+from ..atomic import atomic_dir
 from ..errors import ExportError, ModelFileError
 from .graph import GraphSpec
 
@@ -188,7 +186,7 @@ def to_mlpackage(spec: GraphSpec, path: Path, precision: str = "fp32") -> dict:
         raise ExportError(f"{path}: a CoreML ML Program is a directory ending in .mlpackage")
     ct = _coremltools()
     t0 = time.perf_counter()
-    with _atomic_package(path) as scratch:
+    with atomic_dir(path) as scratch:
         # Converted straight into the scratch folder: by default coremltools keeps a copy of every
         # package it converts in /tmp until the process exits.
         mlmodel = _convert(ct, spec, precision, scratch / "converted.mlpackage")
@@ -238,29 +236,6 @@ def _check_io(spec: GraphSpec, mlspec) -> None:
         have = [(f.name, list(f.type.multiArrayType.shape)) for f in got]
         if want != have:
             raise ExportError(f"{spec.name}: the CoreML {kind} are {have}, declared {want}")
-
-
-@contextlib.contextmanager
-def _atomic_package(path: Path) -> Iterator[Path]:
-    """Yield a scratch folder beside `path`; the package the block saves as `scratch/<path.name>`
-    replaces `path` only if the block succeeds. Rename cannot replace a non-empty directory, so
-    an existing package is first moved into the scratch folder: `path` is briefly absent, but
-    never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent))
-    try:
-        yield scratch
-        previous = scratch / "previous"
-        if path.exists() or path.is_symlink():
-            os.replace(path, previous)
-        try:
-            os.replace(scratch / path.name, path)
-        except OSError:
-            if previous.exists() or previous.is_symlink():
-                os.replace(previous, path)
-            raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _walk(block) -> Iterator:

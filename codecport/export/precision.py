@@ -140,5 +140,6 @@ def to_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.
         quantize_static(copy_model(model), out, Reader(), quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=["Conv", "MatMul"], nodes_to_exclude=exclude,
                         per_channel=True, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8, extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
+                        weight_type=QuantType.QInt8,
+                        extra_options={"ActivationSymmetric": False, "WeightSymmetric": True})
         return onnx.load(str(out))

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import onnx
 
-from ..atomic import atomic_path
+from ..atomic import atomic_dir, atomic_path
 from ..errors import ExportError
 from .deviation import CodecHooks, calibration_clips, deviation, generated_clips, record_feeds
 from .graph import copy_model, export_id, write_export
@@ -157,14 +157,8 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
 def _install(src: Path, dst: Path) -> None:
     """Copy a staged file or folder (.mlpackage) into place, replacing what was there."""
     if src.is_dir():
-        tmp = dst.with_name(f".{dst.name}.part")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
-        old = dst.with_name(f".{dst.name}.old")
-        if dst.exists():
-            dst.rename(old)
-        tmp.rename(dst)
-        shutil.rmtree(old, ignore_errors=True)
+        with atomic_dir(dst) as scratch:
+            shutil.copytree(src, scratch / dst.name)
         return
     with atomic_path(dst) as tmp_file:
         shutil.copy(src, tmp_file)
