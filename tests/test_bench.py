@@ -16,7 +16,7 @@ BIN = Path(sys.executable).parent
 def test_bench_report_structure(tmp_path, codec):
     out = tmp_path / "report.json"
     proc = subprocess.run([str(BIN / "codec-bench"), codec, "--variant", "tiny", "--seconds", "0.5",
-                           "--runs", "1", "--steps", "3", "--contender", "torch",
+                           "--runs", "1", "--steps", "3", "--long", "3", "--contender", "torch",
                            "--contender", "rustymimi", "--precision", "fp32", "--precision", "int8",
                            "--json", str(out)],
                           capture_output=True, text=True, check=False, timeout=600)
@@ -30,12 +30,23 @@ def test_bench_report_structure(tmp_path, codec):
     dev = ran["onnx-cpu-int8"]["deviation"]
     assert 0 <= dev["encoder"]["code_agreement_pct"] <= 100 and "snr_db" in dev["decoder"]
     assert dev["decoder"]["size_bytes"] > 0
+    # DAC also times long audio: 3 windows through the chunked graphs (Mimi has no such path).
+    dirs = ["encode", "decode"] + (["encode-long", "decode-long"] if codec == "dac" else [])
+    assert ("long" in report) == (codec == "dac")
     for name in ("onnx-cpu", "onnx-cpu-int8", "torch-eager"):
-        for d in ("encode", "decode"):
+        assert sorted(d for d in ran[name] if d.startswith(("encode", "decode"))) == sorted(dirs)
+        for d in dirs:
             s = ran[name][d]
             assert 0 < s["rtf_min"] <= s["rtf_median"] <= s["rtf_max"]
+            assert report["flops"][d] > 0
         assert ran[name]["peak_rss_mb"] > 0
     assert set(report["speedups"]) == {"onnx-cpu vs torch-eager", "onnx-cpu-int8 vs onnx-cpu"}
+    assert all(list(sp) == dirs for sp in report["speedups"].values())
+    if codec == "dac":
+        assert report["long"]["windows"] == 3 and report["long"]["seconds"] > 0
+        assert ran["onnx-cpu"]["windows_at_once"] >= 1 and "3 windows" in proc.stdout
+        # Long audio is several windows, so it costs more FLOPs than one fixed call of its graph.
+        assert report["flops"]["decode-long"] > report["flops"]["decode"] / 2
     assert ("streaming" in ran["onnx-cpu"]) == (codec == "mimi")
     if codec == "mimi":
         p = ran["onnx-cpu"]["streaming"]["encode_step"]

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pyloudnorm
 import pytest
 import torch
 from conftest import TINY_CHUNK, TINY_LEN, noise
 
+from codecport.errors import ProviderError
 from codecport.export.dac import rvq_of
 from codecport.runtime.dac import DacCodec
 from codecport.runtime.dacfile import DacFile
+from codecport.runtime.session import cpu_cores
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +141,46 @@ def test_decoder_only_folder(tmp_path, tiny_export):
         np.testing.assert_array_equal(dec_only.decode(codes), full.decode(codes))
     with pytest.raises(ModelFileError, match="encoder"):
         dec_only.compress(noise(600), 16000)
+
+
+@pytest.mark.parametrize("windows", ["1", "3"])
+def test_concurrent_windows_give_the_same_bits(codec, tiny_export, windows):
+    """Windows of a long signal run at once (`windows` option) give exactly the one-at-a-time
+    results, in order; each sliding session gets its share of the cores."""
+    other = DacCodec(tiny_export, options={"windows": windows})
+    assert other.windows == int(windows)
+    audio = noise(9 * TINY_CHUNK + 7, channels=2, seed=3)
+    codes = codec.encode_chunked(audio)
+    np.testing.assert_array_equal(other.encode_chunked(audio), codes)
+    np.testing.assert_array_equal(other.decode(codes, padding=False), codec.decode(codes, padding=False))
+    threads = other.graph("decoder_chunked").session.get_session_options().intra_op_num_threads
+    assert threads == (0 if windows == "1" else max(1, cpu_cores() // 3))  # 0: ORT's default
+    assert other.graph("decoder").session.get_session_options().intra_op_num_threads == 0
+
+
+def test_auto_windows_follow_the_cores(codec):
+    assert codec.windows == (2 if cpu_cores() >= 2 else 1)
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_bad_windows_option_is_refused(tiny_export, value):
+    with pytest.raises(ProviderError, match="option windows must be auto or a whole number"):
+        DacCodec(tiny_export, options={"windows": value})
+
+
+def test_map_windows_keeps_order_bounds_memory_and_raises(tiny_export):
+    codec = DacCodec(tiny_export, options={"windows": "2"})
+    started = []
+
+    def slow(i):
+        started.append(i)
+        time.sleep(0.02 * (i % 3))
+        if i == 7:
+            raise ValueError("window 7")
+        return i
+
+    results = codec.map_windows(slow, range(10))
+    assert [next(results) for _ in range(5)] == [0, 1, 2, 3, 4]
+    assert len(started) <= 5 + 2 + 1  # never more than `windows` + 1 ahead of the caller
+    with pytest.raises(ValueError, match="window 7"):
+        list(results)

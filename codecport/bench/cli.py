@@ -76,8 +76,15 @@ def _speedups(results: dict, ours: str) -> dict:
         if name == ours or "skipped" in r or "deviation" in r:  # variants: against our fp32 below
             continue
         out[f"{ours} vs {name}"] = {d: r[d]["seconds_median"] / results[ours][d]["seconds_median"]
-                                    for d in ("encode", "decode")}
+                                    for d in _directions(r) if d in results[ours]}
     return out
+
+
+DIRECTIONS = ("encode", "decode", "encode-long", "decode-long")
+
+
+def _directions(result: dict) -> list[str]:
+    return [d for d in DIRECTIONS if d in result]
 
 
 def _table(report: dict) -> list[str]:
@@ -85,16 +92,16 @@ def _table(report: dict) -> list[str]:
     lines = [(f"{report['codec']} {report['variant']}: {report['seconds']:g} s of audio, "
              f"{report['runs']} runs after a warm-up; fp32 GEMM peak {peak:.0f} GFLOP/s "
              f"({report['gemm_peak']['library']})"),
-             (f"{'contender':<16}{'dir':<8}{'RTF median':>11}{'min':>8}{'max':>8}{'GFLOP/s':>9}"
+             (f"{'contender':<16}{'direction':<12}{'RTF med':>7}{'min':>8}{'max':>8}{'GFLOP/s':>9}"
              f"{'of peak':>9}{'peak RSS':>10}")]
     for name, r in report["contenders"].items():
         if "skipped" in r:
             lines.append(f"{name:<16}skipped: {r['skipped']}")
             continue
-        for d in ("encode", "decode"):
+        for d in _directions(r):
             s = r[d]
             rate = report["flops"][d] / s["seconds_median"] / 1e9
-            lines.append(f"{name:<16}{d:<8}{s['rtf_median']:>11.3f}{s['rtf_min']:>8.3f}"
+            lines.append(f"{name:<16}{d:<12}{s['rtf_median']:>7.3f}{s['rtf_min']:>8.3f}"
                          f"{s['rtf_max']:>8.3f}{rate:>9.0f}{rate / peak:>9.0%}"
                          f"{r['peak_rss_mb']:>8.0f}MB")
     for name, r in report["contenders"].items():
@@ -106,8 +113,14 @@ def _table(report: dict) -> list[str]:
             what.append(f"audio SNR {d['snr_db']:.1f} dB")
             lines.append(f"{name} {graph} deviation from fp32: {', '.join(what)}, "
                          f"{d['size_bytes'] / 1e6:.0f} MB (fp32 {d['fp32_size_bytes'] / 1e6:.0f} MB)")
+    if "long" in report:
+        lines.append(f"-long: {report['long']['windows']} windows ({report['long']['seconds']:g} s of audio) "
+                     "through the chunked graphs; ours run "
+                     + ", ".join(f"{r['windows_at_once']} at once ({n})" for n, r in report["contenders"].items()
+                                 if "windows_at_once" in r)
+                     + "; torch one after another")
     for pair, sp in report["speedups"].items():
-        lines.append(f"{pair}: encode {sp['encode']:.2f}x, decode {sp['decode']:.2f}x faster")
+        lines.append(f"{pair}: " + ", ".join(f"{d} {x:.2f}x" for d, x in sp.items()) + " faster")
     for m in report.get("memory", []):
         lines.append(f"codec-run decode of {m['minutes']:g} min ({m['output_mb']:.0f} MB of audio "
                      f"written): peak RSS {m['peak_rss_mb']:.0f} MB, {m['seconds']:.1f} s")
@@ -128,12 +141,13 @@ def _plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ran = {n: r for n, r in report["contenders"].items() if "skipped" not in r}
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    dirs = [d for d in DIRECTIONS if any(d in r for r in ran.values())]
+    fig, ax = plt.subplots(figsize=(3.5 * len(dirs), 3.5))
     width = 0.8 / max(1, len(ran))
     for i, (name, r) in enumerate(ran.items()):
-        ax.bar([j + i * width for j in range(2)], [r[d]["rtf_median"] for d in ("encode", "decode")],
-               width, label=name)
-    ax.set_xticks([j + width * (len(ran) - 1) / 2 for j in range(2)], ["encode", "decode"])
+        ax.bar([j + i * width for j, d in enumerate(dirs) if d in r],
+               [r[d]["rtf_median"] for d in dirs if d in r], width, label=name)
+    ax.set_xticks([j + width * (len(ran) - 1) / 2 for j in range(len(dirs))], dirs)
     ax.set_ylabel("real-time factor (lower is faster)")
     ax.set_title(f"{report['codec']} {report['variant']}, {report['seconds']:g} s, {report['machine']['cpus']} CPUs")
     ax.legend()
@@ -154,6 +168,10 @@ def _plot(report: dict, path: Path) -> None:
               help="Our graphs in these precisions (repeatable); fp16/int8 are built from the fp32 "
                    "export and their measured deviation is reported next to their speed.")
 @click.option("--steps", type=click.IntRange(min=1), default=50, help="Mimi streaming steps timed.")
+@click.option("--long", "long_windows", type=click.IntRange(min=0), default=4,
+              help="DAC: also time this many windows of long audio through the chunked graphs, as "
+                   "codec-run slides them (our runtime runs windows at once, see the `windows` "
+                   "option), against the same windows through torch; 0 for none.")
 @click.option("--contender", "contenders", multiple=True, default=["torch", "transformers", "official", "rustymimi"],
               help="Others to compare with (repeatable): torch, transformers, official, rustymimi.")
 @click.option("--memory", "minutes", multiple=True, type=click.FloatRange(min=0.01),
@@ -163,8 +181,8 @@ def _plot(report: dict, path: Path) -> None:
               help="Keep the exported model here and reuse it on the next run [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Bar chart PNG (matplotlib).")
-def main(codec, variant, seconds, runs, providers, precisions, steps, contenders, minutes, work,
-         json_out, plot) -> None:
+def main(codec, variant, seconds, runs, providers, precisions, steps, long_windows, contenders, minutes,
+         work, json_out, plot) -> None:
     """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
     import tempfile
 
@@ -184,8 +202,8 @@ def main(codec, variant, seconds, runs, providers, precisions, steps, contenders
         tmp = tempfile.TemporaryDirectory(prefix="codec-bench-")
         work = Path(tmp.name)
     try:
-        report = _bench(codec, variant, seconds, runs, providers, precisions, steps, contenders,
-                        minutes, work)
+        report = _bench(codec, variant, seconds, runs, providers, precisions, steps,
+                        long_windows if codec == "dac" else 0, contenders, minutes, work)
     except CodecportError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -216,8 +234,8 @@ def _variant(work: Path, precision: str) -> Path:
     return folder
 
 
-def _bench(codec, variant, seconds, runs, providers, precisions, steps, contenders, minutes,
-           work: Path) -> dict:
+def _bench(codec, variant, seconds, runs, providers, precisions, steps, long_windows, contenders,
+           minutes, work: Path) -> dict:
     import onnxruntime
     import torch
 
@@ -236,7 +254,14 @@ def _bench(codec, variant, seconds, runs, providers, precisions, steps, contende
                           "processor": platform.processor() or platform.machine(),
                           "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
               "gemm_peak": gemm_peak(), "flops": flops, "contenders": {}}
-    base = {"codec": codec, "dir": str(work), "seconds": audio_s, "runs": runs, "steps": steps}
+    if long_windows:
+        geo = manifest["geometry"]
+        for d, g in (("encode-long", "encoder_chunked"), ("decode-long", "decoder_chunked")):
+            flops[d] = long_windows * graph_flops(model / f"{g}.onnx")
+        report["long"] = {"windows": long_windows,
+                          "seconds": long_windows * geo["chunk_step"] / int(manifest["sample_rate"])}
+    base = {"codec": codec, "dir": str(work), "seconds": audio_s, "runs": runs, "steps": steps,
+            "long": long_windows}
     t0 = time.perf_counter()
     for precision in precisions:
         folder = "model" if precision == "fp32" else _variant(work, precision).name
@@ -268,7 +293,7 @@ def _bench(codec, variant, seconds, runs, providers, precisions, steps, contende
         low = f"onnx-{providers[0]}-{precision}"
         report["speedups"][f"{low} vs {ours}"] = {
             d: report["contenders"][ours][d]["seconds_median"] / report["contenders"][low][d]["seconds_median"]
-            for d in ("encode", "decode")}
+            for d in _directions(report["contenders"][low])}
     return report
 
 

@@ -3,7 +3,8 @@
     python -m codecport.bench.worker '<json job>'   -> prints one JSON line
 
 Job keys: contender (onnx | torch | transformers), codec (dac | mimi), dir (the bench folder:
-`model/` graphs, `weights.safetensors`, `config.json`), seconds, runs, provider, steps.
+`model/` graphs, `weights.safetensors`, `config.json`), seconds, runs, provider, steps, long
+(DAC: windows of long audio through the chunked graphs; 0 for none).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def run_onnx(job: dict) -> dict:
         codes = codec.encode_exact(x)
         enc = timings(lambda: codec.encode_exact(x), runs)
         dec = timings(lambda: codec.decode(codes, padding=True), runs)
-        out = {}
+        out = _dac_long(codec, job) if job.get("long") else {}
     else:
         codec = MimiCodec(folder, job["provider"])
         x = _audio(codec.graph("encoder").int("samples"))
@@ -45,6 +46,19 @@ def run_onnx(job: dict) -> dict:
         out = {"streaming": _mimi_steps(MimiStream(codec), codec.frame_size, job["steps"])}
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "provider": codec.provider}
+
+
+def _dac_long(codec, job: dict) -> dict:
+    """Long audio through the chunked graphs, as `codec-run` slides them: `long` windows."""
+    g = codec.graph("encoder_chunked")
+    n = job["long"] * g.int("chunk_step")
+    x = _audio(n)
+    codes = codec.encode_chunked(x)
+    enc = timings(lambda: codec.encode_chunked(x), job["runs"])
+    dec = timings(lambda: codec.decode(codes, padding=False), job["runs"])
+    seconds = n / codec.sample_rate
+    return {"encode-long": summary(enc, seconds), "decode-long": summary(dec, seconds),
+            "windows_at_once": codec.windows}
 
 
 def _mimi_steps(stream, frame: int, steps: int) -> dict:
@@ -95,8 +109,31 @@ def run_torch(job: dict) -> dict:
         codes = model.encode(x, k)
         enc = timings(lambda: model.encode(x, k), runs)
         dec = timings(lambda: model.decode(codes), runs)
-    return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
+        out = _torch_dac_long(model, job, meta) if job["codec"] == "dac" and job.get("long") else {}
+    return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "threads": torch.get_num_threads()}
+
+
+def _torch_dac_long(model, job: dict, meta: dict) -> dict:
+    """The same windows as `_dac_long`, through the torch reference one after another (the
+    official chunked `compress`/`decompress` loop)."""
+    import torch
+
+    geo, runs = meta["geometry"], job["runs"]
+    window, step, chunk = geo["window"], geo["chunk_step"], geo["chunk_frames"]
+    n = job["long"] * step
+    x = torch.nn.functional.pad(torch.from_numpy(_audio(n))[:, None], (model.delay(), model.delay() + window))
+    windows = [x[..., i:i + window] for i in range(0, n, step)]
+    model.set_padding(False)
+    try:
+        codes = torch.cat([model.encode(w) for w in windows], -1)
+        enc = timings(lambda: [model.encode(w) for w in windows], runs)
+        dec = timings(lambda: [model.decode(codes[..., i:i + chunk])
+                               for i in range(0, codes.shape[-1], chunk)], runs)
+    finally:
+        model.set_padding(True)
+    seconds = n / int(meta["sample_rate"])
+    return {"encode-long": summary(enc, seconds), "decode-long": summary(dec, seconds)}
 
 
 def run_transformers(job: dict) -> dict:

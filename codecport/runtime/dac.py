@@ -31,6 +31,7 @@ class DacCodec(GraphFolder):
 
     codec, label = "dac", "DAC"
     graphs = ("encoder", "decoder", "encoder_chunked", "decoder_chunked")
+    sliding = ("encoder_chunked", "decoder_chunked")
     shared = (*GraphFolder.shared, "hop_length")
 
     def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None,
@@ -77,12 +78,16 @@ class DacCodec(GraphFolder):
         n = audio.shape[1]
         starts = range(0, n, step)
         x = np.pad(audio, ((0, 0), (delay, delay + window)))  # tail zeros fill the last window
-        out = []
-        for row in x:
-            chunks = [self._encode_window("encoder_chunked", row[i:i + window], k)
-                      for i in tqdm(starts, desc="encode", unit="chunk", disable=None if progress else True)]
-            out.append(np.concatenate(chunks, axis=-1))
-        return np.stack(out)
+        windows = [(row, i) for row in range(len(x)) for i in starts]
+
+        def codes_of(w: tuple[int, int]) -> np.ndarray:
+            return self._encode_window("encoder_chunked", x[w[0], w[1]:w[1] + window], k)
+
+        chunks = list(tqdm(self.map_windows(codes_of, windows), total=len(windows), desc="encode",
+                           unit="chunk", disable=None if progress else True))
+        per_row = len(starts)
+        return np.stack([np.concatenate(chunks[r * per_row:(r + 1) * per_row], axis=-1)
+                         for r in range(len(x))])
 
     def compress(self, audio: np.ndarray, sample_rate: int, n_codebooks: int | None = None,
                  progress: bool = False) -> DacFile:
@@ -145,8 +150,11 @@ class DacCodec(GraphFolder):
             raise CodesError(f"{t} frames is neither the fixed length {frames} nor a multiple of the "
                              f"chunk length {chunk}; re-encode with this model, or export with "
                              "--len / --chunk-len matching the codes")
-        for i in tqdm(range(0, t, chunk), desc="decode", unit="chunk", disable=None if progress else True):
-            yield np.stack([self._decode_window("decoder_chunked", c[:, i:i + chunk]) for c in codes])
+        pieces = self.map_windows(
+            lambda i: np.stack([self._decode_window("decoder_chunked", c[:, i:i + chunk]) for c in codes]),
+            range(0, t, chunk))
+        yield from tqdm(pieces, total=t // chunk, desc="decode", unit="chunk",
+                        disable=None if progress else True)
 
     def decompress(self, f: DacFile, progress: bool = False) -> tuple[np.ndarray, int]:
         """Audio `[channels, original_length]` at the original rate, like the official one."""

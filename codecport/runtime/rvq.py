@@ -19,6 +19,11 @@ def _blas() -> ThreadpoolController:
     return ThreadpoolController()
 
 
+def blas_on_one_thread():
+    """Context in which BLAS runs on one thread."""
+    return _blas().limit(limits=1, user_api="blas")
+
+
 def one_blas_thread(fn):
     """Run `fn` with BLAS on one thread. The RVQ's matrices are small, and OpenBLAS's idle
     threads busy-wait after each call, stealing the cores ONNX Runtime runs on next: on the
@@ -26,7 +31,7 @@ def one_blas_thread(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with _blas().limit(limits=1, user_api="blas"):
+        with blas_on_one_thread():
             return fn(*args, **kwargs)
 
     return wrapper

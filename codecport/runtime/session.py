@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ..errors import CodesError, ModelFileError, ProviderError
-from .rvq import check_code_values
+from .rvq import blas_on_one_thread, check_code_values
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +51,12 @@ DEFAULT_OPTIONS = {
 #   OrtValues on the provider's device (`Graph.device`: CUDA memory for the CUDA EP), so only the
 #   step's input and output cross to the host; 0 runs them through plain `run` with numpy state.
 #   Bit-identical results either way; 0 is there to rule the binding out when a provider misbehaves.
-CODECPORT_OPTIONS = {"io_binding": "1"}
+# - windows: how many windows of a long signal run at once through the graphs a folder slides
+#   over it (DAC's chunked pair; their windows are independent). `auto` is 2 on the CPU EP with
+#   2 or more cores, each run on half of them, and 1 elsewhere. Two runs keep both cores busy
+#   through the kernels ORT runs on one thread: `Sin` (DAC's Snake) is 15 % of a DAC-44k
+#   decoder's time and does not use the thread pool. Same results either way.
+CODECPORT_OPTIONS = {"io_binding": "1", "windows": "auto"}
 # .onnx first: an .ort beside it is a copy converted for one build or target, not the export itself.
 SUFFIXES = (".onnx", ".ort")
 # numpy dtypes of the tensor types our graphs' inputs and outputs may have.
@@ -68,6 +77,23 @@ def codecport_option(key: str, overrides: dict[str, str] | None = None) -> bool:
     if value not in ("0", "1", "false", "true"):
         raise ProviderError(f"option {key} must be 0 or 1, got {value!r}")
     return value in ("1", "true")
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def concurrent_windows(provider: str, overrides: dict[str, str] | None = None) -> int:
+    """The `windows` option (see `CODECPORT_OPTIONS`) as a number of windows run at once."""
+    value = str((overrides or {}).get("windows", CODECPORT_OPTIONS["windows"])).strip().lower()
+    if value == "auto":
+        return 2 if provider == "CPUExecutionProvider" and cpu_cores() >= 2 else 1
+    if not value.isdigit() or int(value) < 1:
+        raise ProviderError(f"option windows must be auto or a whole number of at least 1, got {value!r}")
+    return int(value)
 
 
 def session_options() -> ort.SessionOptions:
@@ -218,12 +244,16 @@ def read_metadata(path: Path) -> dict[str, str]:
     return open_graph(path, "CPUExecutionProvider").meta
 
 
-def open_graph(path: Path, provider: str, options: dict[str, str] | None = None) -> Graph:
+def open_graph(path: Path, provider: str, options: dict[str, str] | None = None,
+               threads: int | None = None) -> Graph:
     """Session for `path` (.onnx, or ORT-format .ort) on `provider` (with `provider_options`
-    overridden by `options`); a missing or corrupt file is a `ModelFileError`."""
+    overridden by `options`), its CPU kernels on `threads` threads (ORT's default: one per
+    core); a missing or corrupt file is a `ModelFileError`."""
     if not path.is_file():
         raise ModelFileError(f"{path}: no such model file; run codec-export first")
     opts = session_options()
+    if threads:
+        opts.intra_op_num_threads = threads
     if provider == "DmlExecutionProvider":
         # DirectML's documented requirements: no memory pattern, sequential execution.
         opts.enable_mem_pattern = False
@@ -262,11 +292,15 @@ class GraphFolder:
 
     `options` are the provider's (see `provider_options`) plus `CODECPORT_OPTIONS`, e.g.
     `{"io_binding": "0"}` to stream through numpy state instead of IO binding.
+
+    The graphs in `sliding` are run over long signals one window at a time; `map_windows` runs
+    `windows` of those calls at once, each session on its share of the cores.
     """
 
     codec = ""  # metadata "codec" the folder must hold
     label = ""  # codec name for messages
     graphs: tuple[str, ...] = ()
+    sliding: tuple[str, ...] = ()
     shared: tuple[str, ...] = ("codec", "export_id", "variant", "sample_rate", "weights_sha256",
                                "quantizer", "n_codebooks", "codebook_size")
 
@@ -284,6 +318,7 @@ class GraphFolder:
             raise ModelFileError(f"{self.dir}: holds no {self.label} graphs; run codec-export "
                                  f"{self.codec} -o {self.dir}")
         self.provider = resolve_provider(provider, fallback)
+        self.windows = concurrent_windows(self.provider, options)
         self._graphs: dict[str, Graph] = {}
         self._manifest_id = _manifest_export_id(self.dir / "manifest.json")
         self.meta = self.graph(self.present[0]).meta
@@ -313,7 +348,10 @@ class GraphFolder:
             if name not in self.present:
                 raise ModelFileError(f"{self.dir} has no {name}.onnx (or {name}.ort); "
                                      f"{self.missing(name)}")
-            g = open_graph(self.files[name], self.provider, self.options)
+            threads = None
+            if name in self.sliding and self.windows > 1 and self.provider == "CPUExecutionProvider":
+                threads = max(1, cpu_cores() // self.windows)
+            g = open_graph(self.files[name], self.provider, self.options, threads)
             if g.meta.get("codec") != self.codec:
                 raise ModelFileError(f"{g.path}: holds a {g.meta.get('codec')} model, not "
                                      f"{self.codec}; use a {self.codec} export")
@@ -335,3 +373,28 @@ class GraphFolder:
                                      f"for {g.path.name}; re-export the folder")
             self._graphs[name] = g
         return self._graphs[name]
+
+    def map_windows(self, fn: Callable, items: Iterable) -> Iterator:
+        """`map(fn, items)` with up to `windows` calls running at once, lazily and in order.
+
+        ORT lets go of the GIL while a session runs, so the calls run on their own cores; one
+        more result than that waits for the caller at most, so memory stays bounded however
+        long the signal. The graphs `fn` uses must be opened (`graph(name)`) before.
+        """
+        if self.windows == 1:
+            yield from map(fn, items)
+            return
+        pool = ThreadPoolExecutor(self.windows, thread_name_prefix="codecport-window")
+        pending: deque = deque()
+        try:
+            # BLAS on one thread for the whole map: the RVQ's per-call limit, taken and given
+            # back from several threads at once, could leave BLAS on the wrong setting.
+            with blas_on_one_thread():
+                for item in items:
+                    pending.append(pool.submit(fn, item))
+                    if len(pending) > self.windows:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
