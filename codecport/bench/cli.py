@@ -6,6 +6,7 @@ timings and the peak RSS are its own. Needs the [export] extra (the model is exp
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -221,6 +222,16 @@ def main(codec, variant, seconds, runs, providers, precisions, steps, long_windo
         click.echo(f"wrote {plot}")
 
 
+def _export_source_hash() -> str:
+    """Hash of the code that builds the graphs: a kept `--dir` export is rebuilt when it changed
+    (the version number stays the same between releases)."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted([*(root / "models").glob("*.py"), *(root / "export").glob("*.py")]):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def _variant(work: Path, precision: str) -> Path:
     """The fp32 export's `precision` variant, built once and kept beside it."""
     from ..export.variants import Shaping, variant_of_folder
@@ -240,7 +251,8 @@ def _bench(codec, variant, seconds, runs, providers, precisions, steps, long_win
     import torch
 
     stamp = work / "stamp.json"
-    key = {"codec": codec, "variant": variant, "seconds": seconds, "codecport": __version__}
+    key = {"codec": codec, "variant": variant, "seconds": seconds, "codecport": __version__,
+           "source": _export_source_hash()}
     if not stamp.is_file() or json.loads(stamp.read_text()) != key:
         click.echo(f"exporting {codec} {variant} for {seconds:g} s of audio (random weights) ...")
         _prepare(codec, variant, seconds, 0, work)
