@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -255,6 +256,10 @@ def _bench(codec, variant, seconds, runs, providers, precisions, steps, long_win
            "source": _export_source_hash()}
     if not stamp.is_file() or json.loads(stamp.read_text()) != key:
         click.echo(f"exporting {codec} {variant} for {seconds:g} s of audio (random weights) ...")
+        # Variants of the previous export go too: the same seed gives the same export id, so
+        # `_variant` could not tell them from variants of this one.
+        for old in work.glob("model-*"):
+            shutil.rmtree(old)
         _prepare(codec, variant, seconds, 0, work)
         stamp.write_text(json.dumps(key))
     model = work / "model"
