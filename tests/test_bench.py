@@ -16,7 +16,7 @@ BIN = Path(sys.executable).parent
 def test_bench_report_structure(tmp_path, codec):
     out = tmp_path / "report.json"
     proc = subprocess.run([str(BIN / "codec-bench"), codec, "--variant", "tiny", "--seconds", "0.5",
-                           "--runs", "1", "--steps", "3", "--long", "3", "--contender", "torch",
+                           "--runs", "1", "--rounds", "2", "--steps", "3", "--long", "3", "--contender", "torch",
                            "--contender", "rustymimi", "--precision", "fp32", "--precision", "int8",
                            "--json", str(out)],
                           capture_output=True, text=True, check=False, timeout=600)
@@ -38,6 +38,7 @@ def test_bench_report_structure(tmp_path, codec):
         for d in dirs:
             s = ran[name][d]
             assert 0 < s["rtf_min"] <= s["rtf_median"] <= s["rtf_max"]
+            assert len(s["seconds"]) == 2  # 1 run in each of 2 rounds, pooled
             assert report["flops"][d] > 0
         assert ran[name]["peak_rss_mb"] > 0
     assert set(report["speedups"]) == {"onnx-cpu vs torch-eager", "onnx-cpu-int8 vs onnx-cpu"}
@@ -51,6 +52,8 @@ def test_bench_report_structure(tmp_path, codec):
     if codec == "mimi":
         p = ran["onnx-cpu"]["streaming"]["encode_step"]
         assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"]
+        assert ran["onnx-cpu"]["streaming"]["steps"] == 6 and len(p["seconds"]) == 6
+    assert "round 2 of 2" in proc.stdout
     assert "onnx-cpu vs torch-eager" in proc.stdout and "skipped" in proc.stdout
     assert "onnx-cpu-int8 decoder deviation from fp32" in proc.stdout
 
@@ -69,3 +72,19 @@ def test_bench_plot_needs_matplotlib_or_writes_png(tmp_path):
     else:
         assert proc.returncode == 0, proc.stderr
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pool_summarises_the_rounds_together():
+    from codecport.bench.measure import percentiles, pool, summary
+
+    a = {"encode": summary([1.0, 3.0], 2.0), "streaming": {"steps": 2, "encode_step": percentiles([0.001, 0.002]),
+                                                          "decode_step": percentiles([0.001, 0.001])},
+         "peak_rss_mb": 10.0, "provider": "x"}
+    b = {"encode": summary([2.5], 2.0), "streaming": {"steps": 1, "encode_step": percentiles([0.009]),
+                                                     "decode_step": percentiles([0.001])},
+         "peak_rss_mb": 30.0, "provider": "x"}
+    p = pool([a, b])
+    assert p["encode"]["seconds"] == [1.0, 3.0, 2.5] and p["encode"]["seconds_median"] == 2.5
+    assert (p["encode"]["rtf_min"], p["encode"]["rtf_median"], p["encode"]["rtf_max"]) == (0.5, 1.25, 1.5)
+    assert p["streaming"]["steps"] == 3 and p["streaming"]["encode_step"]["p50_ms"] == 2.0
+    assert p["peak_rss_mb"] == 30.0 and p["provider"] == "x"

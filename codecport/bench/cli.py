@@ -22,7 +22,7 @@ import click
 from .. import __version__
 from ..atomic import atomic_path
 from ..errors import CodecportError
-from .measure import gemm_peak, graph_flops
+from .measure import gemm_peak, graph_flops, pool
 
 # Contenders that are not installed here are listed, skipped, with the reason.
 _OPTIONAL = {
@@ -92,7 +92,9 @@ def _directions(result: dict) -> list[str]:
 def _table(report: dict) -> list[str]:
     peak = report["gemm_peak"]["gflops"]
     lines = [(f"{report['codec']} {report['variant']}: {report['seconds']:g} s of audio, "
-             f"{report['runs']} runs after a warm-up; fp32 GEMM peak {peak:.0f} GFLOP/s "
+             f"{report['runs']} runs after a warm-up"
+             + (f", in each of {report['rounds']} rounds taken in turn" if report["rounds"] > 1 else "")
+             + f"; fp32 GEMM peak {peak:.0f} GFLOP/s "
              f"({report['gemm_peak']['library']})"),
              (f"{'contender':<16}{'direction':<12}{'RTF med':>7}{'min':>8}{'max':>8}{'GFLOP/s':>9}"
              f"{'of peak':>9}{'peak RSS':>10}")]
@@ -163,6 +165,9 @@ def _plot(report: dict, path: Path) -> None:
 @click.option("--variant", default=None, help="Preset [default: 44khz for dac, mimi for mimi].")
 @click.option("--seconds", type=float, default=5.0, help="Audio per encode/decode call.")
 @click.option("--runs", type=click.IntRange(min=1), default=3, help="Timed runs after one warm-up.")
+@click.option("--rounds", type=click.IntRange(min=1), default=1,
+              help="Run every contender this many times, taking turns, and pool their runs: a slow "
+                   "spell of the machine then falls on all of them.")
 @click.option("--provider", "providers", multiple=True, default=["cpu"],
               type=click.Choice(["cpu", "cuda", "dml", "coreml"]), help="Our graphs on these (repeatable).")
 @click.option("--precision", "precisions", multiple=True, default=["fp32"],
@@ -183,8 +188,8 @@ def _plot(report: dict, path: Path) -> None:
               help="Keep the exported model here and reuse it on the next run [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Bar chart PNG (matplotlib).")
-def main(codec, variant, seconds, runs, providers, precisions, steps, long_windows, contenders, minutes,
-         work, json_out, plot) -> None:
+def main(codec, variant, seconds, runs, rounds, providers, precisions, steps, long_windows, contenders,
+         minutes, work, json_out, plot) -> None:
     """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
     import tempfile
 
@@ -204,7 +209,7 @@ def main(codec, variant, seconds, runs, providers, precisions, steps, long_windo
         tmp = tempfile.TemporaryDirectory(prefix="codec-bench-")
         work = Path(tmp.name)
     try:
-        report = _bench(codec, variant, seconds, runs, providers, precisions, steps,
+        report = _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps,
                         long_windows if codec == "dac" else 0, contenders, minutes, work)
     except CodecportError as e:
         click.echo(f"error: {e}", err=True)
@@ -246,8 +251,8 @@ def _variant(work: Path, precision: str) -> Path:
     return folder
 
 
-def _bench(codec, variant, seconds, runs, providers, precisions, steps, long_windows, contenders,
-           minutes, work: Path) -> dict:
+def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, long_windows,
+           contenders, minutes, work: Path) -> dict:
     import onnxruntime
     import torch
 
@@ -266,7 +271,7 @@ def _bench(codec, variant, seconds, runs, providers, precisions, steps, long_win
     flops = {"encode": graph_flops(model / "encoder.onnx"), "decode": graph_flops(model / "decoder.onnx")}
     manifest = json.loads((model / "manifest.json").read_text())
     audio_s = manifest["geometry"]["samples"] / int(manifest["sample_rate"])
-    report = {"codec": codec, "variant": variant, "seconds": audio_s, "runs": runs,
+    report = {"codec": codec, "variant": variant, "seconds": audio_s, "runs": runs, "rounds": rounds,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                           "processor": platform.processor() or platform.machine(),
                           "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
@@ -280,25 +285,34 @@ def _bench(codec, variant, seconds, runs, providers, precisions, steps, long_win
     base = {"codec": codec, "dir": str(work), "seconds": audio_s, "runs": runs, "steps": steps,
             "long": long_windows}
     t0 = time.perf_counter()
+    jobs, deviations = {}, {}
     for precision in precisions:
         folder = "model" if precision == "fp32" else _variant(work, precision).name
         suffix = "" if precision == "fp32" else f"-{precision}"
         for p in providers:
             name = f"onnx-{p}{suffix}"
-            click.echo(f"running {name} ...")
-            report["contenders"][name] = _worker({**base, "contender": "onnx", "provider": p,
-                                                  "model": folder})
+            jobs[name] = {**base, "contender": "onnx", "provider": p, "model": folder}
             if precision != "fp32":
                 dev = json.loads((work / folder / "manifest.json").read_text())["deviation"]
-                report["contenders"][name]["deviation"] = {g: dev[g] for g in ("encoder", "decoder")}
+                deviations[name] = {g: dev[g] for g in ("encoder", "decoder")}
+    skipped = {}
     for name in contenders:
         module, reason = _OPTIONAL.get(name, ("torch", ""))
         if name != "torch" and (module is None or importlib.util.find_spec(module) is None):
-            report["contenders"][name] = {"skipped": f"not installed: {reason}" if module else reason}
+            skipped[name] = {"skipped": f"not installed: {reason}" if module else reason}
             continue
-        label = "torch-eager" if name == "torch" else name
-        click.echo(f"running {label} ...")
-        report["contenders"][label] = _worker({**base, "contender": name})
+        jobs["torch-eager" if name == "torch" else name] = {**base, "contender": name}
+    # Rounds interleave the contenders, so a slow spell of the machine (other tenants, clock
+    # changes) lands on all of them instead of deciding one ratio.
+    rounds_of: dict[str, list[dict]] = {name: [] for name in jobs}
+    for r in range(rounds):
+        for name, job in jobs.items():
+            click.echo(f"running {name}" + (f" (round {r + 1} of {rounds})" if rounds > 1 else "") + " ...")
+            rounds_of[name].append(_worker(job))
+    for name, results in rounds_of.items():
+        report["contenders"][name] = {**pool(results), **({"deviation": deviations[name]}
+                                                          if name in deviations else {})}
+    report["contenders"].update(skipped)
     for m in minutes:
         click.echo(f"running codec-run decode of {m:g} min ...")
         report.setdefault("memory", []).append(_worker({**base, "contender": "memory", "minutes": m}))

@@ -23,16 +23,34 @@ def timings(fn: Callable[[], object], runs: int, warmup: int = 1) -> list[float]
     return out
 
 
-def summary(seconds: list[float], audio_seconds: float) -> dict[str, float]:
-    """Real-time factor (compute seconds per audio second): median, min, max."""
+def summary(seconds: list[float], audio_seconds: float) -> dict:
+    """Real-time factor (compute seconds per audio second): median, min, max; with the timings
+    themselves, so the runs of several rounds can be pooled (`pool`)."""
     rtf = np.array(seconds) / audio_seconds
     return {"rtf_median": float(np.median(rtf)), "rtf_min": float(rtf.min()),
-            "rtf_max": float(rtf.max()), "seconds_median": float(np.median(seconds))}
+            "rtf_max": float(rtf.max()), "seconds_median": float(np.median(seconds)),
+            "audio_seconds": audio_seconds, "seconds": [float(x) for x in seconds]}
 
 
-def percentiles(seconds: list[float]) -> dict[str, float]:
+def percentiles(seconds: list[float]) -> dict:
     ms = np.array(seconds) * 1e3
-    return {f"p{p}_ms": float(np.percentile(ms, p)) for p in (50, 95, 99)}
+    return {**{f"p{p}_ms": float(np.percentile(ms, p)) for p in (50, 95, 99)},
+            "seconds": [float(x) for x in seconds]}
+
+
+def pool(results: list[dict]) -> dict:
+    """One contender's results from several rounds as one: timings pooled and summarised again,
+    peak RSS the highest, anything else as the first round had it."""
+    out = dict(results[0])
+    for key, first in results[0].items():
+        if isinstance(first, dict) and "rtf_median" in first:
+            out[key] = summary([x for r in results for x in r[key]["seconds"]], first["audio_seconds"])
+        elif key == "streaming":
+            out[key] = {**first, "steps": sum(r[key]["steps"] for r in results)}
+            for d in ("encode_step", "decode_step"):
+                out[key][d] = percentiles([x for r in results for x in r[key][d]["seconds"]])
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
+    return out
 
 
 def peak_rss_mb() -> float:
