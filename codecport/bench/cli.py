@@ -122,7 +122,8 @@ def _table(report: dict) -> list[str]:
                      "through the chunked graphs; ours run "
                      + ", ".join(f"{r['windows_at_once']} at once ({n})" for n, r in report["contenders"].items()
                                  if "windows_at_once" in r)
-                     + "; torch one after another")
+                     + ("; torch one after another" if "encode-long" in report["contenders"].get("torch-eager", {})
+                        else ""))
     for pair, sp in report["speedups"].items():
         lines.append(f"{pair}: " + ", ".join(f"{d} {x:.2f}x" for d, x in sp.items()) + " faster")
     for m in report.get("memory", []):
