@@ -26,7 +26,11 @@ def test_bench_report_structure(tmp_path, codec):
     assert report["flops"]["encode"] > 0 and report["flops"]["decode"] > 0
     ran = report["contenders"]
     assert set(ran) == {"onnx-cpu", "onnx-cpu-int8", "torch-eager", "rustymimi"}
-    assert "not installed" in ran["rustymimi"]["skipped"]
+    assert "released Mimi config only" in ran["rustymimi"]["skipped"]
+    # Contenders on the same weights report how many of their codes equal our fp32 graphs'.
+    eq = ran["torch-eager"]["codes_equal_pct"]
+    assert eq["to"] == "onnx-cpu" and eq["frames"][0] == eq["frames"][1] and eq["pct"] >= 90
+    assert not any("codes" in r for r in ran.values())
     dev = ran["onnx-cpu-int8"]["deviation"]
     assert 0 <= dev["encoder"]["code_agreement_pct"] <= 100 and "snr_db" in dev["decoder"]
     assert dev["decoder"]["size_bytes"] > 0
@@ -88,3 +92,21 @@ def test_pool_summarises_the_rounds_together():
     assert (p["encode"]["rtf_min"], p["encode"]["rtf_median"], p["encode"]["rtf_max"]) == (0.5, 1.25, 1.5)
     assert p["streaming"]["steps"] == 3 and p["streaming"]["encode_step"]["p50_ms"] == 2.0
     assert p["peak_rss_mb"] == 30.0 and p["provider"] == "x"
+
+
+def test_bench_runs_rustymimi_on_the_released_config(tmp_path):
+    """rustymimi builds the released config only, so this one exports the full Mimi."""
+    out = tmp_path / "report.json"
+    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--seconds", "0.4", "--runs", "1",
+                           "--steps", "3", "--contender", "rustymimi", "--json", str(out)],
+                          capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ran = json.loads(out.read_text())["contenders"]
+    assert set(ran) == {"onnx-cpu", "rustymimi"}
+    r = ran["rustymimi"]
+    assert r["version"] and 0 < r["encode"]["rtf_median"] and 0 < r["decode"]["rtf_median"]
+    assert r["streaming"]["steps"] == 3 and r["streaming"]["decode_step"]["p50_ms"] > 0
+    assert r["codes_equal_pct"]["pct"] == 100 and r["codes_equal_pct"]["frames"] == [5, 5]
+    sp = json.loads(out.read_text())["speedups"]["onnx-cpu vs rustymimi"]
+    assert set(sp) == {"encode", "decode", "encode_step p95", "decode_step p95"}
+    assert "rustymimi codes: 100.0% equal to onnx-cpu's" in proc.stdout

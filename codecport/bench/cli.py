@@ -77,8 +77,12 @@ def _speedups(results: dict, ours: str) -> dict:
     for name, r in results.items():
         if name == ours or "skipped" in r or "deviation" in r:  # variants: against our fp32 below
             continue
-        out[f"{ours} vs {name}"] = {d: r[d]["seconds_median"] / results[ours][d]["seconds_median"]
-                                    for d in _directions(r) if d in results[ours]}
+        sp = {d: r[d]["seconds_median"] / results[ours][d]["seconds_median"]
+              for d in _directions(r) if d in results[ours]}
+        if "streaming" in r and "streaming" in results[ours]:
+            for d in ("encode_step", "decode_step"):
+                sp[f"{d} p95"] = r["streaming"][d]["p95_ms"] / results[ours]["streaming"][d]["p95_ms"]
+        out[f"{ours} vs {name}"] = sp
     return out
 
 
@@ -124,6 +128,12 @@ def _table(report: dict) -> list[str]:
                                  if "windows_at_once" in r)
                      + ("; torch one after another" if "encode-long" in report["contenders"].get("torch-eager", {})
                         else ""))
+    for name, r in report["contenders"].items():
+        if "codes_equal_pct" in r:
+            eq = r["codes_equal_pct"]
+            lines.append(f"{name} codes: {eq['pct']:.1f}% equal to {eq['to']}'s on the same weights"
+                         + ("" if eq["frames"][0] == eq["frames"][1]
+                            else f" ({eq['frames'][0]} against {eq['frames'][1]} frames)"))
     for pair, sp in report["speedups"].items():
         lines.append(f"{pair}: " + ", ".join(f"{d} {x:.2f}x" for d, x in sp.items()) + " faster")
     for m in report.get("memory", []):
@@ -252,6 +262,28 @@ def _variant(work: Path, precision: str) -> Path:
     return folder
 
 
+def _code_agreement(contenders: dict, ours: str | None) -> None:
+    """Codes of the contenders on the bench's weights, compared with our fp32 graphs' codes.
+
+    The codes themselves leave the report. transformers builds its own random weights, so it
+    has none to compare; our lower precisions report their deviation instead.
+    """
+    import numpy as np
+
+    codes = {n: np.asarray(r.pop("codes")) for n, r in contenders.items() if "codes" in r}
+    if ours not in codes:
+        return
+    for name, c in codes.items():
+        if name == ours or "deviation" in contenders[name]:
+            continue
+        want = codes[ours]
+        # Over the frames both have; a differing count is printed beside the share.
+        k, t = min(c.shape[-2], want.shape[-2]), min(c.shape[-1], want.shape[-1])
+        contenders[name]["codes_equal_pct"] = {
+            "to": ours, "pct": float((c[..., :k, :t] == want[..., :k, :t]).mean() * 100),
+            "frames": [int(c.shape[-1]), int(want.shape[-1])]}
+
+
 def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, long_windows,
            contenders, minutes, work: Path) -> dict:
     import onnxruntime
@@ -302,6 +334,10 @@ def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, 
         if name != "torch" and (module is None or importlib.util.find_spec(module) is None):
             skipped[name] = {"skipped": f"not installed: {reason}" if module else reason}
             continue
+        if name == "rustymimi" and (codec, variant) != ("mimi", "mimi"):
+            # Its Tokenizer builds the released Mimi's config whatever the file holds.
+            skipped[name] = {"skipped": "rustymimi runs the released Mimi config only (mimi --variant mimi)"}
+            continue
         jobs["torch-eager" if name == "torch" else name] = {**base, "contender": name}
     # Rounds interleave the contenders, so a slow spell of the machine (other tenants, clock
     # changes) lands on all of them instead of deciding one ratio.
@@ -314,6 +350,7 @@ def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, 
         report["contenders"][name] = {**pool(results), **({"deviation": deviations[name]}
                                                           if name in deviations else {})}
     report["contenders"].update(skipped)
+    _code_agreement(report["contenders"], f"onnx-{providers[0]}" if "fp32" in precisions else None)
     for m in minutes:
         click.echo(f"running codec-run decode of {m:g} min ...")
         report.setdefault("memory", []).append(_worker({**base, "contender": "memory", "minutes": m}))

@@ -2,7 +2,7 @@
 
     python -m codecport.bench.worker '<json job>'   -> prints one JSON line
 
-Job keys: contender (onnx | torch | transformers), codec (dac | mimi), dir (the bench folder:
+Job keys: contender (onnx | torch | transformers | rustymimi), codec (dac | mimi), dir (the bench folder:
 `model/` graphs, `weights.safetensors`, `config.json`), seconds, runs, provider, steps, long
 (DAC: windows of long audio through the chunked graphs; 0 for none).
 """
@@ -45,7 +45,7 @@ def run_onnx(job: dict) -> dict:
         dec = timings(lambda: codec.decode(codes), runs)
         out = {"streaming": _mimi_steps(MimiStream(codec), codec.frame_size, job["steps"])}
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
-            "provider": codec.provider}
+            "provider": codec.provider, "codes": np.asarray(codes).tolist()}
 
 
 def _dac_long(codec, job: dict) -> dict:
@@ -111,7 +111,7 @@ def run_torch(job: dict) -> dict:
         dec = timings(lambda: model.decode(codes), runs)
         out = _torch_dac_long(model, job, meta) if job["codec"] == "dac" and job.get("long") else {}
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "codes": codes.numpy().tolist()}
 
 
 def _torch_dac_long(model, job: dict, meta: dict) -> dict:
@@ -178,6 +178,38 @@ def run_transformers(job: dict) -> dict:
             "version": transformers.__version__}
 
 
+class _RustyStream:
+    """rustymimi's streaming calls in `MimiStream`'s shape: one frame in, its codes out."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def encode_step(self, frame: np.ndarray):
+        return self.tok.encode_step(frame[None, None])
+
+    def decode_step(self, codes):
+        return self.tok.decode_step(codes)
+
+
+def run_rustymimi(job: dict) -> dict:
+    """Kyutai's Rust Mimi (candle), as its users run it, on the bench's weights: moshi's file
+    format, whose key names are ours. It builds the released Mimi's config only."""
+    from importlib.metadata import version
+
+    import rustymimi
+
+    meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
+    tok = rustymimi.Tokenizer(str(Path(job["dir"]) / "weights.safetensors"), num_codebooks=8)
+    x = _audio(int(meta["geometry"]["samples"]))[None]
+    codes = tok.encode(x)
+    enc = timings(lambda: tok.encode(x), job["runs"])
+    dec = timings(lambda: tok.decode(codes), job["runs"])
+    tok.reset()
+    return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
+            "streaming": _mimi_steps(_RustyStream(tok), int(meta["frame_size"]), job["steps"]),
+            "version": version("rustymimi"), "codes": codes.astype(np.int64).tolist()}
+
+
 def run_memory(job: dict) -> dict:
     """`codec-run decode` of random codes for `minutes` of audio, in this process."""
     from ..cli import run_cli
@@ -204,7 +236,7 @@ def run_memory(job: dict) -> dict:
 def main() -> None:
     job = json.loads(sys.argv[1])
     run = {"onnx": run_onnx, "torch": run_torch, "transformers": run_transformers,
-           "memory": run_memory}[job["contender"]]
+           "rustymimi": run_rustymimi, "memory": run_memory}[job["contender"]]
     result = run(job)
     result["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(result))

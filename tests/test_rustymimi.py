@@ -1,0 +1,101 @@
+"""Our Mimi graphs against Kyutai's Rust Mimi (rustymimi, built on candle): an implementation
+independent of ours, of moshi's torch code and of transformers.
+
+rustymimi builds the released Mimi's config whatever its file holds, so these tests use that
+config with seeded random weights, saved in moshi's safetensors format (moshi's key names are
+ours). It has its own streaming path, which the step graphs are checked against step by step.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from conftest import noise
+from safetensors.torch import load_file, save_file
+
+from codecport.export.mimi import export_mimi
+from codecport.models.mimi import PRESETS, MimiModel, init_random
+from codecport.runtime.mimi import MimiCodec, MimiStream
+
+pytestmark = pytest.mark.skipif(sys.version_info >= (3, 14),
+                                reason="rustymimi publishes no wheel for Python 3.14 yet")
+
+FRAMES = 20  # 1.6 s: 40 transformer positions, well inside the 250-position window
+K = 8  # Moshi's codebooks, rustymimi's default
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory):
+    """(moshi-format weights file, exported folder) of the released config, random weights."""
+    model = init_random(MimiModel(PRESETS["mimi"]), seed=3).eval()
+    root = tmp_path_factory.mktemp("rustymimi")
+    weights = root / "mimi.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    export_mimi(model, root / "onnx", FRAMES * model.cfg.frame_size, 1, variant="mimi",
+                weights="random-init seed 3", weights_sha256="none")
+    return weights, root / "onnx"
+
+
+@pytest.fixture
+def tokenizer(released):
+    import rustymimi
+
+    return rustymimi.Tokenizer(str(released[0]), num_codebooks=K)
+
+
+@pytest.fixture(scope="module")
+def clip(released) -> np.ndarray:
+    return noise(FRAMES * MimiCodec(released[1]).frame_size, seed=4)
+
+
+def test_fixed_graphs_equal_rustymimi(released, tokenizer, clip):
+    codec = MimiCodec(released[1])
+    theirs = tokenizer.encode(clip[None]).astype(np.int64)
+    assert theirs.shape == (1, K, FRAMES)
+    # Exact: a code that differs means a different latent (or a near-tie the seed avoids).
+    np.testing.assert_array_equal(codec.encode(clip, codec.sample_rate), theirs)
+    np.testing.assert_allclose(codec.decode(theirs), tokenizer.decode(theirs.astype(np.uint32))[0],
+                               atol=1e-4)
+
+
+def test_step_graphs_equal_rustymimi_streaming(released, tokenizer, clip):
+    """One 80 ms frame at a time through both streaming paths, state carried by each."""
+    stream = MimiStream(MimiCodec(released[1]))
+    assert stream.step_samples == clip.shape[1] // FRAMES
+    codes, ours, theirs = [], [], []
+    for i in range(FRAMES):
+        frame = clip[:, i * stream.step_samples:(i + 1) * stream.step_samples]
+        c = stream.encode_step(frame)
+        np.testing.assert_array_equal(c, tokenizer.encode_step(frame[None])[0].astype(np.int64),
+                                      err_msg=f"step {i}")
+        codes.append(c)
+    tokenizer.reset()
+    for i, c in enumerate(codes):
+        ours.append(stream.decode_step(c[None]))
+        theirs.append(tokenizer.decode_step(np.ascontiguousarray(c[None].astype(np.uint32)))[0, 0])
+    np.testing.assert_allclose(np.concatenate(ours), np.concatenate(theirs), atol=1e-4)
+
+
+def test_past_the_window_rustymimi_attends_to_one_more_position(released, tokenizer):
+    """moshi (and transformers, and our graphs) let a query see keys 0..249 positions back;
+    candle's mask also keeps the key 250 back (`pos_cache + context < pos_src` masks only
+    beyond it). The two official implementations part after 250 transformer positions (10 s),
+    and rustymimi then equals our model with a context of 251 exactly."""
+    frames = 140  # 280 positions
+    clip = noise(frames * PRESETS["mimi"].frame_size, seed=4)
+    theirs = tokenizer.encode(clip[None])[0].astype(np.int64)
+    sd = load_file(str(released[0]))
+    ours = {}
+    for context in (250, 251):
+        model = MimiModel(replace(PRESETS["mimi"], context=context)).eval()
+        model.load_state_dict(sd)
+        with torch.no_grad():
+            ours[context] = model.encode(torch.from_numpy(clip)[None], K)[0].numpy()
+    same = (ours[250] == theirs).all(axis=0)
+    assert same[:125].all()  # the first 250 positions see the same keys
+    assert not same.all()
+    np.testing.assert_array_equal(ours[251], theirs)
