@@ -82,9 +82,9 @@ def test_step_graphs_equal_rustymimi_streaming(released, tokenizer, clip):
 
 def test_past_the_window_rustymimi_attends_to_one_more_position(released, tokenizer):
     """moshi (and transformers, and our graphs) let a query see keys 0..249 positions back;
-    candle's mask also keeps the key 250 back (`pos_cache + context < pos_src` masks only
-    beyond it). The two official implementations part after 250 transformer positions (10 s),
-    and rustymimi then equals our model with a context of 251 exactly."""
+    candle also keeps the key 250 back (candle-nn's rotating KV cache masks a key only when
+    `pos_cache + context < pos_src`). The two official implementations part after 250
+    transformer positions (10 s), and rustymimi then equals our model with a context of 251."""
     frames = 140  # 280 positions
     clip = noise(frames * PRESETS["mimi"].frame_size, seed=4)
     theirs = tokenizer.encode(clip[None])[0].astype(np.int64)
