@@ -18,7 +18,7 @@ def test_bench_report_structure(tmp_path, codec):
     proc = subprocess.run([str(BIN / "codec-bench"), codec, "--variant", "tiny", "--seconds", "0.5",
                            "--runs", "1", "--rounds", "2", "--steps", "3", "--long", "3", "--contender", "torch",
                            "--contender", "rustymimi", "--precision", "fp32", "--precision", "int8",
-                           "--json", str(out)],
+                           *(["--frames", "2"] if codec == "mimi" else []), "--json", str(out)],
                           capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
@@ -57,6 +57,9 @@ def test_bench_report_structure(tmp_path, codec):
         p = ran["onnx-cpu"]["streaming"]["encode_step"]
         assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"]
         assert ran["onnx-cpu"]["streaming"]["steps"] == 6 and len(p["seconds"]) == 6
+        # Two frames a step: the step graphs were exported for it, and the cost per frame shown.
+        assert ran["onnx-cpu"]["streaming"]["frames_per_step"] == 2
+        assert "2 × 80 ms frames a step" in proc.stdout and "per frame p50" in proc.stdout
     assert "round 2 of 2" in proc.stdout
     assert "onnx-cpu vs torch-eager" in proc.stdout and "skipped" in proc.stdout
     assert "onnx-cpu-int8 decoder deviation from fp32" in proc.stdout
@@ -110,3 +113,11 @@ def test_bench_runs_rustymimi_on_the_released_config(tmp_path):
     sp = json.loads(out.read_text())["speedups"]["onnx-cpu vs rustymimi"]
     assert set(sp) == {"encode", "decode", "encode_step p95", "decode_step p95"}
     assert "rustymimi codes: 100.0% equal to onnx-cpu's" in proc.stdout
+
+
+def test_bench_frames_is_for_mimi(tmp_path):
+    proc = subprocess.run([str(BIN / "codec-bench"), "dac", "--variant", "tiny", "--frames", "2",
+                           "--dir", str(tmp_path / "b")], capture_output=True, text=True, check=False,
+                          timeout=120)
+    assert proc.returncode == 2 and "--frames is for mimi" in proc.stderr
+    assert not (tmp_path / "b").exists()

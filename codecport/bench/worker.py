@@ -3,8 +3,9 @@
     python -m codecport.bench.worker '<json job>'   -> prints one JSON line
 
 Job keys: contender (onnx | torch | transformers | rustymimi), codec (dac | mimi), dir (the bench folder:
-`model/` graphs, `weights.safetensors`, `config.json`), seconds, runs, provider, steps, long
-(DAC: windows of long audio through the chunked graphs; 0 for none).
+`model/` graphs, `weights.safetensors`, `config.json`), seconds, runs, provider, steps, frames
+(Mimi: code frames a streaming step), long (DAC: windows of long audio through the chunked
+graphs; 0 for none).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def run_onnx(job: dict) -> dict:
         codes = codec.encode(x, codec.sample_rate)
         enc = timings(lambda: codec.encode(x, codec.sample_rate), runs)
         dec = timings(lambda: codec.decode(codes), runs)
-        out = {"streaming": _mimi_steps(MimiStream(codec), codec.frame_size, job["steps"])}
+        stream = MimiStream(codec)
+        out = {"streaming": _mimi_steps(stream, stream.step_frames, stream.step_samples, job["steps"])}
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "provider": codec.provider, "codes": np.asarray(codes).tolist()}
 
@@ -61,20 +63,22 @@ def _dac_long(codec, job: dict) -> dict:
             "windows_at_once": codec.windows}
 
 
-def _mimi_steps(stream, frame: int, steps: int) -> dict:
-    """Latency of one 80 ms frame through the step graphs, encode and decode separately."""
-    x = _audio(frame * (steps + 5))[0]
+def _mimi_steps(stream, frames: int, samples: int, steps: int) -> dict:
+    """Latency of one streaming step (`frames` 80 ms frames, `samples` samples), encode and
+    decode separately."""
+    x = _audio(samples * (steps + 5))[0]
     enc, dec = [], []
     for i in range(steps + 5):
         t0 = time.perf_counter()
-        codes = stream.encode_step(x[i * frame:(i + 1) * frame])
+        codes = stream.encode_step(x[i * samples:(i + 1) * samples])
         t1 = time.perf_counter()
         stream.decode_step(codes)
         t2 = time.perf_counter()
         if i >= 5:  # the first steps warm the sessions up
             enc.append(t1 - t0)
             dec.append(t2 - t1)
-    return {"encode_step": percentiles(enc), "decode_step": percentiles(dec), "steps": steps}
+    return {"encode_step": percentiles(enc), "decode_step": percentiles(dec), "steps": steps,
+            "frames_per_step": frames}
 
 
 def _torch_model(job: dict):
@@ -206,7 +210,8 @@ def run_rustymimi(job: dict) -> dict:
     dec = timings(lambda: tok.decode(codes), job["runs"])
     tok.reset()
     return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
-            "streaming": _mimi_steps(_RustyStream(tok), int(meta["frame_size"]), job["steps"]),
+            "streaming": _mimi_steps(_RustyStream(tok), job["frames"],
+                                     job["frames"] * int(meta["frame_size"]), job["steps"]),
             "version": version("rustymimi"), "codes": codes.astype(np.int64).tolist()}
 
 
