@@ -59,7 +59,8 @@ def test_bench_report_structure(tmp_path, codec):
         assert ran["onnx-cpu"]["streaming"]["steps"] == 6 and len(p["seconds"]) == 6
         # Two frames a step: the step graphs were exported for it, and the cost per frame shown.
         assert ran["onnx-cpu"]["streaming"]["frames_per_step"] == 2
-        assert "2 × 80 ms frames a step" in proc.stdout and "per frame p50" in proc.stdout
+        assert ran["onnx-cpu"]["streaming"]["frame_ms"] == 1  # the tiny config: 24 samples at 24 kHz
+        assert "2 × 1 ms frames a step" in proc.stdout and "per frame p50" in proc.stdout
     assert "round 2 of 2" in proc.stdout
     assert "onnx-cpu vs torch-eager" in proc.stdout and "skipped" in proc.stdout
     assert "onnx-cpu-int8 decoder deviation from fp32" in proc.stdout
@@ -113,6 +114,7 @@ def test_bench_runs_rustymimi_on_the_released_config(tmp_path):
     sp = json.loads(out.read_text())["speedups"]["onnx-cpu vs rustymimi"]
     assert set(sp) == {"encode", "decode", "encode_step p95", "decode_step p95"}
     assert "rustymimi codes: 100.0% equal to onnx-cpu's" in proc.stdout
+    assert "rustymimi streaming encode_step (1 × 80 ms frame a step, 3 steps)" in proc.stdout
 
 
 def test_bench_frames_is_for_mimi(tmp_path):

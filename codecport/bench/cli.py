@@ -145,7 +145,7 @@ def _table(report: dict) -> list[str]:
             for d in ("encode_step", "decode_step"):
                 p = st[d]
                 f = st["frames_per_step"]
-                line = (f"{name} streaming {d} ({f} × 80 ms frame{'s' if f > 1 else ''} a step, "
+                line = (f"{name} streaming {d} ({f} × {st['frame_ms']:g} ms frame{'s' if f > 1 else ''} a step, "
                         f"{st['steps']} steps): p50 {p['p50_ms']:.1f} ms, p95 {p['p95_ms']:.1f} ms, "
                         f"p99 {p['p99_ms']:.1f} ms")
                 if f > 1:  # the weights are read once a step, so the cost of a frame falls
@@ -327,8 +327,7 @@ def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, 
         report["long"] = {"windows": long_windows,
                           "seconds": long_windows * geo["chunk_step"] / int(manifest["sample_rate"])}
     base = {"codec": codec, "dir": str(work), "seconds": audio_s, "runs": runs, "steps": steps,
-            "frames": frames,
-            "long": long_windows}
+            "frames": frames, "long": long_windows}
     t0 = time.perf_counter()
     jobs, deviations = {}, {}
     for precision in precisions:

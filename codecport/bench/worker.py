@@ -45,7 +45,8 @@ def run_onnx(job: dict) -> dict:
         enc = timings(lambda: codec.encode(x, codec.sample_rate), runs)
         dec = timings(lambda: codec.decode(codes), runs)
         stream = MimiStream(codec)
-        out = {"streaming": _mimi_steps(stream, stream.step_frames, stream.step_samples, job["steps"])}
+        out = {"streaming": _mimi_steps(stream, stream.step_frames, stream.step_samples,
+                                        codec.sample_rate, job["steps"])}
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "provider": codec.provider, "codes": np.asarray(codes).tolist()}
 
@@ -63,9 +64,9 @@ def _dac_long(codec, job: dict) -> dict:
             "windows_at_once": codec.windows}
 
 
-def _mimi_steps(stream, frames: int, samples: int, steps: int) -> dict:
-    """Latency of one streaming step (`frames` 80 ms frames, `samples` samples), encode and
-    decode separately."""
+def _mimi_steps(stream, frames: int, samples: int, rate: int, steps: int) -> dict:
+    """Latency of one streaming step (`frames` code frames, `samples` samples at `rate`), encode
+    and decode separately."""
     x = _audio(samples * (steps + 5))[0]
     enc, dec = [], []
     for i in range(steps + 5):
@@ -78,7 +79,7 @@ def _mimi_steps(stream, frames: int, samples: int, steps: int) -> dict:
             enc.append(t1 - t0)
             dec.append(t2 - t1)
     return {"encode_step": percentiles(enc), "decode_step": percentiles(dec), "steps": steps,
-            "frames_per_step": frames}
+            "frames_per_step": frames, "frame_ms": 1000 * samples / frames / rate}
 
 
 def _torch_model(job: dict):
@@ -210,8 +211,8 @@ def run_rustymimi(job: dict) -> dict:
     dec = timings(lambda: tok.decode(codes), job["runs"])
     tok.reset()
     return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
-            "streaming": _mimi_steps(_RustyStream(tok), job["frames"],
-                                     job["frames"] * int(meta["frame_size"]), job["steps"]),
+            "streaming": _mimi_steps(_RustyStream(tok), job["frames"], job["frames"] * int(meta["frame_size"]),
+                                     int(meta["sample_rate"]), job["steps"]),
             "version": version("rustymimi"), "codes": codes.astype(np.int64).tolist()}
 
 
