@@ -123,3 +123,21 @@ def test_bench_frames_is_for_mimi(tmp_path):
                           timeout=120)
     assert proc.returncode == 2 and "--frames is for mimi" in proc.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_code_agreement_over_the_frames_both_have():
+    from codecport.bench.cli import _code_agreement
+
+    ours = [[[1, 2, 3, 4], [5, 6, 7, 8]]]
+    contenders = {
+        "onnx-cpu": {"codes": ours},
+        "torch-eager": {"codes": [[[1, 2, 3, 9], [5, 6, 0, 8]]]},  # 2 of 8 differ
+        "rustymimi": {"codes": [[[1, 2, 3], [5, 6, 7]]]},  # a frame short, the rest equal
+        "onnx-cpu-int8": {"codes": ours, "deviation": {}},  # reports its deviation instead
+        "transformers": {"encode": {}},  # its own weights: nothing to compare
+    }
+    _code_agreement(contenders, "onnx-cpu")
+    assert contenders["torch-eager"]["codes_equal_pct"] == {"to": "onnx-cpu", "pct": 75.0, "frames": [4, 4]}
+    assert contenders["rustymimi"]["codes_equal_pct"] == {"to": "onnx-cpu", "pct": 100.0, "frames": [3, 4]}
+    assert not any("codes" in r or "codes_equal_pct" in r
+                   for n, r in contenders.items() if n in ("onnx-cpu", "onnx-cpu-int8", "transformers"))
