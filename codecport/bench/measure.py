@@ -120,14 +120,15 @@ def _gemm_rate(seconds: float, n: int) -> float:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
+    from ..runtime.session import session_options
+
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
         [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n]),
          helper.make_tensor_value_info("b", TensorProto.FLOAT, [n, n])],
         [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    opts = ort.SessionOptions()
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts = session_options()  # the thread settings our graphs run with
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)
     feeds = {"a": rng.standard_normal((n, n), np.float32), "b": rng.standard_normal((n, n), np.float32)}

@@ -100,10 +100,12 @@ def session_options() -> ort.SessionOptions:
     """Session options for every graph; DirectML needs its own (see `open_graph`)."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    # Spinning worker threads of one session starve the next one (Mimi runs encoder and decoder
-    # steps back to back): on the 2-core dev machine a Mimi encode step took 47 ms spinning,
-    # 32 ms not.
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Worker threads spin between the kernels of a run (waking a sleeping thread for each of a
+    # step graph's ~600 small kernels cost an int8 Mimi step a fifth of its time), and stop
+    # spinning when the run returns: left spinning, they starve the next session (Mimi runs
+    # encoder and decoder steps back to back; an encode step took 47 ms, not 32, on 2 cores).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
     return opts
 
 
