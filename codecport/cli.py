@@ -184,9 +184,11 @@ def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_gr
                    "for audio of any length.")
 @click.option("--frames", type=click.IntRange(min=1), default=1,
               help="Code frames (80 ms each) per streaming step.")
-@click.option("--window", type=click.Choice(["whole-clip", "moshi-stream"]), default="whole-clip",
-              help="Step graphs' attention past 250 frames: equal to the whole clip (moshi's "
-                   "encode), or moshi's streaming mode, whose ring cache drops a step's oldest keys.")
+@click.option("--window", type=click.Choice(["whole-clip", "moshi-stream", "rustymimi"]),
+              default="whole-clip",
+              help="Attention past 250 frames (10 s): equal to the whole clip (moshi's encode), "
+                   "moshi's streaming mode (step graphs), whose ring cache drops a step's oldest "
+                   "keys, or Kyutai's Rust Mimi (fixed and step graphs), which sees one key more.")
 @click.option("--weights", default=None,
               help="Released name (mimi: moshi's checkpoint from Hugging Face), a moshi "
                    ".safetensors, a transformers MimiModel folder, or a URL [default: mimi].")
@@ -226,7 +228,8 @@ def export_mimi_cmd(variant, length, streaming, frames, window, weights, random_
                    f"{geo['frames']} frames")
     if geo["step_frames"] is not None:
         click.echo(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
-                   f"per call, state in/out (zeros to start), attention window {window}")
+                   f"per call, state in/out (zeros to start)")
+    click.echo(f"  attention    : {window} window, {report['context']} positions")
     _print_validation(report)
 
 

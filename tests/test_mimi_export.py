@@ -343,6 +343,38 @@ def test_moshi_stream_window(tmp_path):
     assert np.abs(audio[:, edge:] - want[:, edge:]).max() > 1e-3, "the ring window made no difference"
 
 
+def test_rustymimi_window(tmp_path):
+    """window="rustymimi": both pairs attend to `context + 1` positions (candle's mask), the
+    steps equal the fixed graphs, and the model is handed back with its own context.
+
+    A context of 8 rather than 250 makes the extra key show within a short clip."""
+    from dataclasses import replace
+
+    from codecport.runtime.mimi import MimiCodec
+
+    cfg = replace(PRESETS["tiny"], context=8)
+    model = init_random(MimiModel(cfg), seed=2).eval()
+    frames = 40
+    export_mimi(model, tmp_path, frames * cfg.frame_size, 1, variant="tiny", weights="w",
+                weights_sha256="none", window="rustymimi")
+    for name in ("encoder", "encoder_step"):
+        meta = {p.key: p.value for p in onnx.load(tmp_path / f"{name}.onnx").metadata_props}
+        assert (meta["attention_window"], meta["context"]) == ("rustymimi", "9")
+    step = onnx.load(tmp_path / "encoder_step.onnx").graph.input
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in step}
+    assert {s[3] for n, s in shapes.items() if "attn" in n} == {9}
+    assert {s[3] for n, s in model.state_shapes("encoder").items() if "attn" in n} == {8}
+    x = (0.3 * np.random.default_rng(5).standard_normal((1, frames * cfg.frame_size))).astype(np.float32)
+    codec = MimiCodec(tmp_path)
+    fixed = codec.encode(x, cfg.sample_rate, cfg.n_codebooks)
+    np.testing.assert_array_equal(codec.encode(x, cfg.sample_rate, cfg.n_codebooks, streaming=True), fixed)
+    wider = MimiModel(replace(cfg, context=9)).eval()
+    wider.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        np.testing.assert_array_equal(fixed[0], wider.encode(torch.from_numpy(x)[None]).numpy()[0])
+        assert not np.array_equal(fixed[0], model.encode(torch.from_numpy(x)[None]).numpy()[0])
+
+
 def test_unknown_window_is_refused(tmp_path, tiny_mimi):
     with pytest.raises(ExportError, match="--window"):
         export_mimi(tiny_mimi, tmp_path / "out", None, 1, variant="tiny", weights="w",

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(sys.version_info >= (3, 14),
                                 reason="rustymimi publishes no wheel for Python 3.14 yet")
 
 FRAMES = 20  # 1.6 s: 40 transformer positions, well inside the 250-position window
+LONG = 140  # 11.2 s: 280 positions, past it
 K = 8  # Moshi's codebooks, rustymimi's default
 
 
@@ -85,8 +86,7 @@ def test_past_the_window_rustymimi_attends_to_one_more_position(released, tokeni
     candle also keeps the key 250 back (candle-nn's rotating KV cache masks a key only when
     `pos_cache + context < pos_src`). The two official implementations part after 250
     transformer positions (10 s), and rustymimi then equals our model with a context of 251."""
-    frames = 140  # 280 positions
-    clip = noise(frames * PRESETS["mimi"].frame_size, seed=4)
+    clip = noise(LONG * PRESETS["mimi"].frame_size, seed=4)
     theirs = tokenizer.encode(clip[None])[0].astype(np.int64)
     sd = load_file(str(released[0]))
     ours = {}
@@ -99,3 +99,29 @@ def test_past_the_window_rustymimi_attends_to_one_more_position(released, tokeni
     assert same[:125].all()  # the first 250 positions see the same keys
     assert not same.all()
     np.testing.assert_array_equal(ours[251], theirs)
+
+
+@pytest.fixture(scope="module")
+def rusty_window(released, tmp_path_factory):
+    """The released config's graphs exported with `--window rustymimi`: fixed for LONG frames,
+    and the step pair."""
+    model = MimiModel(PRESETS["mimi"]).eval()
+    model.load_state_dict(load_file(str(released[0])))
+    out = tmp_path_factory.mktemp("rustymimi-window") / "onnx"
+    export_mimi(model, out, LONG * model.cfg.frame_size, 1, variant="mimi",
+                weights="random-init seed 3", weights_sha256="none", window="rustymimi")
+    return out
+
+
+def test_rustymimi_window_equals_rustymimi_past_the_window(rusty_window, tokenizer):
+    """`--window rustymimi` graphs give rustymimi's codes past 250 positions, where the default
+    ones part from it (the test above), in one fixed call and streamed frame by frame; and its
+    audio for them. (rustymimi's own streaming equals its whole clip.)"""
+    codec = MimiCodec(rusty_window)
+    clip = noise(LONG * codec.frame_size, seed=4)
+    theirs = tokenizer.encode(clip[None]).astype(np.int64)
+    np.testing.assert_array_equal(codec.encode(clip, codec.sample_rate), theirs)
+    np.testing.assert_array_equal(codec.encode(clip, codec.sample_rate, streaming=True), theirs)
+    audio = tokenizer.decode(theirs.astype(np.uint32))[0]
+    np.testing.assert_allclose(codec.decode(theirs), audio, atol=1e-4)
+    np.testing.assert_allclose(codec.decode(theirs, streaming=True), audio, atol=1e-4)

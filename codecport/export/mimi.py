@@ -13,7 +13,9 @@ Streaming pair (`--streaming --frames N`): one step of N frames with explicit st
   frame, each attention layer's last `context` rotated keys and values `[2, 1, H, context, D]`,
   and the position offset (int64, SEANet frames). The initial state is all zeros, offset 0.
   By default the steps equal the whole clip; `window="moshi-stream"` reproduces moshi's own
-  streaming mode instead, which differs from its whole clip past 250 positions.
+  streaming mode instead, which differs from its whole clip past 250 positions, and
+  `window="rustymimi"` Kyutai's Rust Mimi, whose attention sees one position more (fixed and
+  step graphs alike).
 
 With `in_graph_codebooks`, encoders output codes `[1, K, frames]` and decoders take them.
 """
@@ -41,7 +43,7 @@ from .variants import Shaping, finish_export
 
 log = logging.getLogger(__name__)
 
-WINDOWS = ("whole-clip", "moshi-stream")  # step graphs' attention window, see export_mimi
+WINDOWS = ("whole-clip", "moshi-stream", "rustymimi")  # attention past the window, see export_mimi
 
 
 class EncoderGraph(nn.Module):
@@ -105,9 +107,10 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
             Tensor("codes", (1, k, frames), "int64")
 
     specs = []
+    attention = {"attention_window": window, "context": str(cfg.context + (window == "rustymimi"))}
     if geo.samples is not None:
         n, f = geo.samples, geo.frames
-        fixed = {**meta, **quant, "mode": "fixed", "samples": str(n), "frames": str(f)}
+        fixed = {**meta, **quant, **attention, "mode": "fixed", "samples": str(n), "frames": str(f)}
         specs += [
             GraphSpec("encoder", EncoderGraph(model, k), [Tensor("audio", (1, 1, n), "float32")],
                       [frames_io(f)], {**fixed, "role": "encoder"}),
@@ -126,9 +129,9 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
             specs.append(GraphSpec(
                 f"{side}_step", StepGraph(model, side, k), [x, *offset, *states_in],
                 [y, Tensor("offset_out", (1,), "int64"), *states_out],
-                {**meta, **quant, "role": side, "mode": "step", "frames": str(f), "samples": str(n),
-                 "positions_per_step": str(f * cfg.downsample_stride), "context": str(cfg.context),
-                 "states": ",".join(shapes), "attention_window": window,
+                {**meta, **quant, **attention, "role": side, "mode": "step", "frames": str(f),
+                 "samples": str(n), "positions_per_step": str(f * cfg.downsample_stride),
+                 "states": ",".join(shapes),
                  "initial_state": "every <state>_in all zeros and offset_in = 0; then feed each "
                                   "<state>_out and offset_out back as <state>_in and offset_in"}))
     return specs
@@ -219,8 +222,10 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
     """Export, check and validate the requested graphs, then write them all; returns the report.
 
     `samples` gives the fixed-length pair, `step_frames` the streaming pair (at least one).
-    `window` is the step graphs' attention: "whole-clip" (streaming equals the whole clip, as
-    moshi's `encode`) or "moshi-stream" (moshi's streaming mode, ring cache and all).
+    `window` is the attention past the config's window: "whole-clip" (streaming equals the
+    whole clip, as moshi's `encode`), "moshi-stream" (the step graphs follow moshi's streaming
+    mode, ring cache and all) or "rustymimi" (both pairs let a query see `context + 1`
+    positions, as candle's mask in Kyutai's Rust Mimi does; its streaming equals its whole clip).
     `shaping` asks for a target/precision variant (see variants.py), measured against the
     validated fp32 graphs. Nothing is written unless every graph passes; each file is written
     atomically.
@@ -251,8 +256,10 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
             "weights": weights, "weights_sha256": weights_sha256}
     meta["export_id"] = export_id(meta, vars(geo), k, window)
     rvq = rvq_of(model)
-    models, report = {}, {"validation": {}, "geometry": {**vars(geo), "step_samples": geo.step_samples}}
+    models, report = {}, {"validation": {}, "geometry": {**vars(geo), "step_samples": geo.step_samples},
+                          "attention_window": window, "context": cfg.context + (window == "rustymimi")}
     model.set_moshi_ring(window == "moshi-stream")
+    model.set_context(cfg.context + (window == "rustymimi"))
     specs = graph_specs(model.eval(), geo, meta, k, window)
     try:
         for spec in specs:
@@ -268,6 +275,7 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
                                     shaping, hooks(manifest, specs)))
     finally:
         model.set_moshi_ring(False)  # hand the model back as it came
+        model.set_context(cfg.context)
     return report
 
 

@@ -289,6 +289,12 @@ class MimiModel(nn.Module):
             if isinstance(m, Attention):
                 m.moshi_ring = on
 
+    def set_context(self, context: int) -> None:
+        """Attention window of every layer, whole clip and streaming (the config's by default)."""
+        for m in self.modules():
+            if isinstance(m, Attention):
+                m.context = context
+
 
 @torch.no_grad()
 def init_random(model: MimiModel, seed: int = 0) -> MimiModel:
