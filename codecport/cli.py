@@ -228,7 +228,7 @@ def export_mimi_cmd(variant, length, streaming, frames, window, weights, random_
                    f"{geo['frames']} frames")
     if geo["step_frames"] is not None:
         click.echo(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
-                   f"per call, state in/out (zeros to start)")
+                   "per call, state in/out (zeros to start)")
     click.echo(f"  attention    : {window} window, {report['context']} positions")
     _print_validation(report)
 

@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 WINDOWS = ("whole-clip", "moshi-stream", "rustymimi")  # attention past the window, see export_mimi
 
 
+def attention_context(context: int, window: str) -> int:
+    """Positions a query attends to under `window`: candle's mask (rustymimi) keeps one more."""
+    return context + 1 if window == "rustymimi" else context
+
+
 class EncoderGraph(nn.Module):
     def __init__(self, model: MimiModel, k: int | None):
         super().__init__()
@@ -107,7 +112,7 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
             Tensor("codes", (1, k, frames), "int64")
 
     specs = []
-    attention = {"attention_window": window, "context": str(cfg.context + (window == "rustymimi"))}
+    attention = {"attention_window": window, "context": str(attention_context(cfg.context, window))}
     if geo.samples is not None:
         n, f = geo.samples, geo.frames
         fixed = {**meta, **quant, **attention, "mode": "fixed", "samples": str(n), "frames": str(f)}
@@ -257,9 +262,9 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
     meta["export_id"] = export_id(meta, vars(geo), k, window)
     rvq = rvq_of(model)
     models, report = {}, {"validation": {}, "geometry": {**vars(geo), "step_samples": geo.step_samples},
-                          "attention_window": window, "context": cfg.context + (window == "rustymimi")}
+                          "attention_window": window, "context": attention_context(cfg.context, window)}
     model.set_moshi_ring(window == "moshi-stream")
-    model.set_context(cfg.context + (window == "rustymimi"))
+    model.set_context(attention_context(cfg.context, window))
     specs = graph_specs(model.eval(), geo, meta, k, window)
     try:
         for spec in specs:
