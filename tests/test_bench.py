@@ -43,6 +43,7 @@ def test_bench_report_structure(tmp_path, codec):
             s = ran[name][d]
             assert 0 < s["rtf_min"] <= s["rtf_median"] <= s["rtf_max"]
             assert len(s["seconds"]) == 2  # 1 run in each of 2 rounds, pooled
+            assert len(s["round_rtf_medians"]) == 2
             assert report["flops"][d] > 0
         assert ran[name]["peak_rss_mb"] > 0
     assert set(report["speedups"]) == {"onnx-cpu vs torch-eager", "onnx-cpu-int8 vs onnx-cpu"}
@@ -57,6 +58,7 @@ def test_bench_report_structure(tmp_path, codec):
         p = ran["onnx-cpu"]["streaming"]["encode_step"]
         assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"]
         assert ran["onnx-cpu"]["streaming"]["steps"] == 6 and len(p["seconds"]) == 6
+        assert len(p["round_p50_ms"]) == 2 and "p50 by round" in proc.stdout
         # Two frames a step: the step graphs were exported for it, and the cost per frame shown.
         assert ran["onnx-cpu"]["streaming"]["frames_per_step"] == 2
         assert ran["onnx-cpu"]["streaming"]["frame_ms"] == 1  # the tiny config: 24 samples at 24 kHz
@@ -95,6 +97,8 @@ def test_pool_summarises_the_rounds_together():
     assert p["encode"]["seconds"] == [1.0, 3.0, 2.5] and p["encode"]["seconds_median"] == 2.5
     assert (p["encode"]["rtf_min"], p["encode"]["rtf_median"], p["encode"]["rtf_max"]) == (0.5, 1.25, 1.5)
     assert p["streaming"]["steps"] == 3 and p["streaming"]["encode_step"]["p50_ms"] == 2.0
+    assert p["encode"]["round_rtf_medians"] == [1.0, 1.25]
+    assert p["streaming"]["encode_step"]["round_p50_ms"] == [1.5, 9.0]
     assert p["peak_rss_mb"] == 30.0 and p["provider"] == "x"
 
 

@@ -150,6 +150,8 @@ def _table(report: dict) -> list[str]:
                         f"p99 {p['p99_ms']:.1f} ms")
                 if f > 1:  # the weights are read once a step, so the cost of a frame falls
                     line += f"; per frame p50 {p['p50_ms'] / f:.1f} ms, p95 {p['p95_ms'] / f:.1f} ms"
+                if len(p.get("round_p50_ms", ())) > 1:
+                    line += "; p50 by round " + " / ".join(f"{x:.1f}" for x in p["round_p50_ms"]) + " ms"
                 lines.append(line)
     return lines
 

@@ -40,15 +40,19 @@ def percentiles(seconds: list[float]) -> dict:
 
 def pool(results: list[dict]) -> dict:
     """One contender's results from several rounds as one: timings pooled and summarised again,
-    peak RSS the highest, anything else as the first round had it."""
+    peak RSS the highest, anything else as the first round had it. Each round's own median is
+    kept beside the pooled figures (`round_rtf_medians`, `round_p50_ms`): a round that ran in
+    one of the machine's slow spells shows there, where the pooled median hides it."""
     out = dict(results[0])
     for key, first in results[0].items():
         if isinstance(first, dict) and "rtf_median" in first:
-            out[key] = summary([x for r in results for x in r[key]["seconds"]], first["audio_seconds"])
+            out[key] = {**summary([x for r in results for x in r[key]["seconds"]], first["audio_seconds"]),
+                        "round_rtf_medians": [r[key]["rtf_median"] for r in results]}
         elif key == "streaming":
             out[key] = {**first, "steps": sum(r[key]["steps"] for r in results)}
             for d in ("encode_step", "decode_step"):
-                out[key][d] = percentiles([x for r in results for x in r[key][d]["seconds"]])
+                out[key][d] = {**percentiles([x for r in results for x in r[key][d]["seconds"]]),
+                               "round_p50_ms": [r[key][d]["p50_ms"] for r in results]}
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)
     return out
 
