@@ -203,8 +203,10 @@ def run_rustymimi(job: dict) -> dict:
 
     import rustymimi
 
+    from ..runtime.mimi import MOSHI_CODEBOOKS
+
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
-    tok = rustymimi.Tokenizer(str(Path(job["dir"]) / "weights.safetensors"), num_codebooks=8)
+    tok = rustymimi.Tokenizer(str(Path(job["dir"]) / "weights.safetensors"), num_codebooks=MOSHI_CODEBOOKS)
     x = _audio(int(meta["geometry"]["samples"]))[None]
     codes = tok.encode(x)
     enc = timings(lambda: tok.encode(x), job["runs"])

@@ -261,10 +261,11 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
             "weights": weights, "weights_sha256": weights_sha256}
     meta["export_id"] = export_id(meta, vars(geo), k, window)
     rvq = rvq_of(model)
+    context = attention_context(cfg.context, window)
     models, report = {}, {"validation": {}, "geometry": {**vars(geo), "step_samples": geo.step_samples},
-                          "attention_window": window, "context": attention_context(cfg.context, window)}
+                          "attention_window": window, "context": context}
     model.set_moshi_ring(window == "moshi-stream")
-    model.set_context(attention_context(cfg.context, window))
+    model.set_context(context)
     specs = graph_specs(model.eval(), geo, meta, k, window)
     try:
         for spec in specs:
