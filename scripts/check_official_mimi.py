@@ -27,27 +27,6 @@ import numpy as np
 import torch
 
 
-def moshi_config(cfg) -> dict:
-    """moshi's `_mimi_config` with the sizes of our config."""
-    seanet = {"channels": 1, "dimension": cfg.dimension, "causal": True, "n_filters": cfg.n_filters,
-              "n_residual_layers": 1, "activation": "ELU", "compress": cfg.compress,
-              "dilation_base": 2, "disable_norm_outer_blocks": 0, "kernel_size": cfg.kernel_size,
-              "residual_kernel_size": cfg.residual_kernel_size,
-              "last_kernel_size": cfg.last_kernel_size, "norm": "none", "pad_mode": "constant",
-              "ratios": list(cfg.ratios), "true_skip": True}
-    return {
-        "sample_rate": cfg.sample_rate, "channels": 1, "frame_rate": cfg.frame_rate, "seanet": seanet,
-        "quantizer": {"dimension": cfg.codebook_dim, "n_q": cfg.n_codebooks, "bins": cfg.codebook_size,
-                      "input_dimension": cfg.dimension, "output_dimension": cfg.dimension},
-        "transformer": {"d_model": cfg.dimension, "num_heads": cfg.n_heads, "num_layers": cfg.n_layers,
-                        "causal": True, "layer_scale": 0.01, "context": cfg.context,
-                        "conv_layout": True, "max_period": cfg.max_period, "gating": "none",
-                        "norm": "layer_norm", "positional_embedding": "rope",
-                        "dim_feedforward": cfg.ffn, "input_dimension": cfg.dimension,
-                        "output_dimensions": [cfg.dimension]},
-    }
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", type=Path, required=True, help="unpacked moshi wheel")
@@ -60,6 +39,7 @@ def main() -> int:
 
     from codecport.export.mimi import export_mimi
     from codecport.models.mimi import PRESETS, MimiModel, init_random
+    from codecport.models.mimi_weights import moshi_config
     from codecport.runtime.mimi import MimiCodec
 
     sentencepiece = types.ModuleType("sentencepiece")

@@ -145,3 +145,94 @@ def test_code_agreement_over_the_frames_both_have():
     assert contenders["rustymimi"]["codes_equal_pct"] == {"to": "onnx-cpu", "pct": 100.0, "frames": [3, 4]}
     assert not any("codes" in r or "codes_equal_pct" in r
                    for n, r in contenders.items() if n in ("onnx-cpu", "onnx-cpu-int8", "transformers"))
+
+
+# Stands in for moshi in the official-contender tests: moshi pins torch<2.10, so it is not in the
+# test environment. It records how the bench called its loader and answers with our own torch
+# model, under moshi's calling conventions (encode/decode of [B, 1, N] / [B, K, T], streaming()).
+FAKE_LOADERS = '''
+import contextlib, json, pathlib
+from safetensors.torch import load_file
+from codecport.models.checkpoint import load_state
+from codecport.models.mimi import MimiConfig, MimiModel
+
+
+class _Moshiish:
+    def __init__(self, model, k):
+        self.model, self.k = model, k
+
+    def eval(self):
+        return self
+
+    def encode(self, x):
+        return self.model.encode(self.model.pad(x), self.k)
+
+    def decode(self, codes):
+        return self.model.decode(codes)
+
+    @contextlib.contextmanager
+    def streaming(self, batch_size):
+        yield
+
+
+def get_mimi(filename, mimi_config=None, device="cpu", num_codebooks=8):
+    folder = pathlib.Path(filename).parent
+    (folder / "get_mimi.json").write_text(json.dumps(
+        {"filename": str(filename), "mimi_config": mimi_config, "num_codebooks": num_codebooks}))
+    model = MimiModel(MimiConfig.from_kwargs(json.loads((folder / "config.json").read_text())))
+    load_state(model, load_file(filename), "fake moshi")
+    return _Moshiish(model.eval(), num_codebooks)
+'''
+
+
+def _fake_moshi(root: Path, loaders: str) -> dict:
+    """A `moshi` package under `root` (with the metadata `importlib.metadata.version` reads)."""
+    (root / "moshi" / "models").mkdir(parents=True)
+    (root / "moshi" / "__init__.py").write_text("")
+    (root / "moshi" / "models" / "__init__.py").write_text("")
+    (root / "moshi" / "models" / "loaders.py").write_text(loaders)
+    (root / "moshi-0.0.1.dist-info").mkdir()
+    (root / "moshi-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: moshi\nVersion: 0.0.1\n")
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(root)}
+
+
+def test_bench_official_contender_is_moshi_on_the_same_weights_and_config(tmp_path):
+    from codecport.models.mimi import PRESETS
+    from codecport.models.mimi_weights import moshi_config
+
+    env = _fake_moshi(tmp_path / "site", FAKE_LOADERS)
+    out, work = tmp_path / "report.json", tmp_path / "bench"
+    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--variant", "tiny", "--seconds", "0.5",
+                           "--runs", "1", "--steps", "3", "--contender", "official", "--dir", str(work),
+                           "--json", str(out)], capture_output=True, text=True, check=False, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    call = json.loads((work / "get_mimi.json").read_text())
+    assert call["filename"] == str(work / "weights.safetensors")
+    assert call["mimi_config"] == json.loads(json.dumps(moshi_config(PRESETS["tiny"])))
+    assert call["num_codebooks"] == 4  # Moshi's 8, capped at the tiny config's 4
+    report = json.loads(out.read_text())
+    r = report["contenders"]["moshi"]
+    assert r["version"] == "0.0.1" and r["encode"]["rtf_median"] > 0 and r["decode"]["rtf_median"] > 0
+    assert r["streaming"]["steps"] == 3 and r["streaming"]["encode_step"]["p95_ms"] > 0
+    assert r["codes_equal_pct"]["pct"] == 100
+    assert set(report["speedups"]["onnx-cpu vs moshi"]) == {"encode", "decode", "encode_step p95", "decode_step p95"}
+    assert "moshi streaming decode_step" in proc.stdout
+
+
+def test_bench_official_contender_skipped_with_its_reason(tmp_path):
+    """moshi installed without its own dependencies, and DAC's official package, which cannot
+    share an environment with onnx: both listed as skipped, saying why, and the bench goes on."""
+    env = _fake_moshi(tmp_path / "site", "raise ImportError(\"No module named 'sentencepiece'\")\n")
+    for codec, name, why in (("mimi", "moshi", ("moshi is installed but does not import (No module named "
+                              "'sentencepiece')")), ("dac", "descript-audio-codec", "protobuf<3.20")):
+        out = tmp_path / f"{codec}.json"
+        proc = subprocess.run([str(BIN / "codec-bench"), codec, "--variant", "tiny", "--seconds", "0.5",
+                               "--runs", "1", "--steps", "2", "--long", "0", "--contender", "official",
+                               "--json", str(out)], capture_output=True, text=True, check=False,
+                              timeout=600, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        ran = json.loads(out.read_text())["contenders"]
+        assert set(ran) == {"onnx-cpu", name} and why in ran[name]["skipped"]
+        assert f"{name:<16}skipped: " in proc.stdout

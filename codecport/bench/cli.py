@@ -27,9 +27,15 @@ from .measure import gemm_peak, graph_flops, pool
 # Contenders that are not installed here are listed, skipped, with the reason.
 _OPTIONAL = {
     "transformers": ("transformers", "pip install 'codecport[dev]' (transformers)"),
-    "official": (None, ("the official packages (descript-audio-codec, moshi) pin old torch and "
-                       "numpy; codecport has no runner for them in this environment")),
     "rustymimi": ("rustymimi", "pip install rustymimi"),
+}
+# `--contender official`, per codec: (its name in the report, module, why it may not run).
+_OFFICIAL = {
+    "mimi": ("moshi", "moshi", ("pip install moshi, in an environment of its own (it pins torch<2.10 "
+             "and numpy<2.3), or pip install --no-deps moshi sentencepiece einops")),
+    "dac": ("descript-audio-codec", None, ("descript-audio-codec cannot share an environment with "
+            "codecport: its descript-audiotools pins protobuf<3.20, onnx and onnxruntime need >=4.25; "
+            "scripts/check_official_dac.py compares its model code with codecport instead")),
 }
 
 
@@ -201,7 +207,8 @@ def _plot(report: dict, path: Path) -> None:
                    "codec-run slides them (our runtime runs windows at once, see the `windows` "
                    "option), against the same windows through torch; 0 for none.")
 @click.option("--contender", "contenders", multiple=True, default=["torch", "transformers", "official", "rustymimi"],
-              help="Others to compare with (repeatable): torch, transformers, official, rustymimi.")
+              help="Others to compare with (repeatable): torch, transformers, official (moshi for "
+                   "mimi), rustymimi.")
 @click.option("--memory", "minutes", multiple=True, type=click.FloatRange(min=0.01),
               help="Also run `codec-run decode` on codes this many minutes long and report its "
                    "peak RSS (repeatable, e.g. --memory 1 --memory 10).")
@@ -343,22 +350,33 @@ def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, 
                 deviations[name] = {g: dev[g] for g in ("encoder", "decoder")}
     skipped = {}
     for name in contenders:
-        module, reason = _OPTIONAL.get(name, ("torch", ""))
+        if name == "official":
+            label, module, reason = _OFFICIAL[codec]
+        else:
+            label = "torch-eager" if name == "torch" else name
+            module, reason = _OPTIONAL.get(name, ("torch", ""))
         if name != "torch" and (module is None or importlib.util.find_spec(module) is None):
-            skipped[name] = {"skipped": f"not installed: {reason}" if module else reason}
+            skipped[label] = {"skipped": f"not installed: {reason}" if module else reason}
             continue
         if name == "rustymimi" and (codec, variant) != ("mimi", "mimi"):
             # Its Tokenizer builds the released Mimi's config whatever the file holds.
-            skipped[name] = {"skipped": "rustymimi runs the released Mimi config only (mimi --variant mimi)"}
+            skipped[label] = {"skipped": "rustymimi runs the released Mimi config only (mimi --variant mimi)"}
             continue
-        jobs["torch-eager" if name == "torch" else name] = {**base, "contender": name}
+        jobs[label] = {**base, "contender": name}
     # Rounds interleave the contenders, so a slow spell of the machine (other tenants, clock
     # changes) lands on all of them instead of deciding one ratio.
     rounds_of: dict[str, list[dict]] = {name: [] for name in jobs}
     for r in range(rounds):
         for name, job in jobs.items():
+            if name in skipped:
+                continue
             click.echo(f"running {name}" + (f" (round {r + 1} of {rounds})" if rounds > 1 else "") + " ...")
-            rounds_of[name].append(_worker(job))
+            result = _worker(job)
+            if "skipped" in result:  # installed, but it found it cannot run here
+                skipped[name] = result
+                del rounds_of[name]
+            else:
+                rounds_of[name].append(result)
     for name, results in rounds_of.items():
         report["contenders"][name] = {**pool(results), **({"deviation": deviations[name]}
                                                           if name in deviations else {})}

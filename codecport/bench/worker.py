@@ -2,10 +2,11 @@
 
     python -m codecport.bench.worker '<json job>'   -> prints one JSON line
 
-Job keys: contender (onnx | torch | transformers | rustymimi), codec (dac | mimi), dir (the bench folder:
-`model/` graphs, `weights.safetensors`, `config.json`), seconds, runs, provider, steps, frames
-(Mimi: code frames a streaming step), long (DAC: windows of long audio through the chunked
-graphs; 0 for none).
+Job keys: contender (onnx | torch | transformers | rustymimi | official | memory), codec (dac |
+mimi), dir (the bench folder: `model/` graphs, `weights.safetensors`, `config.json`), seconds,
+runs, provider, steps, frames (Mimi: code frames a streaming step), long (DAC: windows of long
+audio through the chunked graphs; 0 for none). A contender that finds itself unable to run
+prints `{"skipped": reason}`.
 """
 
 from __future__ import annotations
@@ -218,6 +219,56 @@ def run_rustymimi(job: dict) -> dict:
             "version": version("rustymimi"), "codes": codes.astype(np.int64).tolist()}
 
 
+class _MoshiStream:
+    """moshi's streaming mode in `MimiStream`'s shape, as the Moshi server runs it: inside one
+    `mimi.streaming(1)`, each call takes the next frames and returns their codes or audio."""
+
+    def __init__(self, model):
+        import torch
+
+        self.model, self.torch = model, torch
+
+    def encode_step(self, frame: np.ndarray):
+        return self.model.encode(self.torch.from_numpy(frame)[None, None])
+
+    def decode_step(self, codes):
+        return self.model.decode(codes)
+
+
+def run_official(job: dict) -> dict:
+    """The official package on the bench's weights. For Mimi that is moshi, built by its own
+    loader from the bench's weights file (moshi's format, whose key names are ours) and the
+    bench's config, and run as Moshi runs it, under `torch.no_grad`."""
+    from importlib.metadata import version
+
+    import torch
+
+    from ..models.mimi import MimiConfig
+    from ..models.mimi_weights import moshi_config
+    from ..runtime.mimi import MOSHI_CODEBOOKS
+
+    try:
+        from moshi.models import loaders
+    except ImportError as e:  # installed, but not its own dependencies
+        return {"skipped": f"moshi is installed but does not import ({e})"}
+    folder = Path(job["dir"])
+    cfg = MimiConfig.from_kwargs(json.loads((folder / "config.json").read_text()))
+    k = min(MOSHI_CODEBOOKS, cfg.n_codebooks)
+    model = loaders.get_mimi(str(folder / "weights.safetensors"), moshi_config(cfg), num_codebooks=k).eval()
+    meta = json.loads((folder / "model" / "manifest.json").read_text())
+    x = torch.from_numpy(_audio(int(meta["geometry"]["samples"])))[:, None]
+    with torch.no_grad():
+        codes = model.encode(x)
+        enc = timings(lambda: model.encode(x), job["runs"])
+        dec = timings(lambda: model.decode(codes), job["runs"])
+        with model.streaming(1):
+            steps = _mimi_steps(_MoshiStream(model), job["frames"], job["frames"] * cfg.frame_size,
+                                cfg.sample_rate, job["steps"])
+    return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
+            "streaming": steps, "threads": torch.get_num_threads(), "version": version("moshi"),
+            "codes": codes.numpy().tolist()}
+
+
 def run_memory(job: dict) -> dict:
     """`codec-run decode` of random codes for `minutes` of audio, in this process."""
     from ..cli import run_cli
@@ -244,7 +295,7 @@ def run_memory(job: dict) -> dict:
 def main() -> None:
     job = json.loads(sys.argv[1])
     run = {"onnx": run_onnx, "torch": run_torch, "transformers": run_transformers,
-           "rustymimi": run_rustymimi, "memory": run_memory}[job["contender"]]
+           "rustymimi": run_rustymimi, "official": run_official, "memory": run_memory}[job["contender"]]
     result = run(job)
     result["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(result))

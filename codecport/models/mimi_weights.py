@@ -28,6 +28,29 @@ def release_url(name: str) -> str:
     return f"{os.environ.get(BASE_URL_ENV, RELEASE_BASE).rstrip('/')}/{repo}/resolve/main/{file}"
 
 
+def moshi_config(cfg: MimiConfig) -> dict:
+    """moshi's `_mimi_config` with the sizes of `cfg`: what `moshi.models.loaders.get_mimi(path,
+    moshi_config(cfg))` needs to build moshi's own model of this config (the bench's official
+    contender, scripts/check_official_mimi.py)."""
+    seanet = {"channels": 1, "dimension": cfg.dimension, "causal": True, "n_filters": cfg.n_filters,
+              "n_residual_layers": 1, "activation": "ELU", "compress": cfg.compress,
+              "dilation_base": 2, "disable_norm_outer_blocks": 0, "kernel_size": cfg.kernel_size,
+              "residual_kernel_size": cfg.residual_kernel_size,
+              "last_kernel_size": cfg.last_kernel_size, "norm": "none", "pad_mode": "constant",
+              "ratios": list(cfg.ratios), "true_skip": True}
+    return {
+        "sample_rate": cfg.sample_rate, "channels": 1, "frame_rate": cfg.frame_rate, "seanet": seanet,
+        "quantizer": {"dimension": cfg.codebook_dim, "n_q": cfg.n_codebooks, "bins": cfg.codebook_size,
+                      "input_dimension": cfg.dimension, "output_dimension": cfg.dimension},
+        "transformer": {"d_model": cfg.dimension, "num_heads": cfg.n_heads, "num_layers": cfg.n_layers,
+                        "causal": True, "layer_scale": 0.01, "context": cfg.context,
+                        "conv_layout": True, "max_period": cfg.max_period, "gating": "none",
+                        "norm": "layer_norm", "positional_embedding": "rope",
+                        "dim_feedforward": cfg.ffn, "input_dimension": cfg.dimension,
+                        "output_dimensions": [cfg.dimension]},
+    }
+
+
 def read_official(path: Path) -> dict[str, torch.Tensor]:
     """moshi's state dict, with both attention spellings mapped to `in_proj_weight`/`out_proj`.
 
