@@ -147,12 +147,21 @@ class MimiRvq:
     """
 
     def __init__(self, arrays: dict[str, np.ndarray]):
-        self.a = arrays
-        self.codebook = arrays["codebook"]
+        self.a = {k: v for k, v in arrays.items() if k != "codebook"}
+        # Kept as [K, D, N]: a frame's distances are then a vector times a matrix read row by
+        # row, which OpenBLAS runs twice as fast as against [N, D] when the codebooks are cold
+        # in cache, as they are in a stream (8 codebooks, one frame: 1.4 -> 0.7 ms; four frames
+        # 4.4 -> 2.3 ms; equal from 125 frames on). `codebook` is the [K, N, D] view of it.
+        self._codebook_t = np.ascontiguousarray(arrays["codebook"].transpose(0, 2, 1))
         self.n_codebooks, self.codebook_size, self.codebook_dim = self.codebook.shape
         self.n_semantic = int(arrays["n_semantic"])
         self.latent_dim = arrays["semantic_in_proj"].shape[1]
-        self._sq = (self.codebook ** 2).sum(-1)  # [K, N]
+        self._sq = (arrays["codebook"] ** 2).sum(-1)  # [K, N]
+
+    @property
+    def codebook(self) -> np.ndarray:
+        """`[K, N, D]` (a view)."""
+        return self._codebook_t.transpose(0, 2, 1)
 
     @classmethod
     def load(cls, path: Path) -> MimiRvq:
@@ -167,7 +176,7 @@ class MimiRvq:
         return rvq
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return dict(self.a)
+        return {**self.a, "codebook": np.ascontiguousarray(self.codebook)}
 
     def _groups(self, k: int) -> list[tuple[str, range]]:
         s = self.n_semantic
@@ -181,7 +190,7 @@ class MimiRvq:
         for group, levels in self._groups(k):
             r = (self.a[f"{group}_in_proj"] @ latent.astype(np.float32)).T  # [T, D]
             for i in levels:
-                dist = (r ** 2).sum(-1, keepdims=True) - 2 * r @ self.codebook[i].T + self._sq[i]
+                dist = (r ** 2).sum(-1, keepdims=True) - 2 * r @ self._codebook_t[i] + self._sq[i]
                 codes[i] = dist.argmin(-1)
                 r = r - self.codebook[i][codes[i]]
         return codes
