@@ -29,13 +29,14 @@ _OPTIONAL = {
     "transformers": ("transformers", "pip install 'codecport[dev]' (transformers)"),
     "rustymimi": ("rustymimi", "pip install rustymimi"),
 }
-# `--contender official`, per codec: (its name in the report, module, why it may not run).
+# `--contender official`, per codec: (its name in the report, module, why it may not run). DAC's
+# runs in an interpreter of its own (`--official-python`), so no module is looked for here.
 _OFFICIAL = {
     "mimi": ("moshi", "moshi", ("pip install moshi, in an environment of its own (it pins torch<2.10 "
              "and numpy<2.3), or pip install --no-deps moshi sentencepiece einops")),
     "dac": ("descript-audio-codec", None, ("descript-audio-codec cannot share an environment with "
-            "codecport: its descript-audiotools pins protobuf<3.20, onnx and onnxruntime need >=4.25; "
-            "scripts/check_official_dac.py compares its model code with codecport instead")),
+            "codecport (its descript-audiotools pins protobuf<3.20, onnx and onnxruntime need >=4.25): "
+            "install it in an environment of its own and pass --official-python ENV/bin/python")),
 }
 
 
@@ -66,11 +67,28 @@ def _prepare(codec: str, variant: str, seconds: float, frames: int, seed: int, o
     return {"samples": samples, "sample_rate": cfg.sample_rate}
 
 
+def _official_dac_weights(work: Path) -> None:
+    """The bench's DAC weights as the official package saves them (`weights-official.pth`)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from ..models.dac_weights import unfold_weight_norm
+
+    ckpt = {"state_dict": unfold_weight_norm(load_file(work / "weights.safetensors")),
+            "metadata": {"kwargs": json.loads((work / "config.json").read_text())}}
+    with atomic_path(work / "weights-official.pth") as tmp:
+        torch.save(ckpt, tmp)
+
+
 def _worker(job: dict) -> dict:
+    if "python" in job:  # the official DAC package, in its own environment (official_dac.py)
+        cmd = [job["python"], str(Path(__file__).with_name("official_dac.py"))]
+    else:
+        cmd = [sys.executable, "-m", "codecport.bench.worker"]
     # cwd: `python -m` puts the working directory first on sys.path, where any stray timeit.py
     # or numpy.py would shadow the real module; the bench folder holds only our files.
-    proc = subprocess.run([sys.executable, "-m", "codecport.bench.worker", json.dumps(job)],
-                          capture_output=True, text=True, check=False, cwd=job["dir"])
+    proc = subprocess.run([*cmd, json.dumps(job)], capture_output=True, text=True, check=False,
+                          cwd=job["dir"])
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise CodecportError(f"{job['contender']} failed: {last}")
@@ -101,21 +119,22 @@ def _directions(result: dict) -> list[str]:
 
 def _table(report: dict) -> list[str]:
     peak = report["gemm_peak"]["gflops"]
+    w = max(16, 2 + max(map(len, report["contenders"]), default=0))  # the contender column
     lines = [(f"{report['codec']} {report['variant']}: {report['seconds']:g} s of audio, "
              f"{report['runs']} runs after a warm-up"
              + (f", in each of {report['rounds']} rounds taken in turn" if report["rounds"] > 1 else "")
              + f"; fp32 GEMM peak {peak:.0f} GFLOP/s "
              f"({report['gemm_peak']['library']})"),
-             (f"{'contender':<16}{'direction':<12}{'RTF med':>7}{'min':>8}{'max':>8}{'GFLOP/s':>9}"
+             (f"{'contender':<{w}}{'direction':<12}{'RTF med':>7}{'min':>8}{'max':>8}{'GFLOP/s':>9}"
              f"{'of peak':>9}{'peak RSS':>10}")]
     for name, r in report["contenders"].items():
         if "skipped" in r:
-            lines.append(f"{name:<16}skipped: {r['skipped']}")
+            lines.append(f"{name:<{w}}skipped: {r['skipped']}")
             continue
         for d in _directions(r):
             s = r[d]
             rate = report["flops"][d] / s["seconds_median"] / 1e9
-            lines.append(f"{name:<16}{d:<12}{s['rtf_median']:>7.3f}{s['rtf_min']:>8.3f}"
+            lines.append(f"{name:<{w}}{d:<12}{s['rtf_median']:>7.3f}{s['rtf_min']:>8.3f}"
                          f"{s['rtf_max']:>8.3f}{rate:>9.0f}{rate / peak:>9.0%}"
                          f"{r['peak_rss_mb']:>8.0f}MB")
     for name, r in report["contenders"].items():
@@ -209,6 +228,9 @@ def _plot(report: dict, path: Path) -> None:
 @click.option("--contender", "contenders", multiple=True, default=["torch", "transformers", "official", "rustymimi"],
               help="Others to compare with (repeatable): torch, transformers, official (moshi for "
                    "mimi), rustymimi.")
+@click.option("--official-python", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="DAC: the Python of an environment where descript-audio-codec is installed, for "
+                   "`--contender official` (it cannot share one with codecport).")
 @click.option("--memory", "minutes", multiple=True, type=click.FloatRange(min=0.01),
               help="Also run `codec-run decode` on codes this many minutes long and report its "
                    "peak RSS (repeatable, e.g. --memory 1 --memory 10).")
@@ -217,7 +239,7 @@ def _plot(report: dict, path: Path) -> None:
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Bar chart PNG (matplotlib).")
 def main(codec, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
-         contenders, minutes, work, json_out, plot) -> None:
+         contenders, official_python, minutes, work, json_out, plot) -> None:
     """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
     import tempfile
 
@@ -234,6 +256,9 @@ def main(codec, variant, seconds, runs, rounds, providers, precisions, steps, fr
     if codec == "dac" and frames != 1:
         click.echo("error: --frames is for mimi's streaming steps; DAC has none", err=True)
         sys.exit(2)
+    if codec == "mimi" and official_python:
+        click.echo("error: --official-python is for dac; moshi runs in the bench's own environment", err=True)
+        sys.exit(2)
     variant = variant or ("44khz" if codec == "dac" else "mimi")
     tmp = None
     if work is None:
@@ -241,7 +266,7 @@ def main(codec, variant, seconds, runs, rounds, providers, precisions, steps, fr
         work = Path(tmp.name)
     try:
         report = _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, frames,
-                        long_windows if codec == "dac" else 0, contenders, minutes, work)
+                        long_windows if codec == "dac" else 0, contenders, minutes, work, official_python)
     except CodecportError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -305,7 +330,7 @@ def _code_agreement(contenders: dict, ours: str | None) -> None:
 
 
 def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
-           contenders, minutes, work: Path) -> dict:
+           contenders, minutes, work: Path, official_python: Path | None = None) -> dict:
     import onnxruntime
     import torch
 
@@ -355,8 +380,16 @@ def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, 
         else:
             label = "torch-eager" if name == "torch" else name
             module, reason = _OPTIONAL.get(name, ("torch", ""))
-        if name != "torch" and (module is None or importlib.util.find_spec(module) is None):
-            skipped[label] = {"skipped": f"not installed: {reason}" if module else reason}
+        if name == "official" and codec == "dac":
+            if official_python is None:
+                skipped[label] = {"skipped": reason}
+            else:
+                _official_dac_weights(work)
+                # absolute, not resolved: a venv's python is a symlink that must stay one
+                jobs[label] = {**base, "contender": name, "python": str(official_python.absolute())}
+            continue
+        if name != "torch" and importlib.util.find_spec(module) is None:
+            skipped[label] = {"skipped": f"not installed: {reason}"}
             continue
         if name == "rustymimi" and (codec, variant) != ("mimi", "mimi"):
             # Its Tokenizer builds the released Mimi's config whatever the file holds.

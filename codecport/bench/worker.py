@@ -18,13 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .measure import clip as _audio
 from .measure import peak_rss_mb, percentiles, summary, timings
-
-
-def _audio(n: int) -> np.ndarray:
-    rng = np.random.default_rng(0)
-    t = np.arange(n) / 24000
-    return (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)[None]
 
 
 def run_onnx(job: dict) -> dict:

@@ -60,6 +60,21 @@ def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def unfold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The official checkpoint's spelling of a folded state dict: each conv weight `w` as
+    `weight_g = ||w||` (norm over every dim but 0) and `weight_v = w`, which the official
+    weight-normed layers (and `fold_weight_norm`) turn back into `w`."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        if key.endswith(".weight") and value.dim() == 3:  # convs; codebooks are 2-D embeddings
+            stem = key[: -len(".weight")]
+            out[stem + ".weight_g"] = value.flatten(1).norm(dim=1).reshape(-1, 1, 1).clone()
+            out[stem + ".weight_v"] = value.clone()
+        else:
+            out[key] = value
+    return out
+
+
 def read_official(path: Path) -> tuple[dict[str, torch.Tensor], DacConfig | None]:
     """State dict (weight norm folded) and config of an official `.pth`."""
     try:
