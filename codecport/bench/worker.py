@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .measure import clip as _audio
-from .measure import peak_rss_mb, percentiles, summary, timings
+from .measure import clip, peak_rss_mb, percentiles, summary, timings
 
 
 def run_onnx(job: dict) -> dict:
@@ -29,14 +28,14 @@ def run_onnx(job: dict) -> dict:
     folder, runs = Path(job["dir"]) / job.get("model", "model"), job["runs"]
     if job["codec"] == "dac":
         codec = DacCodec(folder, job["provider"])
-        x = _audio(codec.graph("encoder").int("samples"))
+        x = clip(codec.graph("encoder").int("samples"))
         codes = codec.encode_exact(x)
         enc = timings(lambda: codec.encode_exact(x), runs)
         dec = timings(lambda: codec.decode(codes, padding=True), runs)
         out = _dac_long(codec, job) if job.get("long") else {}
     else:
         codec = MimiCodec(folder, job["provider"])
-        x = _audio(codec.graph("encoder").int("samples"))
+        x = clip(codec.graph("encoder").int("samples"))
         codes = codec.encode(x, codec.sample_rate)
         enc = timings(lambda: codec.encode(x, codec.sample_rate), runs)
         dec = timings(lambda: codec.decode(codes), runs)
@@ -51,7 +50,7 @@ def _dac_long(codec, job: dict) -> dict:
     """Long audio through the chunked graphs, as `codec-run` slides them: `long` windows."""
     g = codec.graph("encoder_chunked")
     n = job["long"] * g.int("chunk_step")
-    x = _audio(n)
+    x = clip(n)
     codes = codec.encode_chunked(x)
     enc = timings(lambda: codec.encode_chunked(x), job["runs"])
     dec = timings(lambda: codec.decode(codes, padding=False), job["runs"])
@@ -63,7 +62,7 @@ def _dac_long(codec, job: dict) -> dict:
 def _mimi_steps(stream, frames: int, samples: int, rate: int, steps: int) -> dict:
     """Latency of one streaming step (`frames` code frames, `samples` samples at `rate`), encode
     and decode separately."""
-    x = _audio(samples * (steps + 5))[0]
+    x = clip(samples * (steps + 5))[0]
     enc, dec = [], []
     for i in range(steps + 5):
         t0 = time.perf_counter()
@@ -102,7 +101,7 @@ def run_torch(job: dict) -> dict:
 
     model, runs = _torch_model(job), job["runs"]
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
-    x = torch.from_numpy(_audio(int(meta["geometry"]["samples"])))[:, None]
+    x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
     k = None if job["codec"] == "dac" else 8  # as the ONNX contender: all (DAC), Moshi's 8
     if job["codec"] == "mimi":
         x = model.pad(x)
@@ -123,7 +122,7 @@ def _torch_dac_long(model, job: dict, meta: dict) -> dict:
     geo, runs = meta["geometry"], job["runs"]
     window, step, chunk = geo["window"], geo["chunk_step"], geo["chunk_frames"]
     n = job["long"] * step
-    x = torch.nn.functional.pad(torch.from_numpy(_audio(n))[:, None], (model.delay(), model.delay() + window))
+    x = torch.nn.functional.pad(torch.from_numpy(clip(n))[:, None], (model.delay(), model.delay() + window))
     windows = [x[..., i:i + window] for i in range(0, n, step)]
     model.set_padding(False)
     try:
@@ -146,7 +145,7 @@ def run_transformers(job: dict) -> dict:
 
     conf = json.loads((Path(job["dir"]) / "config.json").read_text())
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
-    x = torch.from_numpy(_audio(int(meta["geometry"]["samples"])))[:, None]
+    x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
     runs = job["runs"]
     if job["codec"] == "dac":
         hf = transformers.DacModel(transformers.DacConfig(
@@ -203,7 +202,7 @@ def run_rustymimi(job: dict) -> dict:
 
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
     tok = rustymimi.Tokenizer(str(Path(job["dir"]) / "weights.safetensors"), num_codebooks=MOSHI_CODEBOOKS)
-    x = _audio(int(meta["geometry"]["samples"]))[None]
+    x = clip(int(meta["geometry"]["samples"]))[None]
     codes = tok.encode(x)
     enc = timings(lambda: tok.encode(x), job["runs"])
     dec = timings(lambda: tok.decode(codes), job["runs"])
@@ -251,7 +250,7 @@ def run_official(job: dict) -> dict:
     k = min(MOSHI_CODEBOOKS, cfg.n_codebooks)
     model = loaders.get_mimi(str(folder / "weights.safetensors"), moshi_config(cfg), num_codebooks=k).eval()
     meta = json.loads((folder / "model" / "manifest.json").read_text())
-    x = torch.from_numpy(_audio(int(meta["geometry"]["samples"])))[:, None]
+    x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
     with torch.no_grad():
         codes = model.encode(x)
         enc = timings(lambda: model.encode(x), job["runs"])
