@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -193,8 +194,6 @@ def _fake_moshi(root: Path, loaders: str) -> dict:
     (root / "moshi" / "models" / "loaders.py").write_text(loaders)
     (root / "moshi-0.0.1.dist-info").mkdir()
     (root / "moshi-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: moshi\nVersion: 0.0.1\n")
-    import os
-
     return {**os.environ, "PYTHONPATH": str(root)}
 
 
@@ -275,8 +274,6 @@ class DAC(torch.nn.Module):
 
 
 def test_bench_official_dac_runs_in_the_interpreter_given(tmp_path):
-    import os
-
     site = tmp_path / "site"
     (site / "dac" / "model").mkdir(parents=True)
     (site / "dac" / "__init__.py").write_text('__version__ = "0.0.2"\n')
