@@ -229,10 +229,11 @@ class _MoshiStream:
         return self.model.decode(codes)
 
 
-def run_official(job: dict) -> dict:
-    """The official package on the bench's weights. For Mimi that is moshi, built by its own
-    loader from the bench's weights file (moshi's format, whose key names are ours) and the
-    bench's config, and run as Moshi runs it, under `torch.no_grad`."""
+def run_moshi(job: dict) -> dict:
+    """Mimi's official package, moshi, on the bench's weights: built by its own loader from the
+    bench's weights file (moshi's format, whose key names are ours) and the bench's config, and
+    run as Moshi runs it, under `torch.no_grad`. (DAC's official package runs in an environment
+    of its own: official_dac.py.)"""
     from importlib.metadata import version
 
     import torch
@@ -289,7 +290,7 @@ def run_memory(job: dict) -> dict:
 def main() -> None:
     job = json.loads(sys.argv[1])
     run = {"onnx": run_onnx, "torch": run_torch, "transformers": run_transformers,
-           "rustymimi": run_rustymimi, "official": run_official, "memory": run_memory}[job["contender"]]
+           "rustymimi": run_rustymimi, "official": run_moshi, "memory": run_memory}[job["contender"]]
     result = run(job)
     result["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(result))
