@@ -1,105 +1,178 @@
-"""Command line: `codec-export` (needs the [export] extra) and `codec-run` (runtime only)."""
+"""Command line: `codec-export` (needs the [export] extra) and `codec-run` (runtime only).
+
+Both iterate over the codec registry: `codec-export CODEC` is one command per registered codec
+(its presets and its own options come from its declaration), and `codec-run` asks each folder
+which codec it holds. Results go to stdout, diagnostics to stderr; every failure is one line
+(`error: ...`, exit 1; anything unexpected `internal error: ...`, exit 2) and no traceback
+unless -v asks for it.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
 import logging
+import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import click
-import numpy as np
 
+from . import __version__, registry
 from .atomic import atomic_path
-from .errors import CodecportError, CodesError, ModelFileError
+from .errors import CodecportError, CodesError
 
-DAC_VARIANTS = ["44khz", "24khz", "16khz", "44khz-16kbps", "tiny"]
-MIMI_VARIANTS = ["mimi", "tiny"]
-# export.variants.TARGETS, named here so that `--help` does not import onnx
+# export.variants.TARGETS and PRECISIONS, named here so that `--help` does not import onnx
 TARGET_CHOICES = ("cpu", "cuda", "dml", "coreml", "nnapi", "mobile")
+PRECISION_CHOICES = ("fp32", "fp16", "int8")
+PROVIDER_CHOICES = ("cpu", "cuda", "dml", "coreml", "auto")
+MODE_CHOICES = ("auto", "fixed", "chunked", "step")
+_state = {"verbose": False}
 
 
-def _one_line_errors(fn):
-    """Print a `CodecportError` as one line on stderr and exit 1, instead of a traceback."""
+def _guard(fn):
+    """One line instead of a traceback: a `CodecportError` exits 1, anything unexpected exits 2
+    (with the traceback under -v)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
         except CodecportError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("error: interrupted", err=True)
+            sys.exit(130)
+        except BrokenPipeError:  # stdout closed early (`| head`): nothing left to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
+        except Exception as e:  # noqa: BLE001 (the last line of defence: a bug, never a traceback)
+            if _state["verbose"]:
+                traceback.print_exc()
+            first = (str(e).strip().splitlines() or [""])[0]
+            click.echo(f"internal error: {type(e).__name__}: {first}; rerun with -v for the "
+                       "traceback, and please report it", err=True)
+            sys.exit(2)
 
     return wrapper
 
 
 def _logging(verbose: bool) -> None:
+    _state["verbose"] = verbose
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
 
 
+def _note(message: str) -> None:
+    """A diagnostic: stderr, so that stdout holds only results."""
+    click.echo(message, err=True)
+
+
+verbose_option = click.option("-v", "--verbose", is_flag=True, help="Log what happens; show tracebacks.")
+
+
 # ---- codec-export ------------------------------------------------------------------------
 @click.group(context_settings={"show_default": True})
+@click.version_option(__version__, prog_name="codec-export")
 def export_cli() -> None:
     """Export a codec to fixed-length ONNX graphs, validated against torch."""
 
 
-def _export_options(fn):
-    """Options every codec's export takes."""
-    for option in reversed([
-        click.option("--random-init", is_flag=True, help="Seeded random weights instead of a "
+def _export_params(spec) -> list[click.Parameter]:
+    """Options of `codec-export CODEC`: those every codec takes, then the codec's own."""
+    presets = list(spec.presets)
+    common = [
+        click.Option(["--variant"], type=click.Choice(presets), default=None,
+                     help=f"Model preset [default: {spec.default_variant}, or what the checkpoint's "
+                          "config matches]; a checkpoint's own config wins when it carries one."),
+        click.Option(["--len", "length"], type=click.IntRange(min=1), default=None,
+                     help="Samples per call of the fixed-length encoder/decoder pair (not a multiple "
+                          "of the frame: zero-padded inside the graph, as the official model does)."),
+        click.Option(["--weights"], default=None,
+                     help="Released name (" + ", ".join(spec.module("config").RELEASES) + "), a "
+                          "checkpoint file or folder, or a URL [default: the variant's release]."),
+        click.Option(["--revision"], default=None,
+                     help="Revision (branch, tag or commit) of weights fetched from Hugging Face."),
+        click.Option(["--random-init"], is_flag=True, help="Seeded random weights instead of a "
                      "checkpoint (for trying the pipeline; the audio is noise)."),
-        click.option("--seed", type=int, default=0, help="Seed for --random-init."),
-        click.option("--in-graph-quantizer", is_flag=True, help="Put the RVQ inside the graphs: "
+        click.Option(["--seed"], type=int, default=0, help="Seed for --random-init."),
+        click.Option(["--in-graph-quantizer"], is_flag=True, help="Put the RVQ inside the graphs: "
                      "the encoder outputs codes, the decoder takes them."),
-        click.option("--codebooks", type=click.IntRange(min=1), default=None,
+        click.Option(["--codebooks"], type=click.IntRange(min=1), default=None,
                      help="With --in-graph-quantizer: codebooks in the graphs [default: all]."),
-        click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=None,
-                     help="Output folder [default: CODEC-VARIANT-LEN]."),
-        click.option("--target", type=click.Choice(list(TARGET_CHOICES)), default="cpu",
+        click.Option(["-o", "--out", "out_dir"], type=click.Path(path_type=Path), default=None,
+                     help="Output folder, replaced whole [default: CODEC-VARIANT-LEN]."),
+        click.Option(["--target"], type=click.Choice(TARGET_CHOICES), default="cpu",
                      help="Where the graphs will run: nnapi/mobile carry the convs as 2-D and spell "
                           "the ops NNAPI lacks, mobile adds .ort files and a reduced-build operator "
                           "config, coreml adds .mlpackage files (coremltools)."),
-        click.option("--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32",
+        click.Option(["--precision"], type=click.Choice(PRECISION_CHOICES), default="fp32",
                      help="fp16 (fp32 inputs/outputs) or int8 (static QDQ); the deviation from "
                           "fp32 is measured and written into each file and the manifest."),
-        click.option("--calibration", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        click.Option(["--calibration"], type=click.Path(exists=True, dir_okay=False, path_type=Path),
                      multiple=True, help="Audio file(s) to calibrate int8 on (repeatable) "
                                          "[default: generated clips]."),
-        click.option("-v", "--verbose", is_flag=True),
-    ]):
-        fn = option(fn)
-    return fn
+    ]
+    own = [click.Option([o.flag, o.dest], default=o.default, help=o.help,
+                        type=click.Choice(o.type) if isinstance(o.type, tuple)
+                        else click.IntRange(min=o.minimum) if o.type is int else o.type)
+           for o in spec.export_options]
+    verbose = click.Option(["-v", "--verbose"], is_flag=True, help="Log what happens; show tracebacks.")
+    return [*common, *own, verbose]
 
 
-def _export_imports():
-    try:
-        from .export import graph  # noqa: F401 (torch, onnx, onnxsim)
-    except ImportError as e:
-        raise CodecportError(f"exporting needs torch and onnx ({e}); "
-                             "pip install 'codecport[export]'") from e
+def _export_command(spec) -> click.Command:
+    return click.Command(
+        spec.name, params=_export_params(spec), context_settings={"show_default": True},
+        callback=_guard(functools.partial(_export, spec)),
+        help=f"Write {spec.label}'s graphs (fixed-length, and what any length needs), the RVQ "
+             "arrays and a manifest, every graph validated against torch first.")
 
 
-def _check_codebooks_flag(in_graph_quantizer: bool, codebooks: int | None) -> None:
+def _export(spec, *, variant, length, weights, revision, random_init, seed, in_graph_quantizer,
+            codebooks, out_dir, target, precision, calibration, verbose, **own) -> None:
+    _logging(verbose)
     if codebooks is not None and not in_graph_quantizer:
         raise click.UsageError("--codebooks only applies with --in-graph-quantizer; the numpy "
                                "quantizer takes --codebooks at codec-run time")
-
-
-def _random_weights(init_random, model, seed: int):
-    """(model, source label, sha256) for --random-init, saying loudly what it is."""
-    click.echo(f"using RANDOM weights (seed {seed}): the graphs are real, the audio is not")
-    return init_random(model, seed).eval(), f"random-init seed {seed} (NOT trained weights)", "none"
-
-
-def _shaping(target: str, precision: str, calibration: tuple[Path, ...]):
+    try:
+        from .export import graph  # noqa: F401 (torch, onnx, onnxsim)
+    except ImportError as e:
+        raise CodecportError(f"exporting needs torch and onnx ({e}); pip install 'codecport[export]'") from e
     from .export.variants import Shaping
 
     shaping = Shaping(target, precision, list(calibration) or None)
     shaping.check()  # before the (long) export, not after
-    return shaping
+    models, presets = spec.module("model"), spec.presets
+    t0 = time.perf_counter()
+    if random_init:
+        variant = variant or spec.default_variant
+        _note(f"using RANDOM weights (seed {seed}): the graphs are real, the audio is not")
+        model = models.init_random(models.MODEL(presets[variant]), seed).eval()
+        source, sha = f"random-init seed {seed} (NOT trained weights)", "none"
+    else:
+        loader = spec.module("weights")
+        source = weights or variant or spec.default_variant
+        if weights is None and source not in spec.module("config").RELEASES:
+            raise click.UsageError(f"--variant {variant} has no released weights; pass --weights "
+                                   "or --random-init")
+        model, sha = loader.load(source, variant=variant, revision=revision)
+        # Label the graphs by what the weights are, not by a default the user never chose.
+        variant = next((name for name, cfg in presets.items() if cfg == model.cfg), "custom")
+    out_dir = out_dir or Path(f"{spec.name}-{variant}-{length or 'any'}")
+    in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
+    exporter = spec.module("export")
+    report = exporter.export(model, out_dir, length, options=own, variant=variant, weights=source,
+                             weights_sha256=sha, in_graph_codebooks=in_graph, shaping=shaping)
+    click.echo(f"exported {spec.name} {variant} ({source}) in {time.perf_counter() - t0:.1f} s to {out_dir}/")
+    for line in exporter.describe(report):
+        click.echo(line)
+    _print_validation(report)
 
 
 def _print_validation(report: dict) -> None:
@@ -123,125 +196,20 @@ def _print_validation(report: dict) -> None:
             click.echo(f"  {file}")
 
 
-@export_cli.command("dac")
-@click.option("--variant", type=click.Choice(DAC_VARIANTS), default=None,
-              help="Model preset [default: 44khz, or what the checkpoint's config matches]; a "
-                   "checkpoint's own config wins when it carries one.")
-@click.option("--len", "length", type=click.IntRange(min=1), required=True,
-              help="Samples per call of the fixed-length encoder (not a hop multiple: zero-padded "
-                   "inside the graph to the next one, as the official model does).")
-@click.option("--chunk-len", type=click.IntRange(min=1), default=None,
-              help="Window in samples of the chunked graphs for long audio [default: --len].")
-@click.option("--weights", default=None,
-              help="Released name (44khz, 24khz, 16khz, 44khz-16kbps), a .pth / transformers "
-                   "folder path, or a URL [default: the variant's released weights].")
-@_export_options
-@_one_line_errors
-def export_dac_cmd(variant, length, chunk_len, weights, random_init, seed, in_graph_quantizer,
-                   codebooks, out_dir, target, precision, calibration, verbose) -> None:
-    """Write encoder/decoder graphs (exact length and chunked), RVQ arrays and a manifest."""
-    _logging(verbose)
-    _check_codebooks_flag(in_graph_quantizer, codebooks)
-    _export_imports()
-    shaping = _shaping(target, precision, calibration)
-    from .export.dac import export_dac
-    from .models.dac import DAC, PRESETS, init_random
-    from .models.dac_weights import RELEASES, load_dac
-
-    t0 = time.perf_counter()
-    if random_init:
-        variant = variant or "44khz"
-        model, source, sha = _random_weights(init_random, DAC(PRESETS[variant]), seed)
-    else:
-        source = weights or variant or "44khz"
-        if source not in RELEASES and weights is None:
-            raise click.UsageError(f"--variant {variant} has no released weights; pass --weights "
-                                   "or --random-init")
-        model, sha = load_dac(source, variant=variant)
-        # Label the graphs by what the weights are, not by a default the user never chose.
-        variant = next((name for name, cfg in PRESETS.items() if cfg == model.cfg), "custom")
-    out_dir = out_dir or Path(f"dac-{variant}-{length}")
-    in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
-    report = export_dac(model, out_dir, length, chunk_len, variant=variant, weights=source,
-                        weights_sha256=sha, in_graph_codebooks=in_graph, shaping=shaping)
-    click.echo(f"exported dac {variant} ({source}) in {time.perf_counter() - t0:.1f} s to {out_dir}/")
-    geo = report["geometry"]
-    click.echo(f"  exact graphs  : {geo['samples']} samples <-> {geo['frames']} frames "
-               f"(decoder gives {geo['samples_out']} samples)")
-    click.echo(f"  chunked graphs: window {geo['window']} samples -> {geo['chunk_frames']} frames, "
-               f"step {geo['chunk_step']} samples, delay {geo['delay']}")
-    _print_validation(report)
-
-
-@export_cli.command("mimi")
-@click.option("--variant", type=click.Choice(MIMI_VARIANTS), default=None,
-              help="Model preset [default: mimi, or what a transformers config says].")
-@click.option("--len", "length", type=click.IntRange(min=1), default=None,
-              help="Samples per call of the fixed-length encoder/decoder pair (24 kHz; not a "
-                   "multiple of 1920: zero-padded inside the graph to whole frames, as moshi does).")
-@click.option("--streaming", is_flag=True,
-              help="Also write the static-shape step graphs (explicit state) for streaming and "
-                   "for audio of any length.")
-@click.option("--frames", type=click.IntRange(min=1), default=1,
-              help="Code frames (80 ms each) per streaming step.")
-@click.option("--window", type=click.Choice(["whole-clip", "moshi-stream", "rustymimi"]),
-              default="whole-clip",
-              help="Attention past 250 frames (10 s): equal to the whole clip (moshi's encode), "
-                   "moshi's streaming mode (step graphs), whose ring cache drops a step's oldest "
-                   "keys, or Kyutai's Rust Mimi (fixed and step graphs), which sees one key more.")
-@click.option("--weights", default=None,
-              help="Released name (mimi: moshi's checkpoint from Hugging Face), a moshi "
-                   ".safetensors, a transformers MimiModel folder, or a URL [default: mimi].")
-@_export_options
-@_one_line_errors
-def export_mimi_cmd(variant, length, streaming, frames, window, weights, random_init, seed,
-                    in_graph_quantizer, codebooks, out_dir, target, precision, calibration,
-                    verbose) -> None:
-    """Write fixed-length (--len) and/or streaming step graphs (--streaming), RVQ arrays and a manifest."""
-    _logging(verbose)
-    if length is None and not streaming:
-        raise click.UsageError("pass --len N (fixed-length graphs), --streaming (step graphs), or both")
-    _check_codebooks_flag(in_graph_quantizer, codebooks)
-    _export_imports()
-    shaping = _shaping(target, precision, calibration)
-    from .export.mimi import export_mimi
-    from .models.mimi import PRESETS, MimiModel, init_random
-    from .models.mimi_weights import load_mimi
-
-    t0 = time.perf_counter()
-    if random_init:
-        variant = variant or "mimi"
-        model, source, sha = _random_weights(init_random, MimiModel(PRESETS[variant]), seed)
-    else:
-        source = weights or "mimi"
-        model, sha = load_mimi(source, variant=variant)
-        variant = next((name for name, cfg in PRESETS.items() if cfg == model.cfg), "custom")
-    out_dir = out_dir or Path(f"mimi-{variant}-{length or 'stream'}")
-    in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
-    report = export_mimi(model, out_dir, length, frames if streaming else None, variant=variant,
-                         weights=source, weights_sha256=sha, in_graph_codebooks=in_graph,
-                         window=window, shaping=shaping)
-    click.echo(f"exported mimi {variant} ({source}) in {time.perf_counter() - t0:.1f} s to {out_dir}/")
-    geo, fs = report["geometry"], model.cfg.frame_size
-    if geo["samples"] is not None:
-        click.echo(f"  fixed graphs : {geo['samples']} samples (padded to {geo['frames'] * fs}) <-> "
-                   f"{geo['frames']} frames")
-    if geo["step_frames"] is not None:
-        click.echo(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
-                   "per call, state in/out (zeros to start)")
-    click.echo(f"  attention    : {window} window, {report['context']} positions")
-    _print_validation(report)
+for _spec in registry.codecs():
+    export_cli.add_command(_export_command(_spec))
 
 
 @export_cli.command("check")
 @click.argument("target", type=click.Path(path_type=Path))
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None,
               help="Also write the report as JSON.")
-@_one_line_errors
-def check_cmd(target, json_out) -> None:
+@verbose_option
+@_guard
+def check_cmd(target, json_out, verbose) -> None:
     """Per execution provider, whether each graph would run whole: CoreML (ML Program and
     NeuralNetwork) and NNAPI from ONNX Runtime's usability checker, DirectML from a rule table."""
-    _export_imports()
+    _logging(verbose)
     from .export.check import check
 
     reports = check(target)
@@ -264,14 +232,6 @@ def check_cmd(target, json_out) -> None:
 
 
 # ---- codec-run ---------------------------------------------------------------------------
-provider_option = click.option("--provider", type=click.Choice(["cpu", "cuda", "dml", "coreml", "auto"]),
-                               default="cpu", help="ONNX Runtime execution provider.")
-model_option = click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path),
-                            required=True, help="Folder written by codec-export.")
-fallback_option = click.option("--fallback", type=click.Choice(["cpu"]), default=None,
-                               help="Use this provider when the requested one is not installed.")
-
-
 def _parse_options(ctx, param, values) -> dict[str, str]:
     out = {}
     for v in values:
@@ -282,169 +242,127 @@ def _parse_options(ctx, param, values) -> dict[str, str]:
     return out
 
 
-option_option = click.option("--provider-option", "options", multiple=True, callback=_parse_options,
-                             metavar="KEY=VALUE",
-                             help="ONNX Runtime provider option, overriding codecport's defaults "
-                                  "(e.g. MLComputeUnits=CPUAndNeuralEngine for CoreML); repeatable.")
+def _run_options(fn):
+    """Options every `codec-run` command that runs a model takes."""
+    for option in reversed([
+        click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
+                     help="Folder written by codec-export."),
+        click.option("--mode", type=click.Choice(MODE_CHOICES), default="auto",
+                     help="Way through the graphs: fixed (one call of the fixed-length pair), "
+                          "chunked (DAC's windows), step (Mimi's streaming steps), or auto (by length)."),
+        click.option("--provider", type=click.Choice(PROVIDER_CHOICES), default="cpu",
+                     help="ONNX Runtime execution provider."),
+        click.option("--fallback", type=click.Choice(["cpu"]), default=None,
+                     help="Use this provider when the requested one is not installed."),
+        click.option("--provider-option", "options", multiple=True, callback=_parse_options,
+                     metavar="KEY=VALUE",
+                     help="ONNX Runtime provider option, overriding codecport's defaults "
+                          "(e.g. MLComputeUnits=CPUAndNeuralEngine for CoreML); repeatable."),
+        verbose_option,
+    ]):
+        fn = option(fn)
+    return fn
 
 
 @click.group(context_settings={"show_default": True})
+@click.version_option(__version__, prog_name="codec-run")
 def run_cli() -> None:
     """Encode and decode audio with exported ONNX graphs (no torch needed)."""
 
 
-def _codec(model_dir: Path, provider: str, fallback: str | None, options: dict[str, str]):
-    """DacCodec or MimiCodec, by what the folder's graphs say they are."""
-    from .runtime.dac import DacCodec
-    from .runtime.mimi import MimiCodec
-    from .runtime.session import read_metadata
-
-    graphs = _graph_files(model_dir) if model_dir.is_dir() else []
-    if not graphs:
-        raise ModelFileError(f"{model_dir}: no exported graphs here; run codec-export first")
-    try:  # the manifest says it without loading a model; the codec class checks the graphs anyway
-        codec = json.loads((model_dir / "manifest.json").read_text())["codec"]
-    except (OSError, ValueError, KeyError, TypeError):
-        codec = read_metadata(graphs[0]).get("codec")
-    if codec == "mimi":
-        return MimiCodec(model_dir, provider, fallback, options)
-    return DacCodec(model_dir, provider, fallback, options)
-
-
-def _graph_files(folder: Path) -> list[Path]:
-    """The folder's graphs: each `.onnx`, and each `.ort` without an `.onnx` beside it (what the
-    runtime loads, see runtime/session.py)."""
-    onnx_files = sorted(folder.glob("*.onnx"))
-    stems = {f.stem for f in onnx_files}
-    return onnx_files + sorted(f for f in folder.glob("*.ort") if f.stem not in stems)
-
-
-def _is_mimi(codec) -> bool:
-    return type(codec).__name__ == "MimiCodec"
-
-
-streaming_option = click.option("--streaming", is_flag=True,
-                                help="Mimi: go through the step graphs (as a live stream would) "
-                                     "even when the clip fits the fixed-length graph.")
+MODE_LABELS = {"fixed": "fixed graph", "chunked": "chunked, {chunk} frames a chunk",
+               "step": "streaming step graphs"}
 
 
 @run_cli.command("encode")
 @click.argument("audio_in", type=click.Path(path_type=Path))
-@model_option
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True,
-              help="codes.npy (codes [channels, codebooks, frames]); or codes.dac (DAC's official "
-                   "format) / codes.npz (Mimi: codes + original length and rate), which decode "
-                   "back to the original length and rate.")
+              help="codes.npy (bare codes [channels, codebooks, frames]), codes.npz (codes plus "
+                   "the original length and rate), or the codec's own format (DAC: .dac).")
 @click.option("--codebooks", type=click.IntRange(min=1), default=None,
               help="Use the first K codebooks (lower bitrate) [default: all for DAC, 8 for Mimi "
                    "as Moshi uses].")
-@streaming_option
-@provider_option
-@fallback_option
-@option_option
-@click.option("-v", "--verbose", is_flag=True)
-@_one_line_errors
-def encode_cmd(audio_in, model_dir, out, codebooks, streaming, provider, fallback, options,
-               verbose) -> None:
-    """Encode a WAV/FLAC file of any length and sample rate to codes."""
-    from .runtime.audio import read_audio
+@_run_options
+@_guard
+def encode_cmd(audio_in, out, codebooks, model_dir, mode, provider, fallback, options, verbose) -> None:
+    """Encode an audio file of any length and sample rate to codes (read block by block)."""
+    from .runtime.audio import FileSource
 
     _logging(verbose)
-    codec = _codec(model_dir, provider, fallback, options)
-    mimi = _is_mimi(codec)
-    suffixes = (".npy", ".npz") if mimi else (".npy", ".dac")
-    if out.suffix not in suffixes:
-        raise CodesError(f"{out}: the output must end in {' or '.join(suffixes)}")
-    if streaming and not mimi:
-        raise click.UsageError("--streaming is for Mimi folders; DAC streams long audio in chunks anyway")
-    audio, sr = read_audio(audio_in)
-    if sr != codec.sample_rate:
-        click.echo(f"resampling {sr} Hz -> {codec.sample_rate} Hz (soxr)")
+    spec = registry.codec_of_folder(model_dir)
+    if out.suffix not in spec.suffixes:
+        raise CodesError(f"{out}: {spec.label} codes are written as {', '.join(spec.suffixes)}")
+    source = FileSource(audio_in)
+    codec = spec.runtime(model_dir, provider, fallback, options)
+    if source.sample_rate != codec.sample_rate:
+        _note(f"resampling {source.sample_rate} Hz -> {codec.sample_rate} Hz (soxr)")
     t0 = time.perf_counter()
-    if mimi:
-        from .runtime.audio import check_audio, resample
-        from .runtime.mimi import save_codes
-
-        x = resample(check_audio(audio), sr, codec.sample_rate)
-        codes = codec.encode(x, codec.sample_rate, codebooks, streaming=streaming, progress=True)
-        took = time.perf_counter() - t0
-        mode = "fixed graph" if not streaming and codec.fits_fixed(x.shape[1]) else "streaming step graphs"
-        if out.suffix == ".npz":
-            save_codes(out, codes, audio.shape[1], sr)
-    else:
-        f = codec.compress(audio, sr, codebooks, progress=True)
-        took, codes = time.perf_counter() - t0, f.codes
-        mode = "exact (official encode)" if f.padding else f"chunked ({f.chunk_length} frames/chunk)"
-        if out.suffix == ".dac":
-            f.save(out)
-    if out.suffix == ".npy":
-        with atomic_path(out) as tmp, open(tmp, "wb") as fh:
-            np.save(fh, codes)
-    click.echo(f"{audio_in}: {audio.shape[0]} ch x {audio.shape[1]} samples @ {sr} Hz -> codes "
-               f"{list(codes.shape)} [{mode}] in {took:.2f} s on {codec.provider}")
+    codes = codec.encode_source(source, codebooks, codec.check_mode(None if mode == "auto" else mode), True)
+    took = time.perf_counter() - t0
+    codes.save(out)
+    label = MODE_LABELS[codes.mode].format(chunk=codes.chunk_frames)
+    shapes = " + ".join(str(list(a.shape)) for a in codes.arrays)
+    click.echo(f"{audio_in}: {codes.channels} ch x {codes.num_samples} samples @ {codes.sample_rate} Hz "
+               f"-> codes {shapes} [{label}] in {took:.2f} s on {codec.provider}")
     click.echo(f"wrote {out}")
 
 
 @run_cli.command("decode")
 @click.argument("codes_in", type=click.Path(path_type=Path))
-@model_option
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True,
-              help="Output audio (.wav or .flac).")
-@streaming_option
-@provider_option
-@fallback_option
-@option_option
-@click.option("-v", "--verbose", is_flag=True)
-@_one_line_errors
-def decode_cmd(codes_in, model_dir, out, streaming, provider, fallback, options, verbose) -> None:
-    """Decode codes.npy, codes.dac (DAC) or codes.npz (Mimi) to audio."""
-    from .runtime.audio import write_audio, write_audio_pieces
-    from .runtime.dacfile import DacFile
+              help="Output audio (.wav, written as RF64 past 4 GiB, or .flac).")
+@_run_options
+@_guard
+def decode_cmd(codes_in, out, model_dir, mode, provider, fallback, options, verbose) -> None:
+    """Decode codes (.npy, .npz, or the codec's own format) to audio, piece by piece."""
+    from .runtime.audio import audio_format
+    from .runtime.codes import load_codes
 
     _logging(verbose)
-    codec = _codec(model_dir, provider, fallback, options)
-    mimi = _is_mimi(codec)
-    if streaming and not mimi:
-        raise click.UsageError("--streaming is for Mimi folders")
+    spec = registry.codec_of_folder(model_dir)
+    audio_format(out)
+    codes = load_codes(codes_in)
+    if codes.codec not in (None, spec.name):
+        raise CodesError(f"{codes_in}: holds {codes.codec} codes, not {spec.name}; decode them with "
+                         f"a {codes.codec} export")
+    codec = spec.runtime(model_dir, provider, fallback, options)
     t0 = time.perf_counter()
-    if mimi and codes_in.suffix == ".npz":
-        audio, sr = codec.decode_file(codes_in, streaming=streaming, progress=True)
-    elif codes_in.suffix == ".dac" and not mimi:
-        audio, sr = codec.decompress(DacFile.load(codes_in), progress=True)
-    else:
-        # Bare codes: written piece by piece, so memory stays flat however long the file is.
-        codes, sr = _load_npy(codes_in), codec.sample_rate
-        pieces = codec.decode_pieces(codes, streaming, progress=True) if mimi else \
-            codec.decode_pieces(codes, progress=True)
-        channels, samples = write_audio_pieces(out, pieces, sr)
-        audio = None
-    took = time.perf_counter() - t0
-    if audio is not None:
-        write_audio(out, audio, sr)
-        channels, samples = audio.shape
+    channels, samples, sr = codec.decode_to_file(codes, out, mode=None if mode == "auto" else mode,
+                                                 progress=True)
     click.echo(f"{codes_in} -> {channels} ch x {samples} samples @ {sr} Hz in "
-               f"{took:.2f} s on {codec.provider}")
+               f"{time.perf_counter() - t0:.2f} s on {codec.provider}")
     click.echo(f"wrote {out}")
-
-
-def _load_npy(path: Path) -> np.ndarray:
-    try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise CodesError(f"{path}: not a readable .npy array of codes ({e})") from e
 
 
 @run_cli.command("info")
 @click.argument("target", type=click.Path(path_type=Path))
-@_one_line_errors
-def info_cmd(target) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print everything as one JSON object.")
+@verbose_option
+@_guard
+def info_cmd(target, as_json, verbose) -> None:
     """Show what an exported folder or .onnx/.ort file holds (from its metadata)."""
-    from .runtime.session import read_metadata
+    from .errors import ModelFileError
+    from .runtime.folder import read_manifest
+    from .runtime.graph import graph_files, read_metadata
 
-    files = _graph_files(target) if target.is_dir() else [target]
+    _logging(verbose)
+    if target.is_dir():
+        files, manifest = graph_files(target), read_manifest(target)
+    else:
+        files, manifest = [target], None
     if not files:
         raise ModelFileError(f"{target}: no .onnx or .ort files here; run codec-export first")
-    for f in files:
-        meta = read_metadata(f)
-        click.echo(f"{f}:")
-        click.echo(json.dumps(meta, indent=2, sort_keys=True))
+    graphs = {str(f): read_metadata(f) for f in files}
+    if as_json:
+        click.echo(json.dumps({"path": str(target), "manifest": manifest, "graphs": graphs}, indent=2))
+        return
+    first = next(iter(graphs.values()))
+    rate = int(first["sample_rate"]) / int(first["frame_size"]) if "frame_size" in first else None
+    click.echo(f"{target}: {first.get('codec')} {first.get('variant')}, {first.get('sample_rate')} Hz"
+               + (f", {rate:g} frames/s" if rate else "")
+               + f", {first.get('n_codebooks')} codebooks of {first.get('codebook_size')}, quantizer "
+               f"{first.get('quantizer')}, export {first.get('export_id')}")
+    for path, meta in graphs.items():
+        size = f"{meta.get('samples')} samples <-> {meta.get('frames')} frames"
+        extra = "".join(f", {k} {meta[k]}" for k in ("target", "precision") if k in meta)
+        click.echo(f"  {path}: {meta.get('role')} {meta.get('mode')}, {size}{extra}")

@@ -9,6 +9,10 @@ class CheckpointError(CodecportError):
     """A checkpoint that cannot be loaded: unsafe, malformed, or not matching the model."""
 
 
+class ConfigError(CheckpointError):
+    """A model config outside what any real model of the codec has."""
+
+
 class DownloadError(CodecportError):
     """Weights could not be fetched."""
 

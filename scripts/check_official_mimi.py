@@ -40,7 +40,7 @@ def main() -> int:
     from codecport.export.mimi import export_mimi
     from codecport.models.mimi import PRESETS, MimiModel, init_random
     from codecport.models.mimi_weights import moshi_config
-    from codecport.runtime.mimi import MimiCodec
+    import codecport
 
     sentencepiece = types.ModuleType("sentencepiece")
     sentencepiece.SentencePieceProcessor = object
@@ -81,22 +81,22 @@ def main() -> int:
         out = Path(tmp) / "onnx"
         export_mimi(ours, out, clip.shape[-1], 1, variant=args.variant, weights=str(path),
                     weights_sha256="none")
-        codec = MimiCodec(out)
-        for mode, streaming in (("fixed graph", False), ("step graphs", True)):
-            codes = codec.encode(clip[0], cfg.sample_rate, k, streaming=streaming)
-            audio = codec.decode(codes, streaming=streaming)[None]
+        codec = codecport.load(out)
+        for label, mode in (("fixed graph", "fixed"), ("step graphs", "step")):
+            codes = codec.encode(clip[0], cfg.sample_rate, k, mode=mode).data
+            audio = codec.decode(codes, mode=mode)[0][None]
             same = np.array_equal(codes, want)
             err = float(np.abs(audio - want_audio).max())
             failed |= not same or err > 1e-4
-            print(f"  codecport {mode} vs moshi whole clip: codes {'identical' if same else 'DIFFER'}, "
+            print(f"  codecport {label} vs moshi whole clip: codes {'identical' if same else 'DIFFER'}, "
                   f"audio max abs error {err:.2e}")
 
         ring = Path(tmp) / "ring"
         export_mimi(ours, ring, None, 1, variant=args.variant, weights=str(path),
                     weights_sha256="none", window="moshi-stream")
-        codec = MimiCodec(ring)
-        codes = codec.encode(clip[0], cfg.sample_rate, k, streaming=True)
-        audio = codec.decode(want[0], streaming=True)[None]
+        codec = codecport.load(ring)
+        codes = codec.encode(clip[0], cfg.sample_rate, k, mode="step").data
+        audio = codec.decode(want[0], mode="step")[0][None]
         same = np.array_equal(codes, streamed)
         err = float(np.abs(audio - streamed_audio).max())
         failed |= not same or err > 1e-4

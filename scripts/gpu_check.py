@@ -292,53 +292,20 @@ def graph_timing(graph, feed: np.ndarray, runs: int, seconds: float) -> dict:
     return timed(lambda: graph(feed), runs, seconds)[1]
 
 
-def check_dac(dev, ref, args, out: dict, failures: list[str], label: str, precision: str) -> dict:
-    sr = dev.sample_rate
-    clip = make_clip(dev.graph("encoder").int("samples"), sr)
-    secs = clip.shape[1] / sr
-    out["audio_seconds"] = secs
-    codes_ref, t_ref_enc = timed(lambda: ref.encode_exact(clip), args.reference_runs, secs)
-    codes_dev, t_dev_enc = timed(lambda: dev.encode_exact(clip), args.runs, secs)
-    audio_ref, t_ref_dec = timed(lambda: ref.decode(codes_ref, padding=True), args.reference_runs, secs)
-    audio_dev, t_dev_dec = timed(lambda: dev.decode(codes_ref, padding=True), args.runs, secs)
-    par = {"encode": agreement(codes_ref, codes_dev), "decode": closeness(audio_ref, audio_dev)}
-    timing = {"device": {"encode": t_dev_enc, "decode": t_dev_dec},
-              "reference": {"encode": t_ref_enc, "decode": t_ref_dec}}
-    for name in ("encoder", "decoder"):
-        feed = graph_feed(dev, name, clip, codes_ref)
-        timing["device"][f"{name}_graph"] = graph_timing(dev.graph(name), feed, args.runs, secs)
-    if {"encoder_chunked", "decoder_chunked"} <= set(dev.present):
-        step = dev.graph("encoder_chunked").int("chunk_step")
-        long = make_clip(2 * step + step // 2, sr, seed=1)  # three windows, the last one partial
-        lsecs = long.shape[1] / sr
-        # The chunked graphs are sessions of their own, whose first call holds their own cuDNN
-        # search: one more call is timed on the device. The reference's one call is enough.
-        c_ref, timing["reference"]["chunked_encode"] = timed(lambda: ref.encode_chunked(long), 0, lsecs)
-        c_dev, timing["device"]["chunked_encode"] = timed(lambda: dev.encode_chunked(long), 1, lsecs)
-        a_ref, timing["reference"]["chunked_decode"] = timed(lambda: ref.decode(c_ref, padding=False), 0,
-                                                             lsecs)
-        a_dev, timing["device"]["chunked_decode"] = timed(lambda: dev.decode(c_ref, padding=False), 1, lsecs)
-        par["chunked_encode"], par["chunked_decode"] = agreement(c_ref, c_dev), closeness(a_ref, a_dev)
-        out["chunked_audio_seconds"] = lsecs
-    for what, r in par.items():
-        gate(r, f"{label} {what}", precision, failures)
-    out["parity"], out["timing"] = par, timing
-    return {"clip": clip, "codes_ref": codes_ref, "audio_ref": audio_ref}
-
-
-def check_mimi(dev, ref, args, out: dict, failures: list[str], label: str, precision: str) -> dict:
-    from codecport.runtime.mimi import MimiStream
-
+def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, precision: str) -> dict:
+    """Every way through the folder's graphs, on the device against the reference: the fixed
+    pair, then the long-audio modes the codec has (chunked windows, streaming steps)."""
     sr, keep = dev.sample_rate, {}
     par, timing = {}, {"device": {}, "reference": {}}
+    fixed_enc = lambda codec, clip: codec.encode(clip, sr, mode="fixed").data
     if "encoder" in dev.present and "decoder" in dev.present:
         clip = make_clip(dev.graph("encoder").int("samples"), sr)
         secs = clip.shape[1] / sr
         out["audio_seconds"] = secs
-        codes_ref, t_ref_enc = timed(lambda: ref.encode(clip, sr), args.reference_runs, secs)
-        codes_dev, t_dev_enc = timed(lambda: dev.encode(clip, sr), args.runs, secs)
-        audio_ref, t_ref_dec = timed(lambda: ref.decode(codes_ref), args.reference_runs, secs)
-        audio_dev, t_dev_dec = timed(lambda: dev.decode(codes_ref), args.runs, secs)
+        codes_ref, t_ref_enc = timed(lambda: fixed_enc(ref, clip), args.reference_runs, secs)
+        codes_dev, t_dev_enc = timed(lambda: fixed_enc(dev, clip), args.runs, secs)
+        audio_ref, t_ref_dec = timed(lambda: ref.decode(codes_ref, mode="fixed")[0], args.reference_runs, secs)
+        audio_dev, t_dev_dec = timed(lambda: dev.decode(codes_ref, mode="fixed")[0], args.runs, secs)
         par["encode"], par["decode"] = agreement(codes_ref, codes_dev), closeness(audio_ref, audio_dev)
         timing["device"].update(encode=t_dev_enc, decode=t_dev_dec)
         timing["reference"].update(encode=t_ref_enc, decode=t_ref_dec)
@@ -346,8 +313,23 @@ def check_mimi(dev, ref, args, out: dict, failures: list[str], label: str, preci
             feed = graph_feed(dev, name, clip, codes_ref)
             timing["device"][f"{name}_graph"] = graph_timing(dev.graph(name), feed, args.runs, secs)
         keep = {"clip": clip, "codes_ref": codes_ref, "audio_ref": audio_ref}
+    if {"encoder_chunked", "decoder_chunked"} <= set(dev.present):
+        step = dev.graph("encoder_chunked").int("chunk_step")
+        long = make_clip(2 * step + step // 2, sr, seed=1)  # three windows, the last one partial
+        lsecs = long.shape[1] / sr
+        enc = lambda codec: codec.encode(long, sr, mode="chunked").data
+        # The chunked graphs are sessions of their own, whose first call holds their own cuDNN
+        # search: one more call is timed on the device. The reference's one call is enough.
+        c_ref, timing["reference"]["chunked_encode"] = timed(lambda: enc(ref), 0, lsecs)
+        c_dev, timing["device"]["chunked_encode"] = timed(lambda: enc(dev), 1, lsecs)
+        a_ref, timing["reference"]["chunked_decode"] = timed(lambda: ref.decode(c_ref, mode="chunked")[0], 0,
+                                                             lsecs)
+        a_dev, timing["device"]["chunked_decode"] = timed(lambda: dev.decode(c_ref, mode="chunked")[0], 1,
+                                                          lsecs)
+        par["chunked_encode"], par["chunked_decode"] = agreement(c_ref, c_dev), closeness(a_ref, a_dev)
+        out["chunked_audio_seconds"] = lsecs
     if "encoder_step" in dev.present and "decoder_step" in dev.present:
-        s_ref, s_dev = MimiStream(ref), MimiStream(dev)
+        s_ref, s_dev = ref.stream(), dev.stream()
         n = args.warmup_steps + args.steps
         pcm = make_clip(n * s_dev.step_samples, sr, seed=2)[0]
         chunks = [pcm[i * s_dev.step_samples:(i + 1) * s_dev.step_samples] for i in range(n)]
@@ -378,9 +360,8 @@ def check_mimi(dev, ref, args, out: dict, failures: list[str], label: str, preci
 
 
 def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_refs: dict) -> dict:
-    from codecport.runtime.dac import DacCodec
-    from codecport.runtime.mimi import MimiCodec
-    from codecport.runtime.session import PROVIDERS
+    import codecport
+    from codecport.runtime.providers import PROVIDERS
 
     manifest = json.loads((folder / "manifest.json").read_text())
     codec, precision = manifest["codec"], manifest.get("precision", "fp32")
@@ -388,9 +369,8 @@ def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_re
     out = {"folder": str(folder), "codec": codec, "variant": manifest.get("variant"), "precision": precision,
            "weights": manifest.get("weights"), "export_id": manifest.get("export_id"),
            "export_deviation": manifest.get("deviation")}
-    cls = DacCodec if codec == "dac" else MimiCodec
     t0 = time.perf_counter()
-    dev = cls(folder, provider=args.device_provider, options=options)  # opens the first graph
+    dev = codecport.load(folder, provider=args.device_provider, options=options)  # opens the first graph
     opened = {dev.present[0]: round(time.perf_counter() - t0, 3)}
     for name in dev.present[1:]:  # every graph now, so no open time is folded into a timing
         t1 = time.perf_counter()
@@ -404,8 +384,8 @@ def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_re
         raise ProviderMissing(f"{label}: graphs run on {wrong}, not {want}")
     first = dev.graph(dev.present[0]).session
     out["provider_options"] = first.get_provider_options().get(want, {})
-    ref = cls(folder, provider=args.reference_provider)
-    keep = (check_dac if codec == "dac" else check_mimi)(dev, ref, args, out, failures, label, precision)
+    ref = codecport.load(folder, provider=args.reference_provider)
+    keep = check_codec(dev, ref, args, out, failures, label, precision)
     # An fp16/int8 variant against the fp32 export it was built from, when that ran too: what the
     # variant on the device costs against the reference users compare with (not gated here: the
     # export measured and recorded it).
@@ -413,10 +393,8 @@ def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_re
     if precision == "fp32" and keep:
         fp32_refs[manifest.get("export_id")] = keep
     elif base is not None and keep and base["clip"].shape == keep["clip"].shape:
-        if codec == "dac":
-            dec, codes = dev.decode(base["codes_ref"], padding=True), dev.encode_exact(base["clip"])
-        else:
-            dec, codes = dev.decode(base["codes_ref"]), dev.encode(base["clip"], dev.sample_rate)
+        dec = dev.decode(base["codes_ref"], mode="fixed")[0]
+        codes = dev.encode(base["clip"], dev.sample_rate, mode="fixed").data
         out["device_vs_fp32_reference"] = {"encode": agreement(base["codes_ref"], codes),
                                            "decode": closeness(base["audio_ref"], dec)}
     return out
@@ -526,7 +504,7 @@ def run_check(args) -> int:
     preload = preload_cuda(args.preload) if args.device_provider == "cuda" else []
     import onnxruntime as ort
 
-    from codecport.runtime.session import PROVIDERS
+    from codecport.runtime.providers import PROVIDERS
 
     report = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device_provider": args.device_provider,
               "reference_provider": args.reference_provider, "thresholds": THRESHOLDS,

@@ -49,19 +49,14 @@ exclude() {  # keep a staging folder out of git: it travels as a carried path in
     grep -qxF "/$1/" "$file" 2>/dev/null || echo "/$1/" >>"$file"
 }
 
-export_tiny() {  # codec precision out_dir: a tiny preset with seeded random weights
+export_tiny() {  # codec precision out_dir: a small export of the codec, with seeded random weights
     local codec=$1 precision=$2 out=$3 args
-    if [ "$codec" = dac ]; then
-        args=(dac --variant tiny --len 160000)  # 10 s at 16 kHz
-    else
-        # 0.1 s: the tiny preset's 24-sample frames make 100 of them, and its attention masks
-        # are constants of frames squared (1.7 MiB a folder at 0.2 s; 10 s passes protobuf's
-        # 2 GiB). Plus the step graphs.
-        args=(mimi --variant tiny --len 2400 --streaming)
-    fi
+    # The codec's own small export with every graph (its registration's `smoke` arguments).
+    read -r -a args <<<"$(python3 -c 'import sys; from codecport import registry
+print(" ".join(registry.get(sys.argv[1]).smoke))' "$codec")"
     rm -rf "$out"
     # --precision fp16: fp16 graphs with fp32 inputs/outputs, built from the validated fp32 ones.
-    codec-export "${args[@]}" --random-init --target cuda --precision "$precision" -o "$out"
+    codec-export "$codec" "${args[@]}" --random-init --target cuda --precision "$precision" -o "$out"
 }
 
 carried_bytes() {  # what one `run` sends: tracked and untracked-not-ignored files, plus $@
@@ -85,7 +80,7 @@ prepare() {
     # The tiny presets: the real architectures at toy width, so the graphs hold every op the
     # full ones do, and the four folders weigh 2 MiB. A full preset is 0.3-0.7 GB a folder, ten
     # times the carry limit: device-full exports those on the device instead.
-    for codec in dac mimi; do
+    for codec in $(python3 -c 'from codecport import registry; print(*registry.names())'); do
         for precision in fp32 fp16; do
             export_tiny "$codec" "$precision" "$STAGE/models/$codec-tiny-$precision"
         done
@@ -192,7 +187,7 @@ variant_of_folder; variant_of_folder(Path(sys.argv[1]), Path(sys.argv[2]), Shapi
         timeout "$(left)" python3 -c "$export_cli" dac --variant 44khz --len 44100 \
             --random-init --target cuda -o "$work/dac-44khz-fp32" ||
             echo "DAC export failed or ran out of time"
-        timeout "$(left)" python3 -c "$export_cli" mimi --len 24000 --streaming \
+        timeout "$(left)" python3 -c "$export_cli" mimi --len 24000 \
             --random-init --target cuda -o "$work/mimi-fp32" || echo "Mimi export failed or ran out of time"
         # fp16 from the fp32 folders without a second trace (as codec-bench --precision does),
         # keeping 90 s for the check.

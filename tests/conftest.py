@@ -12,6 +12,9 @@ from codecport.models.mimi import PRESETS as MIMI_PRESETS
 from codecport.models.mimi import MimiModel
 from codecport.models.mimi import init_random as mimi_init_random
 
+# The Mimi CLI tests' fixtures (exports made once a session), shared by two test modules.
+pytest_plugins = ["mimi_cli_support"]
+
 TINY_LEN = 600  # samples of the tiny exact graphs (100 frames of hop 6)
 TINY_CHUNK = 3000  # window of the tiny chunked graphs
 MIMI_TINY_FRAMES = 40  # code frames of the tiny Mimi fixed graphs (24-sample frames)
@@ -63,3 +66,25 @@ def noise(n: int, channels: int = 1, seed: int = 0, scale: float = 0.3) -> np.nd
     tones = sum(np.sin(2 * np.pi * f * t + rng.uniform(0, 6)) for f in rng.uniform(80, 4000, 4))
     x = scale * (0.2 * tones + 0.5 * rng.standard_normal((channels, n)))
     return x.astype(np.float32)
+
+
+@pytest.fixture(scope="session")
+def smoke_exports(tmp_path_factory) -> dict:
+    """Every registered codec exported through the real `codec-export`, with its registration's
+    small `smoke` arguments and seeded random weights: name -> folder."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from codecport import registry
+
+    root = tmp_path_factory.mktemp("smoke")
+    out = {}
+    for spec in registry.codecs():
+        folder = root / spec.name
+        proc = subprocess.run([str(Path(sys.executable).parent / "codec-export"), spec.name, *spec.smoke,
+                               "--random-init", "-o", str(folder)], capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out[spec.name] = folder
+    return out

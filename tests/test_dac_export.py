@@ -63,7 +63,7 @@ def test_tiny_lengths(tmp_path, tiny_dac, length):
     for name in GRAPHS:
         meta = _assert_portable(tmp_path / f"{name}.onnx")
         assert meta["role"] == name.split("_")[0]
-        assert meta["padding"] == ("none" if "chunked" in name else "same")
+        assert meta["mode"] == ("chunked" if "chunked" in name else "fixed")
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["geometry"] == geo and manifest["quantizer"] == "numpy"
     with np.load(tmp_path / "rvq.npz", allow_pickle=False) as z:

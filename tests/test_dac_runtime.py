@@ -13,8 +13,8 @@ from conftest import TINY_CHUNK, TINY_LEN, noise
 from codecport.errors import ProviderError
 from codecport.export.dac import rvq_of
 from codecport.runtime.dac import DacCodec
-from codecport.runtime.dacfile import DacFile
-from codecport.runtime.session import cpu_cores
+from codecport.runtime.codes import load_codes
+from codecport.runtime.providers import cpu_cores
 
 
 @pytest.fixture(scope="module")
@@ -66,64 +66,81 @@ def test_numpy_rvq_equals_torch_quantizer(tiny_dac):
 def test_exact_graph_equals_official_encode(codec, tiny_dac, n):
     """Audio that fills the fixed graph gives the codes and audio of the model's own encode/decode."""
     audio = noise(n, channels=2, seed=n)
-    codes = codec.encode_exact(audio)
+    codes = codec.encode(audio, 16000, mode="fixed").data
     with torch.no_grad():
         want = tiny_dac.encode(torch.from_numpy(audio)[:, None])
         want_audio = tiny_dac.decode(want)[:, 0].numpy()
     np.testing.assert_array_equal(codes, want.numpy())
-    assert np.abs(codec.decode(codes, padding=True) - want_audio).max() <= 1e-4
+    assert np.abs(codec.decode(codes, mode="fixed")[0] - want_audio).max() <= 1e-4
 
 
 def test_chunked_long_audio_equals_torch_procedure(codec, tiny_dac):
     audio = noise(7 * TINY_CHUNK + 123, channels=2, seed=9)
-    codes = codec.encode_chunked(audio)
+    codes = codec.encode(audio, 16000, mode="chunked").data
     want = _torch_chunked_codes(tiny_dac, audio, TINY_CHUNK)
     np.testing.assert_array_equal(codes, want)
     chunk = codec.graph("decoder_chunked").int("chunk_frames")
-    got = codec.decode(codes, padding=False)
+    got = codec.decode(codes, mode="chunked")[0]
     assert np.abs(got - _torch_chunked_audio(tiny_dac, codes, chunk)).max() <= 1e-4
     assert got.shape[1] >= audio.shape[1]  # every input sample has output
 
 
 def test_fewer_codebooks_are_a_prefix(codec):
     audio = noise(4000, seed=5)
-    full = codec.encode_chunked(audio)
-    np.testing.assert_array_equal(codec.encode_chunked(audio, 2), full[:, :2])
+    full = codec.encode(audio, 16000, mode="chunked").data
+    np.testing.assert_array_equal(codec.encode(audio, 16000, 2, mode="chunked").data, full[:, :2])
 
 
 def test_dac_file_round_trip(codec, tmp_path):
     audio = noise(8000, channels=2, seed=11)
-    f = codec.compress(audio, 16000)
-    assert not f.padding and f.chunk_length == codec.graph("decoder_chunked").int("chunk_frames")
+    f = codec.encode(audio, 16000)
+    assert f.mode == "chunked" and f.chunk_frames == codec.graph("decoder_chunked").int("chunk_frames")
     meter = pyloudnorm.Meter(16000)
-    assert f.input_db == pytest.approx(meter.integrated_loudness(audio.T.astype(np.float64)), abs=1e-3)
+    assert f.loudness_db == pytest.approx(meter.integrated_loudness(audio.T.astype(np.float64)), abs=1e-6)
     f.save(tmp_path / "a.dac")
     # What the official DACFile.load reads: np.load(allow_pickle=True)[()] with these types.
     raw = np.load(tmp_path / "a.dac", allow_pickle=True)[()]
+    assert set(raw) == {"codes", "metadata"}
     assert raw["codes"].dtype == np.uint16 and raw["metadata"]["input_db"].dtype == np.float32
     assert raw["metadata"]["dac_version"] == "1.0.0" and raw["metadata"]["padding"] is False
-    g = DacFile.load(tmp_path / "a.dac")
-    np.testing.assert_array_equal(g.codes, f.codes)
-    assert (g.original_length, g.channels, g.sample_rate) == (8000, 2, 16000)
-    out, sr = codec.decompress(g)
+    assert raw["metadata"]["chunk_length"] == f.chunk_frames
+    g = load_codes(tmp_path / "a.dac")
+    np.testing.assert_array_equal(g.data, f.data)
+    assert (g.num_samples, g.channels, g.sample_rate, g.mode) == (8000, 2, 16000, "chunked")
+    out, sr = codec.decode(g)
     assert sr == 16000 and out.shape == (2, 8000) and np.isfinite(out).all()
     # Official decompress restores the input loudness on the decoded audio.
-    assert meter.integrated_loudness(out.T.astype(np.float64)) == pytest.approx(f.input_db, abs=0.5)
+    assert meter.integrated_loudness(out.T.astype(np.float64)) == pytest.approx(f.loudness_db, abs=0.5)
 
 
-def test_compress_of_exact_length_uses_the_fixed_graph(codec, tiny_dac):
+def test_encode_of_exact_length_uses_the_fixed_graph(codec, tiny_dac):
     audio = noise(TINY_LEN, seed=12)
-    f = codec.compress(audio, 16000)
-    assert f.padding and f.chunk_length == TINY_LEN // 6
+    f = codec.encode(audio, 16000)
+    assert f.mode == "fixed" and f.chunk_frames is None
     with torch.no_grad():
-        np.testing.assert_array_equal(f.codes, tiny_dac.encode(torch.from_numpy(audio)[:, None]).numpy())
+        np.testing.assert_array_equal(f.data, tiny_dac.encode(torch.from_numpy(audio)[:, None]).numpy())
+
+
+def test_loud_input_is_scaled_to_a_peak_of_one_first(codec, tiny_dac):
+    """The official `ensure_max_of_audio`: a channel peaking above 1 is encoded scaled to 1."""
+    audio = noise(TINY_LEN, channels=2, seed=14)
+    loud = audio.copy()
+    loud[1] *= 3 / np.abs(loud[1]).max()
+    codes = codec.encode(loud, 16000).data
+    np.testing.assert_array_equal(codes[0], codec.encode(audio[:1], 16000).data[0])
+    gain = np.float32(1.0 / float(np.abs(loud[1]).max()))
+    assert np.abs(loud[1:] * gain).max() <= 1
+    np.testing.assert_array_equal(codes[1], codec.encode(loud[1:] * gain, 16000).data[0])
+    with torch.no_grad():  # the control: unscaled, the model gives other codes
+        unscaled = tiny_dac.encode(torch.from_numpy(loud[1:])[:, None]).numpy()[0]
+    assert not np.array_equal(codes[1], unscaled)
 
 
 def test_resampled_input_keeps_its_rate_and_length(codec):
     audio = noise(9000, seed=13)
-    f = codec.compress(audio, 22050)
-    assert (f.sample_rate, f.original_length) == (22050, 9000)
-    out, sr = codec.decompress(f)
+    f = codec.encode(audio, 22050)
+    assert (f.sample_rate, f.num_samples) == (22050, 9000)
+    out, sr = codec.decode(f)
     assert sr == 22050 and out.shape == (1, 9000)
 
 
@@ -138,9 +155,9 @@ def test_decoder_only_folder(tmp_path, tiny_export):
     full, dec_only = DacCodec(tiny_export), DacCodec(tmp_path)
     for frames in (full.fixed_frames(), 3 * full.graph("decoder_chunked").int("chunk_frames")):
         codes = np.random.default_rng(frames).integers(0, full.codebook_size, (1, full.n_codebooks, frames))
-        np.testing.assert_array_equal(dec_only.decode(codes), full.decode(codes))
+        np.testing.assert_array_equal(dec_only.decode(codes)[0], full.decode(codes)[0])
     with pytest.raises(ModelFileError, match="encoder"):
-        dec_only.compress(noise(600), 16000)
+        dec_only.encode(noise(600), 16000)
 
 
 @pytest.mark.parametrize("windows", ["1", "3"])
@@ -150,9 +167,9 @@ def test_concurrent_windows_give_the_same_bits(codec, tiny_export, windows):
     other = DacCodec(tiny_export, options={"windows": windows})
     assert other.windows == int(windows)
     audio = noise(9 * TINY_CHUNK + 7, channels=2, seed=3)
-    codes = codec.encode_chunked(audio)
-    np.testing.assert_array_equal(other.encode_chunked(audio), codes)
-    np.testing.assert_array_equal(other.decode(codes, padding=False), codec.decode(codes, padding=False))
+    codes = codec.encode(audio, 16000, mode="chunked").data
+    np.testing.assert_array_equal(other.encode(audio, 16000, mode="chunked").data, codes)
+    np.testing.assert_array_equal(other.decode(codes, mode="chunked")[0], codec.decode(codes, mode="chunked")[0])
     threads = other.graph("decoder_chunked").session.get_session_options().intra_op_num_threads
     assert threads == (0 if windows == "1" else max(1, cpu_cores() // 3))  # 0: ORT's default
     assert other.graph("decoder").session.get_session_options().intra_op_num_threads == 0

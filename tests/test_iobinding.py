@@ -8,7 +8,8 @@ from conftest import MIMI_TINY_STEP, noise
 
 from codecport.errors import ProviderError
 from codecport.runtime.mimi import MimiCodec, MimiStream
-from codecport.runtime.session import StepRunner, provider_options
+from codecport.runtime.graph import StepRunner
+from codecport.runtime.providers import provider_options
 
 FRAME = 24  # samples per code frame of the tiny config
 STEP = MIMI_TINY_STEP * FRAME
@@ -76,9 +77,9 @@ def test_codec_paths_agree(tiny_mimi_export, codec):
     """encode/decode through the codec: binding on (default) and off give the same bits."""
     off = MimiCodec(tiny_mimi_export, options={"io_binding": "0"})
     audio = noise(N_STEPS * STEP + 5, channels=2, seed=4)
-    codes = codec.encode(audio, 24000, streaming=True)
-    np.testing.assert_array_equal(codes, off.encode(audio, 24000, streaming=True))
-    np.testing.assert_array_equal(codec.decode(codes, streaming=True), off.decode(codes, streaming=True))
+    codes = codec.encode(audio, 24000, mode="step").data
+    np.testing.assert_array_equal(codes, off.encode(audio, 24000, mode="step").data)
+    np.testing.assert_array_equal(codec.decode(codes, mode="step")[0], off.decode(codes, mode="step")[0])
 
 
 def test_reset_restarts_the_bound_state(codec):

@@ -1,113 +1,206 @@
-"""Mimi's released weights fetched by name or URL from a local HTTP server into the XDG cache."""
+"""Mimi's released weights fetched through huggingface_hub from a local server that answers as
+the Hub does (HF_ENDPOINT on 127.0.0.1): the shared Hugging Face cache, revisions, HF_TOKEN and
+HF_HUB_OFFLINE; and by plain URL into the XDG cache.
+
+huggingface_hub reads its environment when it is imported, so each load runs in a process of
+its own, as a user's `codec-export` would.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import shutil
+import json
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
-from test_download import Server, cached_files, serve, serve_dir
+from safetensors.torch import load_file, save_file
 
-from codecport.errors import DownloadError
-from codecport.models.mimi import PRESETS
-from codecport.models.mimi_weights import BASE_URL_ENV, RELEASES, load_mimi
+from codecport.models.mimi_config import RELEASES
 
 REPO, FILE = RELEASES["mimi"]
-RELEASE_PATH = f"/{REPO}/resolve/main/{FILE}"  # Hugging Face's layout under the base URL
+COMMITS = {"main": "a" * 40, "v1": "b" * 40}
 
 
-pytestmark = pytest.mark.usefixtures("cache")
+@dataclass
+class Hub:
+    url: str
+    files: dict[str, bytes]  # revision -> the file's bytes
+    gets: list[str] = field(default_factory=list)
+    auth: list[str | None] = field(default_factory=list)
+    drop: bool = False  # stop the body halfway
 
 
-@pytest.fixture(scope="module")
-def official_file(tmp_path_factory, tiny_mimi) -> Path:
-    """The tiny model saved as moshi's safetensors file (moshi's key names are ours)."""
-    path = tmp_path_factory.mktemp("mimi_ckpt") / FILE
-    save_file({k: v.contiguous() for k, v in tiny_mimi.state_dict().items()}, path)
-    return path
+@contextmanager
+def hub(files: dict[str, bytes]) -> Iterator[Hub]:
+    """`/{repo}/resolve/{revision}/{file}` for `REPO`/`FILE` as the Hub answers it: HEAD with the
+    commit, ETag and size, GET with the bytes; anything else 404."""
+    state = Hub("", files)
 
-
-@pytest.fixture
-def server(tmp_path, official_file, monkeypatch) -> Iterator[Server]:
-    """Serves the file as the release and as `/tiny-mimi.safetensors`, counting GETs."""
-    root = tmp_path / "served"
-    (root / RELEASE_PATH[1:]).parent.mkdir(parents=True)
-    shutil.copyfile(official_file, root / RELEASE_PATH[1:])
-    shutil.copyfile(official_file, root / "tiny-mimi.safetensors")
-    with serve_dir(root) as srv:
-        monkeypatch.setenv(BASE_URL_ENV, srv.url)
-        yield srv
-
-
-def assert_same_model(model, tiny_mimi) -> None:
-    assert model.cfg == PRESETS["tiny"]
-    got, want = model.state_dict(), tiny_mimi.state_dict()
-    assert set(got) == set(want)
-    for k, v in want.items():
-        assert torch.equal(got[k], v), k
-
-
-def test_release_by_name(server, cache, official_file, tiny_mimi):
-    served = official_file.read_bytes()
-    model, sha = load_mimi("mimi", variant="tiny")
-    dest = cache / "codecport" / "mimi" / REPO / FILE
-    assert dest.read_bytes() == served
-    assert cached_files(cache) == [dest]  # nothing else, no .part left over
-    assert sha == hashlib.sha256(served).hexdigest()
-    assert_same_model(model, tiny_mimi)
-    assert server.hits == [RELEASE_PATH]
-
-    model2, sha2 = load_mimi("mimi", variant="tiny")
-    assert server.hits == [RELEASE_PATH]  # served from the cache
-    assert sha2 == sha
-    assert_same_model(model2, tiny_mimi)
-
-
-def test_release_by_url(server, cache, official_file, tiny_mimi):
-    url = f"{server.url}/tiny-mimi.safetensors"
-    model, sha = load_mimi(url, variant="tiny")
-    files = cached_files(cache)
-    assert len(files) == 1 and files[0].name == "tiny-mimi.safetensors"
-    assert files[0].read_bytes() == official_file.read_bytes()
-    assert sha == hashlib.sha256(official_file.read_bytes()).hexdigest()
-    assert_same_model(model, tiny_mimi)
-    load_mimi(url, variant="tiny")
-    assert server.hits == ["/tiny-mimi.safetensors"]
-
-
-def test_not_found(server, cache):
-    (server.root / RELEASE_PATH[1:]).unlink()
-    with pytest.raises(DownloadError, match="404"):
-        load_mimi("mimi", variant="tiny")
-    assert cached_files(cache) == []
-
-
-@pytest.mark.parametrize("when", ["mid-body", "before-reply"])
-def test_dropped_connection(official_file, cache, monkeypatch, when):
-    """A connection that drops, before or during the body, leaves nothing in the cache."""
-    body = official_file.read_bytes()
-
-    class Dropping(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if when == "mid-body":
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self, body: bool) -> None:
+            state.auth.append(self.headers.get("Authorization"))
+            parts = self.path.split("?")[0].split("/resolve/")
+            rev, _, name = parts[1].partition("/") if len(parts) == 2 else ("", "", "")
+            if parts[0] != f"/{REPO}" or name != FILE or rev not in state.files:
+                self.send_response(404)
+                self.send_header("X-Error-Code", "EntryNotFound")
                 self.end_headers()
-                self.wfile.write(body[: len(body) // 2])
-            self.close_connection = True
+                return
+            data = state.files[rev]
+            self.send_response(200)
+            self.send_header("X-Repo-Commit", COMMITS[rev])
+            self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if body:
+                state.gets.append(self.path)
+                self.wfile.write(data[:len(data) // 2] if state.drop else data)
+                self.close_connection = state.drop
+
+        def do_HEAD(self):
+            self._answer(False)
+
+        def do_GET(self):
+            self._answer(True)
 
         def log_message(self, *args):
             pass
 
-    with serve(Dropping) as url:
-        monkeypatch.setenv(BASE_URL_ENV, url)
-        match = f"stopped at {len(body) // 2} of {len(body)} bytes" if when == "mid-body" else \
-            "cannot download"
-        with pytest.raises(DownloadError, match=match):
-            load_mimi("mimi", variant="tiny")
-    assert cached_files(cache) == []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
+
+
+LOAD = """
+import json, sys
+from codecport.errors import CodecportError
+from codecport.models.mimi_weights import load
+try:
+    model, sha = load(sys.argv[1], variant="tiny", revision=sys.argv[2] or None)
+except CodecportError as e:
+    print(json.dumps({"error": str(e)}))
+else:
+    print(json.dumps({"sha": sha, "sum": float(sum(v.double().sum() for v in model.state_dict().values()))}))
+"""
+
+
+def load_in_process(weights: str, env: dict, revision: str = "") -> dict:
+    proc = subprocess.run([sys.executable, "-c", LOAD, weights, revision], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory, tiny_mimi) -> dict[str, bytes]:
+    """The tiny model in moshi's file format as revision main, and a perturbed copy as v1."""
+    root = tmp_path_factory.mktemp("mimi_ckpt")
+    sd = {k: v.contiguous() for k, v in tiny_mimi.state_dict().items()}
+    save_file(sd, root / "main.safetensors")
+    save_file({k: v * 2 if v.is_floating_point() else v for k, v in sd.items()}, root / "v1.safetensors")
+    return {rev: (root / f"{rev}.safetensors").read_bytes() for rev in ("main", "v1")}
+
+
+@pytest.fixture
+def env(tmp_path) -> dict:
+    """A process environment with its own Hugging Face cache and XDG cache, and no proxy."""
+    out = {k: v for k, v in os.environ.items()
+           if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
+    return {**out, "HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1"}
+
+
+def model_sum(data: bytes, tmp_path: Path) -> float:
+    (tmp_path / "x.safetensors").write_bytes(data)
+    return float(sum(v.double().sum() for v in load_file(tmp_path / "x.safetensors").values()))
+
+
+def snapshots(env: dict) -> list[Path]:
+    return sorted(Path(env["HF_HOME"]).rglob(f"snapshots/*/{FILE}"))
+
+
+def test_release_by_name_lands_in_the_shared_cache(tmp_path, weights, env):
+    with hub(weights) as h:
+        env = {**env, "HF_ENDPOINT": h.url}
+        got = load_in_process("mimi", env)
+        assert got["sha"] == hashlib.sha256(weights["main"]).hexdigest()
+        assert got["sum"] == pytest.approx(model_sum(weights["main"], tmp_path))
+        [snap] = snapshots(env)
+        assert COMMITS["main"] in str(snap) and snap.read_bytes() == weights["main"]
+        assert h.gets == [f"/{REPO}/resolve/main/{FILE}"]
+        assert load_in_process("mimi", env)["sha"] == got["sha"]
+        assert len(h.gets) == 1  # the second load came from the cache
+    assert not (Path(env["XDG_CACHE_HOME"]) / "codecport").exists()  # Hub files live in its cache
+
+
+def test_revision_and_token(tmp_path, weights, env):
+    with hub(weights) as h:
+        env = {**env, "HF_ENDPOINT": h.url, "HF_TOKEN": "hf_test_token"}
+        got = load_in_process("mimi", env, revision="v1")
+        assert got["sha"] == hashlib.sha256(weights["v1"]).hexdigest()
+        assert got["sum"] == pytest.approx(model_sum(weights["v1"], tmp_path))
+        assert h.gets == [f"/{REPO}/resolve/v1/{FILE}"]
+        assert set(h.auth) == {"Bearer hf_test_token"}
+        missing = load_in_process("mimi", env, revision="v9")
+        assert "cannot fetch" in missing["error"] and REPO in missing["error"]
+
+
+def test_offline_uses_the_cache_or_says_why(weights, env):
+    offline = {**env, "HF_HUB_OFFLINE": "1"}
+    cold = load_in_process("mimi", offline)
+    assert "HF_HUB_OFFLINE is set" in cold["error"]
+    with hub(weights) as h:
+        warm = load_in_process("mimi", {**env, "HF_ENDPOINT": h.url})
+        hits = len(h.auth)
+        assert load_in_process("mimi", {**offline, "HF_ENDPOINT": h.url})["sha"] == warm["sha"]
+        assert len(h.auth) == hits  # offline: not one request
+
+
+def test_not_found_and_dropped_connection(weights, env):
+    with hub({}) as h:
+        got = load_in_process("mimi", {**env, "HF_ENDPOINT": h.url})
+        assert "cannot fetch" in got["error"] and ("404" in got["error"] or "NotFound" in got["error"])
+    with hub(weights) as h:
+        h.drop = True
+        got = load_in_process("mimi", {**env, "HF_ENDPOINT": h.url})
+        assert "cannot fetch" in got["error"]
+        assert snapshots(env) == []  # nothing half-written where the loader looks
+
+
+def test_revision_is_for_released_names(tmp_path, env):
+    got = load_in_process(str(tmp_path / "w.safetensors"), env, revision="v1")
+    assert "--revision picks a revision of a released name" in got["error"]
+
+
+def test_release_by_url_goes_to_the_xdg_cache(tmp_path, weights, env):
+    from test_download import serve_dir
+
+    root = tmp_path / "served"
+    root.mkdir()
+    (root / "tiny-mimi.safetensors").write_bytes(weights["main"])
+    with serve_dir(root) as srv:
+        url = f"{srv.url}/tiny-mimi.safetensors"
+        got = load_in_process(url, env)
+        assert got["sha"] == hashlib.sha256(weights["main"]).hexdigest()
+        assert load_in_process(url, env) == got
+        assert srv.hits == ["/tiny-mimi.safetensors"]
+    files = [p for p in Path(env["XDG_CACHE_HOME"]).rglob("*") if p.is_file()]
+    assert [p.name for p in files] == ["tiny-mimi.safetensors"]
+    assert torch.equal(load_file(files[0])["downsample.conv.conv.conv.weight"],
+                       load_file(root / "tiny-mimi.safetensors")["downsample.conv.conv.conv.weight"])

@@ -319,7 +319,7 @@ def test_moshi_stream_window(tmp_path):
     cfg = tiny_mimi.cfg
     x = torch.from_numpy((0.3 * np.random.default_rng(5).standard_normal((1, 1, 40 * cfg.frame_size)))
                          .astype(np.float32))
-    codes = MimiCodec(tmp_path).encode(x[0].numpy(), cfg.sample_rate, cfg.n_codebooks, streaming=True)
+    codes = MimiCodec(tmp_path).encode(x[0].numpy(), cfg.sample_rate, cfg.n_codebooks, mode="step").data
     with torch.no_grad():
         whole = tiny_mimi.encode(x).numpy()
     tiny_mimi.set_moshi_ring(True)
@@ -329,7 +329,7 @@ def test_moshi_stream_window(tmp_path):
         tiny_mimi.set_moshi_ring(False)
     np.testing.assert_array_equal(codes, ring)
     # A dropped key moves the latent only slightly; the decoder's audio shows it.
-    audio = MimiCodec(tmp_path).decode(whole, streaming=True)
+    audio, _ = MimiCodec(tmp_path).decode(whole, mode="step")
     with torch.no_grad():
         want = tiny_mimi.decode(torch.from_numpy(whole)).numpy()[0]
         tiny_mimi.set_moshi_ring(True)
@@ -366,8 +366,8 @@ def test_rustymimi_window(tmp_path):
     assert {s[3] for n, s in model.state_shapes("encoder").items() if "attn" in n} == {8}
     x = (0.3 * np.random.default_rng(5).standard_normal((1, frames * cfg.frame_size))).astype(np.float32)
     codec = MimiCodec(tmp_path)
-    fixed = codec.encode(x, cfg.sample_rate, cfg.n_codebooks)
-    np.testing.assert_array_equal(codec.encode(x, cfg.sample_rate, cfg.n_codebooks, streaming=True), fixed)
+    fixed = codec.encode(x, cfg.sample_rate, cfg.n_codebooks).data
+    np.testing.assert_array_equal(codec.encode(x, cfg.sample_rate, cfg.n_codebooks, mode="step").data, fixed)
     wider = MimiModel(replace(cfg, context=9)).eval()
     wider.load_state_dict(model.state_dict())
     with torch.no_grad():

@@ -13,7 +13,8 @@ from conftest import MIMI_TINY_FRAMES, MIMI_TINY_STEP, noise
 from codecport.errors import AudioError, CodesError, ModelFileError
 from codecport.export.mimi import export_mimi, rvq_of
 from codecport.runtime.audio import resample
-from codecport.runtime.mimi import MimiCodec, MimiStream, load_codes, save_codes
+from codecport.runtime.codes import Codes, load_codes
+from codecport.runtime.mimi import MimiCodec, MimiStream
 
 FRAME = 24  # samples per code frame of the tiny config
 LONG = 160 * FRAME - 5  # 160 frames: 320 transformer positions, past the 250-position window
@@ -75,12 +76,12 @@ def test_numpy_rvq_equals_torch_quantizer(tiny_mimi):
 def test_streaming_long_clip_equals_whole_clip(codec, tiny_mimi):
     """Past the attention window, the step graphs' carried state still gives moshi's codes."""
     audio = noise(LONG, channels=2, seed=1)
-    codes = codec.encode(audio, 24000, streaming=True)
+    codes = codec.encode(audio, 24000, mode="step").data
     want = _torch_codes(tiny_mimi, audio)
     assert codes.shape == want.shape == (2, 4, 160)
     np.testing.assert_array_equal(codes, want)
     assert len(np.unique(codes)) > 20  # spread-out codes: the comparison means something
-    out = codec.decode(codes, streaming=True)
+    out, _ = codec.decode(codes, mode="step")
     ref = _torch_audio(tiny_mimi, codes)
     assert out.shape == ref.shape == (2, 160 * FRAME)
     assert np.abs(out - ref).max() <= 1e-4
@@ -92,11 +93,11 @@ def test_fixed_and_step_graphs_agree(folders, tiny_mimi):
     audio = noise(MIMI_TINY_FRAMES * FRAME - 13, seed=2)
     fixed, step = MimiCodec(folders["fixed"]), MimiCodec(folders["step"])
     want = _torch_codes(tiny_mimi, audio)
-    codes = fixed.encode(audio, 24000)
+    codes = fixed.encode(audio, 24000).data
     np.testing.assert_array_equal(codes, want)
-    np.testing.assert_array_equal(step.encode(audio, 24000), want)
+    np.testing.assert_array_equal(step.encode(audio, 24000).data, want)
     ref = _torch_audio(tiny_mimi, codes)
-    a, b = fixed.decode(codes), step.decode(codes)
+    a, b = fixed.decode(codes)[0], step.decode(codes)[0]
     assert a.shape == b.shape == ref.shape == (1, MIMI_TINY_FRAMES * FRAME)
     assert np.abs(a - ref).max() <= 1e-4 and np.abs(b - ref).max() <= 1e-4
     assert np.abs(a - b).max() <= 1e-4
@@ -106,10 +107,10 @@ def test_fixed_and_step_graphs_agree(folders, tiny_mimi):
 def test_any_length(codec, tiny_mimi, n):
     audio = noise(n, seed=n)
     frames = math.ceil(n / FRAME)
-    codes = codec.encode(audio, 24000)
+    codes = codec.encode(audio, 24000).data
     assert codes.shape == (1, 4, frames) and codes.dtype == np.int64
     np.testing.assert_array_equal(codes, _torch_codes(tiny_mimi, audio))
-    out = codec.decode(codes)
+    out, _ = codec.decode(codes)
     assert out.shape == (1, frames * FRAME)
     assert np.abs(out - _torch_audio(tiny_mimi, codes)).max() <= 1e-4
 
@@ -140,21 +141,21 @@ def test_stream_encode_in_odd_chunks(codec, tiny_mimi, chunk):
     audio = noise(1001, seed=chunk)[0]
     codes = _feed_audio(MimiStream(codec), audio, chunk)
     np.testing.assert_array_equal(codes, _torch_codes(tiny_mimi, audio[None])[0])
-    np.testing.assert_array_equal(codes, codec.encode(audio[None], 24000)[0])
+    np.testing.assert_array_equal(codes, codec.encode(audio[None], 24000).data[0])
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 7])
 def test_stream_decode_in_odd_chunks(codec, tiny_mimi, chunk):
-    codes = codec.encode(noise(43 * FRAME, seed=20 + chunk), 24000)[0]
+    codes = codec.encode(noise(43 * FRAME, seed=20 + chunk), 24000).data[0]
     out = _feed_codes(MimiStream(codec), codes, chunk)
     assert out.shape == (43 * FRAME,)
-    np.testing.assert_array_equal(out, codec.decode(codes, streaming=True)[0])
+    np.testing.assert_array_equal(out, codec.decode(codes, mode="step")[0][0])
     assert np.abs(out - _torch_audio(tiny_mimi, codes[None])[0]).max() <= 1e-4
 
 
 def test_stream_reset_restarts(codec):
     audio = noise(700, seed=30)[0]
-    codes = codec.encode(audio[None], 24000)[0]
+    codes = codec.encode(audio[None], 24000).data[0]
     stream = MimiStream(codec)
     first_codes = _feed_audio(stream, audio, 50)
     first_audio = _feed_codes(stream, codes, 5)
@@ -169,14 +170,14 @@ def test_stream_reset_restarts(codec):
 
 def test_fewer_codebooks_are_a_prefix(codec, tiny_mimi):
     audio = noise(1500, seed=40)
-    full = codec.encode(audio, 24000)
-    np.testing.assert_array_equal(codec.encode(audio, 24000, 2), full[:, :2])
-    np.testing.assert_array_equal(codec.encode(audio, 24000, 2, streaming=True), full[:, :2])
+    full = codec.encode(audio, 24000).data
+    np.testing.assert_array_equal(codec.encode(audio, 24000, 2).data, full[:, :2])
+    np.testing.assert_array_equal(codec.encode(audio, 24000, 2, mode="step").data, full[:, :2])
     np.testing.assert_array_equal(_feed_audio(MimiStream(codec, 2), audio[0], 37), full[0, :2])
     # Decoding the first K levels is torch's decode of those K levels.
     for k in (1, 2):
         ref = _torch_audio(tiny_mimi, full[:, :k])
-        assert np.abs(codec.decode(full[:, :k]) - ref).max() <= 1e-4
+        assert np.abs(codec.decode(full[:, :k])[0] - ref).max() <= 1e-4
         assert np.abs(_feed_codes(MimiStream(codec), full[0, :k], 3) - ref[0]).max() <= 1e-4
 
 
@@ -184,9 +185,9 @@ def test_resampled_input(codec, tiny_mimi):
     audio = noise(3001, seed=50)
     at24 = resample(audio, 16000, 24000)
     assert at24.shape[1] == pytest.approx(3001 * 1.5, abs=1)
-    codes = codec.encode(audio, 16000)
+    codes = codec.encode(audio, 16000).data
     assert codes.shape == (1, 4, math.ceil(at24.shape[1] / FRAME))
-    np.testing.assert_array_equal(codes, codec.encode(at24, 24000))
+    np.testing.assert_array_equal(codes, codec.encode(at24, 24000).data)
     np.testing.assert_array_equal(codes, _torch_codes(tiny_mimi, at24))
 
 
@@ -219,9 +220,9 @@ def test_bad_codebook_count(codec, k):
 def test_non_finite_audio(codec, bad):
     audio = noise(2000)
     audio[0, 1500] = bad
-    for streaming in (False, True):
+    for mode in (None, "step"):
         with pytest.raises(AudioError, match="NaN or infinite"):
-            codec.encode(audio, 24000, streaming=streaming)
+            codec.encode(audio, 24000, mode=mode)
     with pytest.raises(AudioError, match="NaN or infinite"):
         MimiStream(codec).encode_step(audio[0])
 
@@ -294,14 +295,16 @@ def test_corrupt_graph(tmp_path, tiny_mimi_export):
 
 
 def test_fixed_only_folder_refuses_long_input(folders):
+    """A folder without step graphs (an export before they were always written) encodes what
+    fits and says to re-export for the rest."""
     codec = MimiCodec(folders["fixed"])
     n = MIMI_TINY_FRAMES * FRAME
-    assert codec.encode(noise(n), 24000).shape == (1, 4, MIMI_TINY_FRAMES)  # what fits still works
-    with pytest.raises(CodesError, match="--streaming"):
+    assert codec.encode(noise(n), 24000).data.shape == (1, 4, MIMI_TINY_FRAMES)  # what fits still works
+    with pytest.raises(ModelFileError, match="re-export it with codec-export mimi"):
         codec.encode(noise(n + 1), 24000)
-    with pytest.raises(CodesError, match="--streaming"):
+    with pytest.raises(ModelFileError, match="re-export it with codec-export mimi"):
         codec.decode(np.zeros((1, 4, MIMI_TINY_FRAMES + 1), np.int64))
-    with pytest.raises(ModelFileError, match="--streaming"):
+    with pytest.raises(ModelFileError, match="re-export it with codec-export mimi"):
         MimiStream(codec)
 
 
@@ -310,33 +313,41 @@ def test_codes_file_round_trip(codec, tmp_path):
     audio = noise(2345, channels=2, seed=60)
     codes = codec.encode(audio, 16000)
     path = tmp_path / "codes.npz"
-    save_codes(path, codes, audio.shape[1], 16000)
+    codes.save(path)
     assert [p.name for p in tmp_path.iterdir()] == ["codes.npz"]  # no .part file left
-    got, length, sr = load_codes(path)
-    np.testing.assert_array_equal(got, codes)
-    assert got.dtype == np.int64 and (length, sr) == (2345, 16000)
-    np.testing.assert_array_equal(codec.decode(got), codec.decode(codes))
+    got = load_codes(path)
+    np.testing.assert_array_equal(got.data, codes.data)
+    assert got.data.dtype == np.int64 and (got.num_samples, got.sample_rate) == (2345, 16000)
+    assert (got.codec, got.variant, got.export_id, got.mode) == ("mimi", "tiny", codec.export_id, "step")
+    np.testing.assert_array_equal(codec.decode(got)[0], codec.decode(codes)[0])
+    assert codec.decode(got)[0].shape == (2, 2345)
+
+
+def test_codes_of_another_codec_are_refused(codec, tmp_path):
+    other = Codes((np.zeros((1, 4, 3), np.int64),), codec="dac", sample_rate=24000, num_samples=72)
+    other.save(tmp_path / "dac.npz")
+    with pytest.raises(CodesError, match="these are dac codes; this folder holds mimi"):
+        codec.decode(load_codes(tmp_path / "dac.npz"))
 
 
 def test_load_codes_refuses_other_files(tmp_path):
     codes = np.zeros((1, 4, 3), np.int64)
-    dac = tmp_path / "dac.npz"
-    np.savez(dac, codes=codes, length=np.int64(72), sample_rate=np.int64(24000), codec=np.array("dac"))
-    with pytest.raises(CodesError, match="dac codes, not mimi"):
-        load_codes(dac)
     good = tmp_path / "good.npz"
-    save_codes(good, codes, 72, 24000)
+    Codes((codes,), codec="mimi", sample_rate=24000, num_samples=72).save(good)
     truncated = tmp_path / "truncated.npz"
     truncated.write_bytes(good.read_bytes()[:200])
     no_codec = tmp_path / "no_codec.npz"
-    np.savez(no_codec, codes=codes, length=np.int64(72), sample_rate=np.int64(24000))
+    np.savez(no_codec, codes_0=codes, num_samples=np.int64(72), sample_rate=np.int64(24000))
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"not a codes file at all")
-    pickled = tmp_path / "pickled.npy"
-    np.save(pickled, np.array({"codes": codes}, dtype=object), allow_pickle=True)
+    pickled = tmp_path / "pickled.npz"
+    with open(pickled, "wb") as f:
+        np.save(f, np.array({"codes": codes}, dtype=object), allow_pickle=True)
     plain = tmp_path / "plain.npz"  # a bare array saved under the .npz name
     with open(plain, "wb") as f:
         np.save(f, codes)
-    for path in (truncated, no_codec, garbage, pickled, plain, tmp_path / "missing.npz"):
+    for path in (truncated, no_codec, garbage, pickled, plain):
         with pytest.raises(CodesError, match="not a codes file"):
             load_codes(path)
+    with pytest.raises(CodesError, match="no such codes file"):
+        load_codes(tmp_path / "missing.npz")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from codecport.runtime.mimi import MimiCodec
-from codecport.runtime.session import DEFAULT_OPTIONS, provider_options
+from codecport.runtime.providers import DEFAULT_OPTIONS, provider_options
 
 BIN = Path(sys.executable).parent
 
@@ -28,7 +28,7 @@ def test_options_reach_the_session(tiny_mimi_export):
     codec = MimiCodec(tiny_mimi_export, options={"some_option": "1"})
     assert codec.graph("encoder").provider == "CPUExecutionProvider"  # CPU takes no options
     codes = codec.encode(np.zeros((1, 480), np.float32), 24000)
-    assert codes.shape[-1] == 20
+    assert codes.n_frames == (20,)
 
 
 def test_cli_option_syntax(tmp_path, tiny_mimi_export):

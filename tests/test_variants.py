@@ -14,6 +14,7 @@ import pytest
 from conftest import MIMI_TINY_FRAMES, MIMI_TINY_STEP, TINY_CHUNK, TINY_LEN, noise
 from onnx import TensorProto, helper, numpy_helper
 
+import codecport
 from codecport.cli import TARGET_CHOICES
 from codecport.errors import ExportError
 from codecport.export import dac as export_dac_mod
@@ -23,8 +24,6 @@ from codecport.export.check import check_graph
 from codecport.export.graph import write_export
 from codecport.export.rewrite import conv_to_2d, nnapi_ops
 from codecport.export.variants import TARGETS, Shaping, finish_export
-from codecport.runtime.dac import DacCodec
-from codecport.runtime.mimi import MimiCodec
 
 COMBOS = [(t, p) for t, spec in TARGETS.items() for p in spec.precisions]
 # Lower bounds per precision on the tiny random models (decoder SNR dB, encoder code agreement %).
@@ -117,14 +116,12 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
             assert any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out / "decoder.onnx")).graph.node)
 
     # The folder runs through the runtime as written.
-    codec_cls = DacCodec if codec == "dac" else MimiCodec
-    folder = codec_cls(out)
+    folder = codecport.load(out)
+    long_mode = next(m for m in folder.modes if m != "fixed")
+
     def roundtrip(folder):
-        if codec == "dac":
-            codes = folder.encode_chunked(noise(2 * TINY_CHUNK))
-            return codes, folder.decode(codes, padding=False)
-        codes = folder.encode(noise(MIMI_TINY_FRAMES * 48), 24000, streaming=True)
-        return codes, folder.decode(codes, streaming=True)
+        codes = folder.encode(noise(2 * TINY_CHUNK), folder.sample_rate, mode=long_mode).data
+        return codes, folder.decode(codes, mode=long_mode)[0]
 
     codes, audio = roundtrip(folder)
     assert np.isfinite(audio).all()
@@ -143,7 +140,7 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
         # ... and the runtime runs a folder of only .ort files to the same codes and audio.
         # (ORT optimizes an .onnx fully at load; the .ort keeps the converter's level, so
         # reduced-precision graphs may round differently.)
-        codes_ort, audio_ort = roundtrip(codec_cls(only_ort))
+        codes_ort, audio_ort = roundtrip(codecport.load(only_ort))
         if precision == "fp32":
             np.testing.assert_array_equal(codes_ort, codes)
             np.testing.assert_allclose(audio_ort, audio, atol=1e-5)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from .. import __version__
+from .. import __version__, registry
 from ..atomic import atomic_path
 from ..errors import CodecportError
 from .measure import gemm_peak, graph_flops, pool
@@ -29,60 +29,26 @@ _OPTIONAL = {
     "transformers": ("transformers", "pip install 'codecport[dev]' (transformers)"),
     "rustymimi": ("rustymimi", "pip install rustymimi"),
 }
-# `--contender official`, per codec: (its name in the report, module, why it may not run). DAC's
-# runs in an interpreter of its own (`--official-python`), so no module is looked for here.
-_OFFICIAL = {
-    "mimi": ("moshi", "moshi", ("pip install moshi, in an environment of its own (it pins torch<2.10 "
-             "and numpy<2.3), or pip install --no-deps moshi sentencepiece einops")),
-    "dac": ("descript-audio-codec", None, ("descript-audio-codec cannot share an environment with "
-            "codecport (its descript-audiotools pins protobuf<3.20, onnx and onnxruntime need >=4.25): "
-            "install it in an environment of its own and pass --official-python ENV/bin/python")),
-}
 
 
-def _prepare(codec: str, variant: str, seconds: float, frames: int, seed: int, out: Path) -> dict:
+def _prepare(spec, variant: str, seconds: float, frames: int, seed: int, out: Path) -> dict:
     """Export the model (random weights) once into `out`, with its weights and config."""
     from safetensors.torch import save_file
 
-    if codec == "dac":
-        from ..export.dac import export_dac
-        from ..models.dac import DAC, PRESETS, init_random
-
-        cfg = PRESETS[variant]
-        model = init_random(DAC(cfg), seed).eval()
-        samples = round(seconds * cfg.sample_rate)
-        export_dac(model, out / "model", samples, variant=variant, weights=f"random-init seed {seed}",
-                   weights_sha256="none")
-    else:
-        from ..export.mimi import export_mimi
-        from ..models.mimi import PRESETS, MimiModel, init_random
-
-        cfg = PRESETS[variant]
-        model = init_random(MimiModel(cfg), seed).eval()
-        samples = round(seconds * cfg.sample_rate / cfg.frame_size) * cfg.frame_size
-        export_mimi(model, out / "model", samples, frames, variant=variant,
-                    weights=f"random-init seed {seed}", weights_sha256="none")
+    hooks, models = spec.module("bench"), spec.module("model")
+    cfg = spec.presets[variant]
+    model = models.init_random(models.MODEL(cfg), seed).eval()
+    samples = hooks.clip_samples(cfg, seconds)
+    spec.module("export").export(model, out / "model", samples, options=hooks.export_options(frames),
+                                 variant=variant, weights=f"random-init seed {seed}", weights_sha256="none")
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "weights.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg.to_kwargs()))
     return {"samples": samples, "sample_rate": cfg.sample_rate}
 
 
-def _official_dac_weights(work: Path) -> None:
-    """The bench's DAC weights as the official package saves them (`weights-official.pth`)."""
-    import torch
-    from safetensors.torch import load_file
-
-    from ..models.dac_weights import unfold_weight_norm
-
-    ckpt = {"state_dict": unfold_weight_norm(load_file(work / "weights.safetensors")),
-            "metadata": {"kwargs": json.loads((work / "config.json").read_text())}}
-    with atomic_path(work / "weights-official.pth") as tmp:
-        torch.save(ckpt, tmp)
-
-
 def _worker(job: dict) -> dict:
-    if "python" in job:  # the official DAC package, in its own environment (official_dac.py)
-        cmd = [job["python"], str(Path(__file__).with_name("official_dac.py"))]
+    if "python" in job:  # an official package in an environment of its own (e.g. official_dac.py)
+        cmd = [job["python"], job["script"]]
     else:
         cmd = [sys.executable, "-m", "codecport.bench.worker"]
     # cwd: `python -m` puts the working directory first on sys.path, where any stray timeit.py
@@ -161,9 +127,14 @@ def _table(report: dict) -> list[str]:
                             else f" ({eq['frames'][0]} against {eq['frames'][1]} frames)"))
     for pair, sp in report["speedups"].items():
         lines.append(f"{pair}: " + ", ".join(f"{d} {x:.2f}x" for d, x in sp.items()) + " faster")
+    first: dict[str, dict] = {}
     for m in report.get("memory", []):
-        lines.append(f"codec-run decode of {m['minutes']:g} min ({m['output_mb']:.0f} MB of audio "
-                     f"written): peak RSS {m['peak_rss_mb']:.0f} MB, {m['seconds']:.1f} s")
+        d = m.get("direction", "decode")
+        ref = first.setdefault(d, m)
+        what = "of a 44.1 kHz stereo WAV" if d == "encode" else f"({m['output_mb']:.0f} MB of audio written)"
+        ratio = f" ({m['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x the {ref['minutes']:g} min run)" if m is not ref else ""
+        lines.append(f"codec-run {d} of {m['minutes']:g} min {what}: peak RSS {m['peak_rss_mb']:.0f} MB"
+                     f"{ratio}, {m['seconds']:.1f} s")
     for name, r in report["contenders"].items():
         if "streaming" in r:
             st = r["streaming"]
@@ -204,8 +175,9 @@ def _plot(report: dict, path: Path) -> None:
 
 
 @click.command(context_settings={"show_default": True})
-@click.argument("codec", type=click.Choice(["dac", "mimi"]))
-@click.option("--variant", default=None, help="Preset [default: 44khz for dac, mimi for mimi].")
+@click.argument("codec", type=click.Choice(registry.names()))
+@click.option("--variant", default=None, help="Preset [default: the codec's default, e.g. 44khz for "
+                                                 "dac, mimi for mimi].")
 @click.option("--seconds", type=float, default=5.0, help="Audio per encode/decode call.")
 @click.option("--runs", type=click.IntRange(min=1), default=3, help="Timed runs after one warm-up.")
 @click.option("--rounds", type=click.IntRange(min=1), default=1,
@@ -232,8 +204,9 @@ def _plot(report: dict, path: Path) -> None:
               help="DAC: the Python of an environment where descript-audio-codec is installed, for "
                    "`--contender official` (it cannot share one with codecport).")
 @click.option("--memory", "minutes", multiple=True, type=click.FloatRange(min=0.01),
-              help="Also run `codec-run decode` on codes this many minutes long and report its "
-                   "peak RSS (repeatable, e.g. --memory 1 --memory 10).")
+              help="Also run `codec-run encode` on a 44.1 kHz stereo WAV and `codec-run decode` on "
+                   "codes this many minutes long, and report their peak RSS (repeatable, e.g. "
+                   "--memory 0.5 --memory 10: each later length is compared with the first).")
 @click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
               help="Keep the exported model here and reuse it on the next run [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
@@ -253,20 +226,29 @@ def main(codec, variant, seconds, runs, rounds, providers, precisions, steps, fr
     if plot and importlib.util.find_spec("matplotlib") is None:
         click.echo("error: --plot needs matplotlib; pip install 'codecport[bench]'", err=True)
         sys.exit(1)
-    if codec == "dac" and frames != 1:
-        click.echo("error: --frames is for mimi's streaming steps; DAC has none", err=True)
+    spec = registry.get(codec)
+    hooks = spec.module("bench")
+    with_steps = [c.name for c in registry.codecs() if c.module("bench").FRAMES]
+    own_python = [c.name for c in registry.codecs() if c.module("bench").OFFICIAL_SCRIPT]
+    if frames != 1 and not hooks.FRAMES:
+        click.echo(f"error: --frames is for codecs with streaming steps ({', '.join(with_steps)}); "
+                   f"{codec} has none", err=True)
         sys.exit(2)
-    if codec == "mimi" and official_python:
-        click.echo("error: --official-python is for dac; moshi runs in the bench's own environment", err=True)
+    if official_python and not hooks.OFFICIAL_SCRIPT:
+        click.echo(f"error: --official-python is for {', '.join(own_python)}; {codec}'s official package "
+                   "runs in the bench's own environment", err=True)
         sys.exit(2)
-    variant = variant or ("44khz" if codec == "dac" else "mimi")
+    variant = variant or spec.default_variant
+    if variant not in spec.presets:
+        click.echo(f"error: {codec} has no preset {variant!r}; choose one of {', '.join(spec.presets)}", err=True)
+        sys.exit(2)
     tmp = None
     if work is None:
         tmp = tempfile.TemporaryDirectory(prefix="codec-bench-")
         work = Path(tmp.name)
     try:
-        report = _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, frames,
-                        long_windows if codec == "dac" else 0, contenders, minutes, work, official_python)
+        report = _bench(spec, variant, seconds, runs, rounds, providers, precisions, steps, frames,
+                        long_windows if hooks.LONG else 0, contenders, minutes, work, official_python)
     except CodecportError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
@@ -329,21 +311,22 @@ def _code_agreement(contenders: dict, ours: str | None) -> None:
             "frames": [int(c.shape[-1]), int(want.shape[-1])]}
 
 
-def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
+def _bench(spec, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
            contenders, minutes, work: Path, official_python: Path | None = None) -> dict:
     import onnxruntime
     import torch
 
+    codec, hooks = spec.name, spec.module("bench")
     stamp = work / "stamp.json"
     key = {"codec": codec, "variant": variant, "seconds": seconds, "codecport": __version__,
-           "source": _export_source_hash(), **({"frames": frames} if codec == "mimi" else {})}
+           "source": _export_source_hash(), **({"frames": frames} if hooks.FRAMES else {})}
     if not stamp.is_file() or json.loads(stamp.read_text()) != key:
         click.echo(f"exporting {codec} {variant} for {seconds:g} s of audio (random weights) ...")
         # Variants of the previous export go too: the same seed gives the same export id, so
         # `_variant` could not tell them from variants of this one.
         for old in work.glob("model-*"):
             shutil.rmtree(old)
-        _prepare(codec, variant, seconds, frames, 0, work)
+        _prepare(spec, variant, seconds, frames, 0, work)
         stamp.write_text(json.dumps(key))
     model = work / "model"
     flops = {"encode": graph_flops(model / "encoder.onnx"), "decode": graph_flops(model / "decoder.onnx")}
@@ -376,24 +359,27 @@ def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, 
     skipped = {}
     for name in contenders:
         if name == "official":
-            label, module, reason = _OFFICIAL[codec]
+            label, module, reason = hooks.OFFICIAL
         else:
             label = "torch-eager" if name == "torch" else name
             module, reason = _OPTIONAL.get(name, ("torch", ""))
-        if name == "official" and codec == "dac":
+        if name == "official" and hooks.OFFICIAL_SCRIPT:
             if official_python is None:
                 skipped[label] = {"skipped": reason}
             else:
-                _official_dac_weights(work)
+                hooks.prepare_official(work)
                 # absolute, not resolved: a venv's python is a symlink that must stay one
-                jobs[label] = {**base, "contender": name, "python": str(official_python.absolute())}
+                jobs[label] = {**base, "contender": name, "python": str(official_python.absolute()),
+                               "script": str(hooks.OFFICIAL_SCRIPT)}
+            continue
+        if name not in ("torch", "transformers", "official") and name not in hooks.CONTENDERS:
+            skipped[label] = {"skipped": f"not a contender for {codec}"}
             continue
         if name != "torch" and importlib.util.find_spec(module) is None:
             skipped[label] = {"skipped": f"not installed: {reason}"}
             continue
-        if name == "rustymimi" and (codec, variant) != ("mimi", "mimi"):
-            # Its Tokenizer builds the released Mimi's config whatever the file holds.
-            skipped[label] = {"skipped": "rustymimi runs the released Mimi config only (mimi --variant mimi)"}
+        if (why := hooks.skip(name, variant)) is not None:
+            skipped[label] = {"skipped": why}
             continue
         jobs[label] = {**base, "contender": name}
     # Rounds interleave the contenders, so a slow spell of the machine (other tenants, clock
@@ -415,9 +401,11 @@ def _bench(codec, variant, seconds, runs, rounds, providers, precisions, steps, 
                                                           if name in deviations else {})}
     report["contenders"].update(skipped)
     _code_agreement(report["contenders"], f"onnx-{providers[0]}" if "fp32" in precisions else None)
-    for m in minutes:
-        click.echo(f"running codec-run decode of {m:g} min ...")
-        report.setdefault("memory", []).append(_worker({**base, "contender": "memory", "minutes": m}))
+    for direction in ("encode", "decode"):
+        for m in minutes:
+            click.echo(f"running codec-run {direction} of {m:g} min ...")
+            report.setdefault("memory", []).append(
+                _worker({**base, "contender": "memory", "minutes": m, "direction": direction}))
     report["bench_seconds"] = time.perf_counter() - t0
     ours = f"onnx-{providers[0]}" + ("" if precisions[0] == "fp32" else f"-{precisions[0]}")
     report["speedups"] = _speedups(report["contenders"], ours)

@@ -131,7 +131,7 @@ def _gemm_rate(seconds: float, n: int) -> float:
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    from ..runtime.session import session_options
+    from ..runtime.providers import session_options
 
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",

@@ -21,6 +21,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 
+# Run by path, this folder is first on sys.path, and its dac.py (DAC's bench hooks) would shadow
+# the official `dac` package.
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+
 def _measure():
     spec = importlib.util.spec_from_file_location("codec_bench_measure", Path(__file__).with_name("measure.py"))
     module = importlib.util.module_from_spec(spec)

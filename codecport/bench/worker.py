@@ -2,11 +2,11 @@
 
     python -m codecport.bench.worker '<json job>'   -> prints one JSON line
 
-Job keys: contender (onnx | torch | transformers | rustymimi | official | memory), codec (dac |
-mimi), dir (the bench folder: `model/` graphs, `weights.safetensors`, `config.json`), seconds,
-runs, provider, steps, frames (Mimi: code frames a streaming step), long (DAC: windows of long
-audio through the chunked graphs; 0 for none). A contender that finds itself unable to run
-prints `{"skipped": reason}`.
+Job keys: contender (onnx | torch | transformers | memory, or one of the codec's own: see its
+`bench/<codec>.py`), codec (a registered name), dir (the bench folder: `model/` graphs,
+`weights.safetensors`, `config.json`), seconds, runs, provider, steps and frames (streaming steps
+timed, code frames a step), long (windows of long audio through the chunked graphs; 0 for none).
+A contender that finds itself unable to run prints `{"skipped": reason}`.
 """
 
 from __future__ import annotations
@@ -18,48 +18,46 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import registry
 from .measure import clip, peak_rss_mb, percentiles, summary, timings
 
 
 def run_onnx(job: dict) -> dict:
-    from ..runtime.dac import DacCodec
-    from ..runtime.mimi import MimiCodec, MimiStream
+    """Our graphs through the public API: one fixed call each way, then the long-audio mode
+    (windows, when the codec has them) and the streaming steps (when it has those)."""
+    from .. import load
 
     folder, runs = Path(job["dir"]) / job.get("model", "model"), job["runs"]
-    if job["codec"] == "dac":
-        codec = DacCodec(folder, job["provider"])
-        x = clip(codec.graph("encoder").int("samples"))
-        codes = codec.encode_exact(x)
-        enc = timings(lambda: codec.encode_exact(x), runs)
-        dec = timings(lambda: codec.decode(codes, padding=True), runs)
-        out = _dac_long(codec, job) if job.get("long") else {}
-    else:
-        codec = MimiCodec(folder, job["provider"])
-        x = clip(codec.graph("encoder").int("samples"))
-        codes = codec.encode(x, codec.sample_rate)
-        enc = timings(lambda: codec.encode(x, codec.sample_rate), runs)
-        dec = timings(lambda: codec.decode(codes), runs)
-        stream = MimiStream(codec)
-        out = {"streaming": _mimi_steps(stream, stream.step_frames, stream.step_samples,
-                                        codec.sample_rate, job["steps"])}
+    codec = load(folder, job["provider"])
+    sr = codec.sample_rate
+    x = clip(codec.graph("encoder").int("samples"))
+    codes = codec.encode(x, sr, mode="fixed").data
+    enc = timings(lambda: codec.encode(x, sr, mode="fixed"), runs)
+    dec = timings(lambda: codec.decode(codes, mode="fixed"), runs)
+    out = {}
+    if "chunked" in codec.modes and job.get("long"):
+        out = _long(codec, job)
+    if "step" in codec.modes:
+        stream = codec.stream()
+        out["streaming"] = stream_steps(stream, stream.step_frames, stream.step_samples, sr, job["steps"])
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "provider": codec.provider, "codes": np.asarray(codes).tolist()}
 
 
-def _dac_long(codec, job: dict) -> dict:
+def _long(codec, job: dict) -> dict:
     """Long audio through the chunked graphs, as `codec-run` slides them: `long` windows."""
     g = codec.graph("encoder_chunked")
     n = job["long"] * g.int("chunk_step")
-    x = clip(n)
-    codes = codec.encode_chunked(x)
-    enc = timings(lambda: codec.encode_chunked(x), job["runs"])
-    dec = timings(lambda: codec.decode(codes, padding=False), job["runs"])
-    seconds = n / codec.sample_rate
+    x, sr = clip(n), codec.sample_rate
+    codes = codec.encode(x, sr, mode="chunked").data
+    enc = timings(lambda: codec.encode(x, sr, mode="chunked"), job["runs"])
+    dec = timings(lambda: codec.decode(codes, mode="chunked"), job["runs"])
+    seconds = n / sr
     return {"encode-long": summary(enc, seconds), "decode-long": summary(dec, seconds),
             "windows_at_once": codec.windows}
 
 
-def _mimi_steps(stream, frames: int, samples: int, rate: int, steps: int) -> dict:
+def stream_steps(stream, frames: int, samples: int, rate: int, steps: int) -> dict:
     """Latency of one streaming step (`frames` code frames, `samples` samples at `rate`), encode
     and decode separately."""
     x = clip(samples * (steps + 5))[0]
@@ -77,21 +75,14 @@ def _mimi_steps(stream, frames: int, samples: int, rate: int, steps: int) -> dic
             "frames_per_step": frames, "frame_ms": 1000 * samples / frames / rate}
 
 
-def _torch_model(job: dict):
+def _torch_model(spec, job: dict):
     """Our torch reference with the bench's weights."""
     from safetensors.torch import load_file
 
     from ..models.checkpoint import load_state
 
     conf = json.loads((Path(job["dir"]) / "config.json").read_text())
-    if job["codec"] == "dac":
-        from ..models.dac import DAC, DacConfig
-
-        model = DAC(DacConfig.from_kwargs(conf))
-    else:
-        from ..models.mimi import MimiConfig, MimiModel
-
-        model = MimiModel(MimiConfig.from_kwargs(conf))
+    model = spec.module("model").MODEL(spec.module("config").CONFIG.from_kwargs(conf))
     load_state(model, load_file(Path(job["dir"]) / "weights.safetensors"), "bench weights")
     return model.eval()
 
@@ -99,199 +90,81 @@ def _torch_model(job: dict):
 def run_torch(job: dict) -> dict:
     import torch
 
-    model, runs = _torch_model(job), job["runs"]
+    spec = registry.get(job["codec"])
+    hooks, model, runs = spec.module("bench"), _torch_model(spec, job), job["runs"]
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
     x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
-    k = None if job["codec"] == "dac" else 8  # as the ONNX contender: all (DAC), Moshi's 8
-    if job["codec"] == "mimi":
-        x = model.pad(x)
+    k = spec.runtime.default_codebooks  # as the ONNX contender: all (DAC), Moshi's 8 (Mimi)
+    k = None if k is None else min(k, model.cfg.n_codebooks)
     with torch.inference_mode():
-        codes = model.encode(x, k)
-        enc = timings(lambda: model.encode(x, k), runs)
+        codes = hooks.torch_encode(model, x, k)
+        enc = timings(lambda: hooks.torch_encode(model, x, k), runs)
         dec = timings(lambda: model.decode(codes), runs)
-        out = _torch_dac_long(model, job, meta) if job["codec"] == "dac" and job.get("long") else {}
+        out = hooks.torch_long(model, job, meta) if hooks.LONG and job.get("long") else {}
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "threads": torch.get_num_threads(), "codes": codes.numpy().tolist()}
 
 
-def _torch_dac_long(model, job: dict, meta: dict) -> dict:
-    """The same windows as `_dac_long`, through the torch reference one after another (the
-    official chunked `compress`/`decompress` loop)."""
-    import torch
-
-    geo, runs = meta["geometry"], job["runs"]
-    window, step, chunk = geo["window"], geo["chunk_step"], geo["chunk_frames"]
-    n = job["long"] * step
-    x = torch.nn.functional.pad(torch.from_numpy(clip(n))[:, None], (model.delay(), model.delay() + window))
-    windows = [x[..., i:i + window] for i in range(0, n, step)]
-    model.set_padding(False)
-    try:
-        codes = torch.cat([model.encode(w) for w in windows], -1)
-        enc = timings(lambda: [model.encode(w) for w in windows], runs)
-        dec = timings(lambda: [model.decode(codes[..., i:i + chunk])
-                               for i in range(0, codes.shape[-1], chunk)], runs)
-    finally:
-        model.set_padding(True)
-    seconds = n / int(meta["sample_rate"])
-    return {"encode-long": summary(enc, seconds), "decode-long": summary(dec, seconds)}
-
-
 def run_transformers(job: dict) -> dict:
     """transformers' own port, built from the same config with its own random init: the
-    compute does not depend on the weights' values. Run as its users run it (weight norm
-    still in place for DAC, as `from_pretrained` leaves it)."""
+    compute does not depend on the weights' values."""
     import torch
     import transformers
 
     conf = json.loads((Path(job["dir"]) / "config.json").read_text())
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
     x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
-    runs = job["runs"]
-    if job["codec"] == "dac":
-        hf = transformers.DacModel(transformers.DacConfig(
-            encoder_hidden_size=conf["encoder_dim"], downsampling_ratios=conf["encoder_rates"],
-            decoder_hidden_size=conf["decoder_dim"], upsampling_ratios=conf["decoder_rates"],
-            n_codebooks=conf["n_codebooks"], codebook_size=conf["codebook_size"],
-            codebook_dim=conf["codebook_dim"], hidden_size=conf["latent_dim"],
-            sampling_rate=conf["sample_rate"])).eval()
-        encode = lambda: hf.encode(x).audio_codes
-        decode = lambda c: hf.decode(audio_codes=c).audio_values
-    else:
-        ratios = conf["ratios"]
-        hf = transformers.MimiModel(transformers.MimiConfig(
-            num_filters=conf["n_filters"], upsampling_ratios=ratios, hidden_size=conf["dimension"],
-            num_hidden_layers=conf["n_layers"], intermediate_size=conf["ffn"],
-            num_attention_heads=conf["n_heads"], num_key_value_heads=conf["n_heads"],
-            codebook_size=conf["codebook_size"], codebook_dim=conf["codebook_dim"],
-            vector_quantization_hidden_dimension=conf["codebook_dim"],
-            num_quantizers=conf["n_codebooks"], upsample_groups=conf["dimension"],
-            sampling_rate=conf["sample_rate"], sliding_window=conf["context"],
-            frame_rate=conf["sample_rate"] / (conf["downsample_stride"] * int(np.prod(ratios))))).eval()
-        k = min(8, conf["n_codebooks"])
-        encode = lambda: hf.encode(x, num_quantizers=k).audio_codes
-        decode = lambda c: hf.decode(c).audio_values
+    encode, decode = registry.get(job["codec"]).module("bench").transformers_model(conf)
     with torch.inference_mode():
-        codes = encode()
-        enc = timings(encode, runs)
-        dec = timings(lambda: decode(codes), runs)
+        codes = encode(x)
+        enc = timings(lambda: encode(x), job["runs"])
+        dec = timings(lambda: decode(codes), job["runs"])
     return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "version": transformers.__version__}
 
 
-class _RustyStream:
-    """rustymimi's streaming calls in `MimiStream`'s shape: one frame in, its codes out."""
-
-    def __init__(self, tok):
-        self.tok = tok
-
-    def encode_step(self, frame: np.ndarray):
-        return self.tok.encode_step(frame[None, None])
-
-    def decode_step(self, codes):
-        return self.tok.decode_step(codes)
-
-
-def run_rustymimi(job: dict) -> dict:
-    """Kyutai's Rust Mimi (candle), as its users run it, on the bench's weights: moshi's file
-    format, whose key names are ours. It builds the released Mimi's config only."""
-    from importlib.metadata import version
-
-    import rustymimi
-
-    from ..runtime.mimi import MOSHI_CODEBOOKS
-
-    meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
-    tok = rustymimi.Tokenizer(str(Path(job["dir"]) / "weights.safetensors"), num_codebooks=MOSHI_CODEBOOKS)
-    x = clip(int(meta["geometry"]["samples"]))[None]
-    codes = tok.encode(x)
-    enc = timings(lambda: tok.encode(x), job["runs"])
-    dec = timings(lambda: tok.decode(codes), job["runs"])
-    tok.reset()
-    return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
-            "streaming": _mimi_steps(_RustyStream(tok), job["frames"], job["frames"] * int(meta["frame_size"]),
-                                     int(meta["sample_rate"]), job["steps"]),
-            "version": version("rustymimi"), "codes": codes.astype(np.int64).tolist()}
-
-
-class _MoshiStream:
-    """moshi's streaming mode in `MimiStream`'s shape, as the Moshi server runs it: inside one
-    `mimi.streaming(1)`, each call takes the next frames and returns their codes or audio."""
-
-    def __init__(self, model):
-        import torch
-
-        self.model, self.torch = model, torch
-
-    def encode_step(self, frame: np.ndarray):
-        return self.model.encode(self.torch.from_numpy(frame)[None, None])
-
-    def decode_step(self, codes):
-        return self.model.decode(codes)
-
-
-def run_moshi(job: dict) -> dict:
-    """Mimi's official package, moshi, on the bench's weights: built by its own loader from the
-    bench's weights file (moshi's format, whose key names are ours) and the bench's config, and
-    run as Moshi runs it, under `torch.no_grad`. (DAC's official package runs in an environment
-    of its own: official_dac.py.)"""
-    from importlib.metadata import version
-
-    import torch
-
-    from ..models.mimi import MimiConfig
-    from ..models.mimi_weights import moshi_config
-    from ..runtime.mimi import MOSHI_CODEBOOKS
-
-    try:
-        from moshi.models import loaders
-    except ImportError as e:  # installed, but not its own dependencies
-        return {"skipped": f"moshi is installed but does not import ({e})"}
-    folder = Path(job["dir"])
-    cfg = MimiConfig.from_kwargs(json.loads((folder / "config.json").read_text()))
-    k = min(MOSHI_CODEBOOKS, cfg.n_codebooks)
-    model = loaders.get_mimi(str(folder / "weights.safetensors"), moshi_config(cfg), num_codebooks=k).eval()
-    meta = json.loads((folder / "model" / "manifest.json").read_text())
-    x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
-    with torch.no_grad():
-        codes = model.encode(x)
-        enc = timings(lambda: model.encode(x), job["runs"])
-        dec = timings(lambda: model.decode(codes), job["runs"])
-        with model.streaming(1):
-            steps = _mimi_steps(_MoshiStream(model), job["frames"], job["frames"] * cfg.frame_size,
-                                cfg.sample_rate, job["steps"])
-    return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
-            "streaming": steps, "threads": torch.get_num_threads(), "version": version("moshi"),
-            "codes": codes.numpy().tolist()}
-
-
 def run_memory(job: dict) -> dict:
-    """`codec-run decode` of random codes for `minutes` of audio, in this process."""
+    """`codec-run decode` of random codes, or `codec-run encode` of a 44.1 kHz stereo WAV
+    (`direction`), `minutes` long, in this process: its peak RSS is the command's."""
+    import soundfile as sf
+
     from ..cli import run_cli
 
     folder, out = Path(job["dir"]), Path(job["dir"]) / "memory"
     out.mkdir(exist_ok=True)
+    # From the manifest, not a loaded model: this process's peak RSS is what is measured.
     meta = json.loads((folder / "model" / "manifest.json").read_text())
-    rate = int(meta["sample_rate"])
-    if job["codec"] == "dac":
-        chunk, step = meta["geometry"]["chunk_frames"], meta["geometry"]["chunk_step"]
-        frames = -(-round(job["minutes"] * 60 * rate) // step) * chunk
+    spec = registry.get(job["codec"])
+    if job.get("direction") == "encode":
+        wav, rate = out / "input.wav", 44100
+        with sf.SoundFile(wav, "w", rate, 2, format="RF64", subtype="FLOAT") as f:
+            left = round(job["minutes"] * 60 * rate)
+            while left > 0:  # a second at a time: the input is never held whole, here either
+                n = min(left, rate)
+                f.write(np.tile(clip(n)[0][:, None], (1, 2)))
+                left -= n
+        args = ["encode", str(wav), "-m", str(folder / "model"), "-o", str(out / f"codes{spec.suffixes[-1]}")]
+        written = out / f"codes{spec.suffixes[-1]}"
     else:
-        frames = -(-round(job["minutes"] * 60 * rate) // int(meta["frame_size"]))
-    k = min(8, int(meta["n_codebooks"]))
-    codes = np.random.default_rng(0).integers(0, int(meta["codebook_size"]), (1, k, frames))
-    np.save(out / "codes.npy", codes)
+        n = round(job["minutes"] * 60 * int(meta["sample_rate"]))
+        frames = spec.module("bench").long_frames(meta, n)
+        k = min(8, int(meta["n_codebooks"]))
+        codes = np.random.default_rng(0).integers(0, int(meta["codebook_size"]), (1, k, frames))
+        np.save(out / "codes.npy", codes)
+        del codes
+        args = ["decode", str(out / "codes.npy"), "-m", str(folder / "model"), "-o", str(out / "decoded.wav")]
+        written = out / "decoded.wav"
     t0 = time.perf_counter()
-    run_cli.main(["decode", str(out / "codes.npy"), "-m", str(folder / "model"), "-o",
-                  str(out / "decoded.wav")], standalone_mode=False)
-    return {"minutes": job["minutes"], "seconds": time.perf_counter() - t0,
-            "output_mb": (out / "decoded.wav").stat().st_size / 2 ** 20}
+    run_cli.main(args, standalone_mode=False)
+    return {"minutes": job["minutes"], "direction": job.get("direction", "decode"),
+            "seconds": time.perf_counter() - t0, "output_mb": written.stat().st_size / 2 ** 20}
 
 
 def main() -> None:
     job = json.loads(sys.argv[1])
-    run = {"onnx": run_onnx, "torch": run_torch, "transformers": run_transformers,
-           "rustymimi": run_rustymimi, "official": run_moshi, "memory": run_memory}[job["contender"]]
-    result = run(job)
+    runs = {"onnx": run_onnx, "torch": run_torch, "transformers": run_transformers, "memory": run_memory,
+            **registry.get(job["codec"]).module("bench").CONTENDERS}
+    result = runs[job["contender"]](job)
     result["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(result))
 

@@ -109,7 +109,7 @@ def graph_specs(dac: DAC, geo: Geometry, meta: dict[str, str],
             Tensor("codes", (1, k, frames), "int64")
         return GraphSpec(name, EncoderGraph(dac, samples, padding, k),
                          [Tensor("audio", (1, 1, samples), "float32")], [out],
-                         {**meta, **quant, "role": "encoder", "padding": _mode(padding),
+                         {**meta, **quant, "role": "encoder", "mode": _mode(padding),
                           "samples": str(samples), "frames": str(frames), **extra})
 
     def dec(name: str, frames: int, samples: int, padding: bool, extra: dict) -> GraphSpec:
@@ -117,7 +117,7 @@ def graph_specs(dac: DAC, geo: Geometry, meta: dict[str, str],
             Tensor("codes", (1, k, frames), "int64")
         return GraphSpec(name, DecoderGraph(dac, padding, k is not None), [inp],
                          [Tensor("audio", (1, 1, samples), "float32")],
-                         {**meta, **quant, "role": "decoder", "padding": _mode(padding),
+                         {**meta, **quant, "role": "decoder", "mode": _mode(padding),
                           "samples": str(samples), "frames": str(frames), **extra})
 
     chunk = {"chunk_step": str(geo.chunk_step), "delay": str(geo.delay),
@@ -131,7 +131,9 @@ def graph_specs(dac: DAC, geo: Geometry, meta: dict[str, str],
 
 
 def _mode(padding: bool) -> str:
-    return "same" if padding else "none"
+    """The runtime's name for a graph's way through the audio: official padding is one fixed
+    call, padding off is a window of the chunked mode."""
+    return "fixed" if padding else "chunked"
 
 
 def rvq_of(dac: DAC) -> DacRvq:
@@ -192,7 +194,7 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
         raise ExportError(f"--codebooks must be between 1 and {cfg.n_codebooks}")
     geo = Geometry.of(dac, samples, window or samples)
     meta = {"codec": "dac", "variant": variant, "sample_rate": str(cfg.sample_rate),
-            "hop_length": str(cfg.hop_length), "latent_dim": str(cfg.latent_dim),
+            "frame_size": str(cfg.hop_length), "latent_dim": str(cfg.latent_dim),
             "codebook_size": str(cfg.codebook_size), "codebook_dim": str(cfg.codebook_dim),
             "weights": weights, "weights_sha256": weights_sha256}
     meta["export_id"] = export_id(meta, vars(geo), in_graph_codebooks)
@@ -218,19 +220,38 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
 
 
 def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
-    """How the variant step runs each graph of the export `manifest` describes: the exact pair
+    """How the variant step runs each graph of the export `manifest` describes: the fixed pair
     on a clip cut to its length, the chunked pair on the whole clip (a few windows)."""
     from ..runtime.dac import DacCodec
 
-    geo = manifest["geometry"]
+    geo, sr = manifest["geometry"], int(manifest["sample_rate"])
 
     def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
-        return codec.encode_exact(clip[:, :geo["samples"]]) if name == "encoder" else codec.encode_chunked(clip)
+        if name == "encoder":
+            return codec.encode(clip[:, :geo["samples"]], sr, mode="fixed").data
+        return codec.encode(clip, sr, mode="chunked").data
 
     def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
-        return codec.decode(codes, padding=name == "decoder")
+        return codec.decode(codes, mode="fixed" if name == "decoder" else "chunked")[0]
 
     return CodecHooks(open=DacCodec, encode=encode, decode=decode,
                       pairs={"encoder": "decoder", "encoder_chunked": "decoder_chunked"},
-                      sample_rate=int(manifest["sample_rate"]),
-                      clip_samples=max(geo["samples"], 2 * geo["window"]), specs={s.name: s for s in specs})
+                      sample_rate=sr, clip_samples=max(geo["samples"], 2 * geo["window"]),
+                      specs={s.name: s for s in specs})
+
+
+def export(model: DAC, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
+    """`codec-export dac`: the four graphs for `--len` and `--chunk-len` (`options`)."""
+    if length is None:
+        raise ExportError("pass --len N: the samples per call of the fixed-length graphs (the "
+                          "chunked graphs for longer audio take --chunk-len, default --len)")
+    return export_dac(model, out_dir, length, options.get("chunk_len"), **common)
+
+
+def describe(report: dict) -> list[str]:
+    """What `codec-export dac` prints about the geometry."""
+    geo = report["geometry"]
+    return [f"  fixed graphs  : {geo['samples']} samples <-> {geo['frames']} frames "
+            f"(decoder gives {geo['samples_out']} samples)",
+            f"  chunked graphs: window {geo['window']} samples -> {geo['chunk_frames']} frames, "
+            f"step {geo['chunk_step']} samples, delay {geo['delay']}"]

@@ -11,6 +11,8 @@ import io
 import json
 import logging
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import onnx
 import torch
 
 from .. import __version__
-from ..atomic import atomic_path
+from ..atomic import atomic_dir, atomic_path
 from ..errors import ExportError
 
 log = logging.getLogger(__name__)
@@ -154,11 +156,10 @@ def export_id(*facts) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[str, np.ndarray] | None,
-                 manifest: dict, extra_files: dict[str, str] | None = None) -> dict[str, str]:
-    """Write the graphs, the RVQ arrays (when the quantizer is outside the graphs) and
-    manifest.json last, each atomically; returns name -> file written. `extra_files` (already
-    in `out_dir`) are listed in the manifest too."""
+def write_graphs(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[str, np.ndarray] | None,
+                 export_id: str) -> dict[str, str]:
+    """The graphs and the RVQ arrays (when the quantizer is outside the graphs) into `out_dir`;
+    returns name -> file written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, model in models.items():
@@ -166,10 +167,39 @@ def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[st
         files[name] = f"{name}.onnx"
     if rvq is not None:
         with atomic_path(out_dir / "rvq.npz") as tmp, open(tmp, "wb") as f:
-            np.savez(f, **rvq, export_id=np.array(manifest.get("export_id", "")))
+            np.savez(f, **rvq, export_id=np.array(export_id))
         files["rvq"] = "rvq.npz"
-    files.update(extra_files or {})
-    files["manifest"] = "manifest.json"
+    return files
+
+
+def write_manifest(out_dir: Path, manifest: dict, files: dict[str, str]) -> dict[str, str]:
+    """manifest.json, listing `files` and itself; returns the files."""
+    files = {**files, "manifest": "manifest.json"}
     with atomic_path(out_dir / "manifest.json") as tmp:
         tmp.write_text(json.dumps({**manifest, "files": files}, indent=2))
     return files
+
+
+def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[str, np.ndarray] | None,
+                 manifest: dict) -> dict[str, str]:
+    """A whole export folder's files (graphs, RVQ arrays, manifest.json last)."""
+    files = write_graphs(out_dir, models, rvq, manifest.get("export_id", ""))
+    return write_manifest(out_dir, manifest, files)
+
+
+@contextmanager
+def export_folder(out_dir: Path) -> Iterator[Path]:
+    """Yield a staging folder to build an export in; on success it replaces `out_dir` whole
+    (nothing of a previous export is left behind), on failure `out_dir` stays as it was. An
+    existing `out_dir` must be empty or an earlier export (it has manifest.json): anything
+    else might be the user's and is refused."""
+    if out_dir.exists():
+        if not out_dir.is_dir():
+            raise ExportError(f"{out_dir} is a file; pass a folder to -o")
+        if any(out_dir.iterdir()) and not (out_dir / "manifest.json").is_file():
+            raise ExportError(f"{out_dir} holds files that are not a codecport export; pass another "
+                              "-o, or empty it first")
+    with atomic_dir(out_dir) as scratch:
+        stage = scratch / out_dir.name
+        stage.mkdir()
+        yield stage

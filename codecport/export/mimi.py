@@ -220,13 +220,14 @@ def validate(spec: GraphSpec, onnx_model, model: MimiModel, rvq: MimiRvq, seed: 
     return {"codes_identical": 1.0}
 
 
-def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, step_frames: int | None = None,
+def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, step_frames: int | None = 1,
                 *, variant: str, weights: str, weights_sha256: str,
                 in_graph_codebooks: int | None = None, window: str = "whole-clip",
                 shaping: Shaping | None = None) -> dict:
     """Export, check and validate the requested graphs, then write them all; returns the report.
 
-    `samples` gives the fixed-length pair, `step_frames` the streaming pair (at least one).
+    `samples` gives the fixed-length pair, `step_frames` the streaming pair (any length; None
+    leaves it out, which only tests of older folders want).
     `window` is the attention past the config's window: "whole-clip" (streaming equals the
     whole clip, as moshi's `encode`), "moshi-stream" (the step graphs follow moshi's streaming
     mode, ring cache and all) or "rustymimi" (both pairs let a query see `context + 1`
@@ -239,7 +240,7 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
     shaping = shaping or Shaping()
     shaping.check()
     if samples is None and step_frames is None:
-        raise ExportError("nothing to export: pass --len (fixed-length graphs) and/or --streaming")
+        raise ExportError("nothing to export: pass --len (fixed-length graphs) or step frames")
     if samples is not None and samples < 1:
         raise ExportError(f"--len must be positive, got {samples}")
     if step_frames is not None and step_frames < 1:
@@ -294,15 +295,34 @@ def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
     geo, sr = manifest["geometry"], int(manifest["sample_rate"])
 
     def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
-        k = codec.default_codebooks(None)
         if name == "encoder":
-            return codec.encode(clip[:, :geo["samples"]], sr, k)
-        return codec.encode(clip, sr, k, streaming=True)
+            return codec.encode(clip[:, :geo["samples"]], sr, mode="fixed").data
+        return codec.encode(clip, sr, mode="step").data
 
     def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
-        return codec.decode(codes, streaming=name == "decoder_step")
+        return codec.decode(codes, mode="step" if name == "decoder_step" else "fixed")[0]
 
     clip = max(geo["samples"] or 0, 12 * (geo["step_samples"] or 0))
     return CodecHooks(open=MimiCodec, encode=encode, decode=decode,
                       pairs={"encoder": "decoder", "encoder_step": "decoder_step"},
                       sample_rate=sr, clip_samples=clip, specs={s.name: s for s in specs})
+
+
+def export(model: MimiModel, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
+    """`codec-export mimi`: the step graphs (any length, streaming) and, with `--len`, the
+    fixed-length pair for clips up to that length."""
+    return export_mimi(model, out_dir, length, options.get("frames", 1),
+                       window=options.get("window", "whole-clip"), **common)
+
+
+def describe(report: dict) -> list[str]:
+    """What `codec-export mimi` prints about the geometry."""
+    geo, lines = report["geometry"], []
+    if geo["samples"] is not None:
+        lines.append(f"  fixed graphs : {geo['samples']} samples (padded to "
+                     f"{geo['frames'] * geo['frame_size']}) <-> {geo['frames']} frames")
+    if geo["step_frames"] is not None:
+        lines.append(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
+                     "per call, state in/out (zeros to start)")
+    lines.append(f"  attention    : {report['attention_window']} window, {report['context']} positions")
+    return lines

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import onnx
 
-from ..atomic import atomic_dir, atomic_path
 from ..errors import ExportError
 from .deviation import CodecHooks, calibration_clips, deviation, generated_clips, record_feeds
-from .graph import copy_model, export_id, write_export
+from .graph import copy_model, export_folder, export_id, write_export, write_graphs, write_manifest
 from .precision import overflowing_nodes, quiet, to_fp16, to_int8
 from .rewrite import conv_to_2d, nnapi_ops
 
@@ -98,10 +97,13 @@ class Shaping:
 def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict | None, manifest: dict,
                   shaping: Shaping, hooks: CodecHooks) -> dict:
     """Write the export for `shaping`: the validated fp32 graphs as they are, or their variant
-    with its measured deviation. Returns the report additions (files, deviation, target)."""
+    with its measured deviation. Everything is built in a staging folder that then replaces
+    `out_dir` whole: a failed step leaves `out_dir` as it was, a new export leaves nothing of an
+    old one. Returns the report additions (files, deviation, target)."""
     shaping.check()
     if shaping.plain:
-        return {"files": write_export(out_dir, models, rvq, manifest)}
+        with export_folder(out_dir) as stage:
+            return {"files": write_export(stage, models, rvq, manifest)}
     target = TARGETS[shaping.target]
     new_id = export_id(manifest["export_id"], shaping.target, shaping.precision)
     tag = {"target": shaping.target, "precision": shaping.precision, "export_id": new_id}
@@ -139,53 +141,37 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
         report = {"target": shaping.target, "precision": shaping.precision, "deviation": dev,
                   "clip_set": "2 generated clips (tones with moving pitch, envelope, noise), "
                               f"{hooks.clip_samples} samples each, seed 7"}
-        # Everything is built in a staging folder first: a conversion that fails leaves out_dir
-        # as it was.
-        stage = Path(tmp) / "stage"
-        extra = {}
-        write_export(stage, variants, None, {})
-        if target.ort_format:
-            extra.update(write_ort(stage, list(variants)))
-        if target.mlpackage:
-            extra.update(write_mlpackages(stage, hooks, tag, report))
-        for name in extra.values():
-            _install(stage / name, out_dir / name)
-        report["files"] = write_export(out_dir, variants, rvq, {**var_manifest, **report}, extra)
+        with export_folder(out_dir) as stage:
+            files = write_graphs(stage, variants, rvq, new_id)
+            if target.ort_format:
+                files.update(write_ort(stage, list(variants)))
+            if target.mlpackage:
+                files.update(write_mlpackages(stage, hooks, tag, report))
+            report["files"] = write_manifest(stage, {**var_manifest, **report}, files)
     return report
-
-
-def _install(src: Path, dst: Path) -> None:
-    """Copy a staged file or folder (.mlpackage) into place, replacing what was there."""
-    if src.is_dir():
-        with atomic_dir(dst) as scratch:
-            shutil.copytree(src, scratch / dst.name)
-        return
-    with atomic_path(dst) as tmp_file:
-        shutil.copy(src, tmp_file)
 
 
 def variant_of_folder(fp32_dir: Path, out_dir: Path, shaping: Shaping) -> dict:
     """`finish_export` from a written fp32 export folder instead of a fresh trace (no weights
     needed); the .mlpackage conversion needs the torch modules, so not `--target coreml`."""
-    from ..runtime.rvq import DacRvq, MimiRvq
+    from .. import registry
+    from ..runtime.folder import read_manifest
 
     if TARGETS[shaping.target].mlpackage:
         raise ExportError("a .mlpackage is converted from the torch model: export with --target coreml")
-    manifest = json.loads((fp32_dir / "manifest.json").read_text())
+    manifest = read_manifest(fp32_dir)
+    if manifest is None:
+        raise ExportError(f"{fp32_dir} has no manifest.json; pass a folder written by codec-export")
     if "precision" in manifest:
         raise ExportError(f"{fp32_dir} is already a {manifest['precision']} variant; start from an "
                           "fp32 export")
-    if manifest["codec"] == "dac":
-        from .dac import hooks
-    else:
-        from .mimi import hooks
+    spec = registry.get(manifest["codec"])
     models = {name: onnx.load(str(fp32_dir / file)) for name, file in manifest["files"].items()
               if file.endswith(".onnx")}
-    rvq = None
-    if "rvq" in manifest["files"]:
-        rvq = (DacRvq if manifest["codec"] == "dac" else MimiRvq).load(fp32_dir / "rvq.npz").arrays()
+    codec = spec.runtime(fp32_dir)
+    rvq = None if codec.rvq is None else codec.rvq.arrays()
     base = {k: v for k, v in manifest.items() if k != "files"}
-    return finish_export(out_dir, models, rvq, base, shaping, hooks(manifest))
+    return finish_export(out_dir, models, rvq, base, shaping, spec.module("export").hooks(manifest))
 
 
 def _check_lossless(dev: dict[str, dict]) -> None:

@@ -6,78 +6,14 @@ state dict (after folding weight norm) loads with the same keys.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .dac_config import PRESETS, DacConfig  # noqa: F401 (re-exported)
 from .layers import PaddedConv1d, ResidualUnit, Snake, UpConv1d, set_padding, zero_pad
-
-
-@dataclass(frozen=True)
-class DacConfig:
-    sample_rate: int = 44100  # Hz
-    encoder_dim: int = 64  # channels after the stem conv; doubled by every encoder block
-    encoder_rates: tuple[int, ...] = (2, 4, 8, 8)  # encoder strides; their product is the hop
-    latent_dim: int = 1024  # channels of the latent the quantizer sees
-    decoder_dim: int = 1536  # channels after the decoder stem; halved by every decoder block
-    decoder_rates: tuple[int, ...] = (8, 8, 4, 2)  # decoder upsampling strides
-    n_codebooks: int = 9  # residual quantizer levels
-    codebook_size: int = 1024  # entries per codebook
-    codebook_dim: int = 8  # dimension of the factorised code space
-
-    @property
-    def hop_length(self) -> int:
-        """Audio samples per code frame."""
-        return math.prod(self.encoder_rates)
-
-    @classmethod
-    def from_kwargs(cls, kwargs: dict) -> DacConfig:
-        """Config from the official checkpoint's `metadata.kwargs` (unknown keys ignored)."""
-        enc_rates = tuple(int(r) for r in kwargs.get("encoder_rates", cls.encoder_rates))
-        encoder_dim = int(kwargs.get("encoder_dim", cls.encoder_dim))
-        latent = kwargs.get("latent_dim")
-        codebook_dim = kwargs.get("codebook_dim", cls.codebook_dim)
-        if isinstance(codebook_dim, (list, tuple)):
-            if len(set(codebook_dim)) != 1:
-                raise ValueError(f"per-codebook dimensions {codebook_dim} are not supported; "
-                                 "all released DAC models use one dimension")
-            codebook_dim = codebook_dim[0]
-        return cls(
-            sample_rate=int(kwargs.get("sample_rate", cls.sample_rate)),
-            encoder_dim=encoder_dim,
-            encoder_rates=enc_rates,
-            latent_dim=int(latent) if latent is not None else encoder_dim * 2 ** len(enc_rates),
-            decoder_dim=int(kwargs.get("decoder_dim", cls.decoder_dim)),
-            decoder_rates=tuple(int(r) for r in kwargs.get("decoder_rates", cls.decoder_rates)),
-            n_codebooks=int(kwargs.get("n_codebooks", cls.n_codebooks)),
-            codebook_size=int(kwargs.get("codebook_size", cls.codebook_size)),
-            codebook_dim=int(codebook_dim),
-        )
-
-    def to_kwargs(self) -> dict:
-        """The official `metadata.kwargs` spelling of this config."""
-        d = dataclasses.asdict(self)
-        d["encoder_rates"], d["decoder_rates"] = list(self.encoder_rates), list(self.decoder_rates)
-        d["quantizer_dropout"] = False
-        return d
-
-
-PRESETS: dict[str, DacConfig] = {
-    "44khz": DacConfig(),
-    "24khz": DacConfig(sample_rate=24000, encoder_rates=(2, 4, 5, 8), decoder_rates=(8, 5, 4, 2),
-                       n_codebooks=32),
-    "16khz": DacConfig(sample_rate=16000, encoder_rates=(2, 4, 5, 8), decoder_rates=(8, 5, 4, 2),
-                       n_codebooks=12),
-    "44khz-16kbps": DacConfig(latent_dim=128, n_codebooks=18),
-    # Not a released model: small enough for unit tests, with an odd stride like 24/16 kHz.
-    "tiny": DacConfig(sample_rate=16000, encoder_dim=4, encoder_rates=(2, 3), latent_dim=16,
-                      decoder_dim=32, decoder_rates=(3, 2), n_codebooks=4, codebook_size=64,
-                      codebook_dim=4),
-}
 
 
 class EncoderBlock(nn.Module):
@@ -254,3 +190,6 @@ def init_random(model: DAC, seed: int) -> DAC:
         # Keep the output tanh mostly linear, as in a trained model.
         model.decoder.model[-2].weight.mul_(0.1)
     return model
+
+
+MODEL = DAC

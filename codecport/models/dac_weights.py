@@ -13,17 +13,11 @@ import torch
 from ..errors import CheckpointError
 from .checkpoint import load_state, read_safetensors, transformers_folder
 from .dac import DAC, PRESETS, DacConfig
-from .hub import cache_dir, resolve, sha256_file
+from .dac_config import RELEASES
+from .hub import cache_dir, download, resolve, sha256_file
 
 log = logging.getLogger(__name__)
 
-# Official release assets: (git tag, file). No checksums are published for them.
-RELEASES = {
-    "44khz": ("0.0.1", "weights.pth"),
-    "24khz": ("0.0.4", "weights_24khz.pth"),
-    "16khz": ("0.0.5", "weights_16khz.pth"),
-    "44khz-16kbps": ("1.0.0", "weights_44khz_16kbps.pth"),
-}
 RELEASE_BASE = "https://github.com/descriptinc/descript-audio-codec/releases/download"
 BASE_URL_ENV = "CODECPORT_DAC_BASE_URL"  # mirror (or test server) laid out as <base>/<tag>/<file>
 
@@ -75,8 +69,25 @@ def unfold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def sniff_torch_file(path: Path) -> None:
+    """`CheckpointError` unless `path` starts like a torch checkpoint (a zip archive, or a legacy
+    pickle): a WAV or a text file passed as --weights is named as what it is."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read it ({e.strerror or e})") from e
+    if head.startswith(b"PK\x03\x04") or (len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5):
+        return
+    what = {b"RIFF": "a WAV file", b"fLaC": "a FLAC file", b"OggS": "an OGG file", b"\x93NUM": "a numpy .npy file"}
+    kind = next((v for k, v in what.items() if head.startswith(k)), f"it starts with {head[:8]!r}")
+    raise CheckpointError(f"{path}: not a torch checkpoint ({kind}); pass an official DAC .pth, a "
+                          "transformers DacModel folder, or a released name")
+
+
 def read_official(path: Path) -> tuple[dict[str, torch.Tensor], DacConfig | None]:
     """State dict (weight norm folded) and config of an official `.pth`."""
+    sniff_torch_file(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -147,16 +158,21 @@ def read_transformers(path: Path) -> tuple[dict[str, torch.Tensor], DacConfig]:
 
 def resolve_weights(weights: str) -> Path:
     """A released name, URL or local path -> a local file or folder (downloading if needed)."""
-    return resolve(weights, {name: (release_url(name), cache_dir() / "dac" / tag / file)
-                             for name, (tag, file) in RELEASES.items()})
+    return resolve(weights, {name: (lambda name=name: download(release_url(name), cache_dir() / "dac" /
+                                                                RELEASES[name][0] / RELEASES[name][1]))
+                             for name in RELEASES})
 
 
-def load_dac(weights: str, variant: str | None = None,
-             polyphase: bool = True) -> tuple[DAC, str]:
+def load(weights: str, variant: str | None = None, revision: str | None = None,
+         polyphase: bool = True) -> tuple[DAC, str]:
     """Model with weights loaded, and the sha256 of the weights file (for export metadata).
 
-    The config comes from the checkpoint when it carries one, else from `variant`.
+    The config comes from the checkpoint when it carries one, else from `variant`. DAC's
+    releases are GitHub assets, which have no revisions.
     """
+    if revision is not None:
+        raise CheckpointError("--revision is for weights on Hugging Face; DAC's releases are GitHub "
+                              "assets (pass --weights URL for another file)")
     path = resolve_weights(weights)
     if path.is_dir() or path.suffix == ".safetensors":
         sd, cfg = read_transformers(path)
@@ -173,3 +189,6 @@ def load_dac(weights: str, variant: str | None = None,
     model = DAC(cfg, polyphase=polyphase)
     load_state(model, sd, str(path))
     return model.eval(), digest
+
+
+load_dac = load  # the name the scripts and tests use

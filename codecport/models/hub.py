@@ -1,4 +1,6 @@
-"""Downloading released weights into a local cache (XDG_CACHE_HOME), with atomic rename."""
+"""Fetching released weights: Hugging Face files through huggingface_hub (its shared cache,
+`HF_TOKEN`, `HF_HUB_OFFLINE`, `HF_ENDPOINT` and revisions), anything else (GitHub release assets,
+URLs) into `$XDG_CACHE_HOME/codecport` with a progress bar and an atomic rename."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
@@ -76,12 +79,31 @@ def cached_url(url: str) -> Path:
 
 
 
-def resolve(weights: str, releases: dict[str, tuple[str, Path]]) -> Path:
-    """A released name (-> its URL and cache path), a URL, or a local path -> a local path,
+def hf_file(repo: str, filename: str, revision: str | None = None) -> Path:
+    """`filename` of Hugging Face model repo `repo` at `revision` (default: main), from the
+    shared Hugging Face cache or downloaded into it."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as e:
+        raise DownloadError(f"downloading from Hugging Face needs huggingface_hub ({e}); "
+                            "pip install 'codecport[export]'") from e
+    log.info("fetching %s/%s (revision %s) through huggingface_hub", repo, filename, revision or "main")
+    try:
+        return Path(hf_hub_download(repo, filename, revision=revision))
+    except Exception as e:  # huggingface_hub's errors have no common base beside network ones
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        hint = ("HF_HUB_OFFLINE is set and the file is not in the cache; unset it or fetch the file "
+                "once online" if offline else "check the network and HF_TOKEN, or download it yourself "
+                "and pass the file with --weights PATH")
+        raise DownloadError(f"cannot fetch {filename} from {repo} ({type(e).__name__}: {first}); {hint}") from e
+
+
+def resolve(weights: str, releases: dict[str, Callable[[], Path]]) -> Path:
+    """A released name (its fetcher is called), a URL, or a local path -> a local path,
     downloading into the cache when needed."""
     if weights in releases:
-        url, dest = releases[weights]
-        return download(url, dest)
+        return releases[weights]()
     if re.match(r"^https?://", weights):
         return download(weights, cached_url(weights))
     path = Path(weights).expanduser()

@@ -12,65 +12,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import nn
 
 from .layers import CausalConv1d, CausalUpConv1d, StreamState, zero_pad
+from .mimi_config import PRESETS, MimiConfig  # noqa: F401 (re-exported)
 from .transformer import Attention, Transformer
-
-
-@dataclass(frozen=True)
-class MimiConfig:
-    sample_rate: int = 24000  # Hz, mono
-    n_filters: int = 64  # SEANet channels after the first conv
-    ratios: tuple[int, ...] = (8, 6, 5, 4)  # decoder upsampling strides (encoder: reversed)
-    dimension: int = 512  # SEANet latent channels = transformer width
-    kernel_size: int = 7  # first SEANet conv
-    last_kernel_size: int = 3  # last SEANet conv
-    residual_kernel_size: int = 3  # first conv of each residual block
-    compress: int = 2  # residual block hidden channels = dim / compress
-    n_heads: int = 8
-    n_layers: int = 8  # per transformer (encoder side and decoder side)
-    ffn: int = 2048  # transformer feed-forward width
-    context: int = 250  # attention window, in SEANet frames (25 Hz for the preset)
-    max_period: float = 10000.0  # RoPE
-    downsample_stride: int = 2  # SEANet frame rate -> code frame rate
-    n_codebooks: int = 32  # 1 semantic + the rest acoustic
-    n_semantic: int = 1
-    codebook_size: int = 2048
-    codebook_dim: int = 256
-
-    @property
-    def hop(self) -> int:
-        """Samples per SEANet frame (960 for the preset)."""
-        return math.prod(self.ratios)
-
-    @property
-    def frame_size(self) -> int:
-        """Samples per code frame (1920 for the preset: 80 ms at 24 kHz)."""
-        return self.hop * self.downsample_stride
-
-    @property
-    def frame_rate(self) -> float:
-        return self.sample_rate / self.frame_size
-
-    def to_kwargs(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
-
-    @classmethod
-    def from_kwargs(cls, kw: dict) -> MimiConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in kw.items() if k in known})
-
-
-PRESETS = {
-    "mimi": MimiConfig(),
-    # Same architecture, small enough for tests: 24-sample frames, 16-dim transformer.
-    "tiny": MimiConfig(n_filters=4, ratios=(4, 3), dimension=16, n_heads=2, n_layers=2, ffn=32,
-                       n_codebooks=4, codebook_size=64, codebook_dim=8),
-}
 
 
 class ResBlock(nn.Module):
@@ -337,3 +285,6 @@ def init_random(model: MimiModel, seed: int = 0) -> MimiModel:
             cb.embedding_sum.copy_(rows * cb.cluster_usage[:, None])
             r = r - rows[torch.cdist(r, rows).argmin(-1)]
     return model
+
+
+MODEL = MimiModel

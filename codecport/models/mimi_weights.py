@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 from pathlib import Path
 
@@ -12,20 +11,12 @@ import torch
 
 from ..errors import CheckpointError
 from .checkpoint import load_state, read_safetensors, transformers_folder
-from .hub import cache_dir, resolve, sha256_file
+from .hub import hf_file, resolve, sha256_file
 from .mimi import PRESETS, MimiConfig, MimiModel
+from .mimi_config import RELEASES
 
 log = logging.getLogger(__name__)
 
-# Released weights: name -> (Hugging Face repo, file). No checksum is published for them.
-RELEASES = {"mimi": ("kyutai/moshiko-pytorch-bf16", "tokenizer-e351c8d8-checkpoint125.safetensors")}
-RELEASE_BASE = "https://huggingface.co"
-BASE_URL_ENV = "CODECPORT_MIMI_BASE_URL"  # mirror (or test server) laid out as <base>/<repo>/resolve/main/<file>
-
-
-def release_url(name: str) -> str:
-    repo, file = RELEASES[name]
-    return f"{os.environ.get(BASE_URL_ENV, RELEASE_BASE).rstrip('/')}/{repo}/resolve/main/{file}"
 
 
 def moshi_config(cfg: MimiConfig) -> dict:
@@ -173,20 +164,23 @@ def _is_transformers_file(path: Path) -> bool:
     return any(k.startswith("encoder.layers.") for k in names)
 
 
-def resolve_weights(weights: str) -> Path:
+def resolve_weights(weights: str, revision: str | None = None) -> Path:
     """A released name, URL or local path -> a local file or folder (downloading if needed)."""
-    return resolve(weights, {name: (release_url(name), cache_dir() / "mimi" / repo / file)
-                             for name, (repo, file) in RELEASES.items()})
+    if revision is not None and weights not in RELEASES:
+        raise CheckpointError("--revision picks a revision of a released name on Hugging Face; "
+                              f"{weights} is a path or URL")
+    return resolve(weights, {name: (lambda name=name: hf_file(*RELEASES[name], revision=revision))
+                             for name in RELEASES})
 
 
-def load_mimi(weights: str, variant: str | None = None,
-              polyphase: bool = True) -> tuple[MimiModel, str]:
+def load(weights: str, variant: str | None = None, revision: str | None = None,
+         polyphase: bool = True) -> tuple[MimiModel, str]:
     """Model with weights loaded, and the sha256 of the weights file(s).
 
     A transformers folder (or its safetensors beside config.json) brings its own config; moshi's
     file carries none, so it takes preset `variant` (default `mimi`).
     """
-    path = resolve_weights(weights)
+    path = resolve_weights(weights, revision)
     if path.is_dir() or (path.suffix == ".safetensors" and _is_transformers_file(path)):
         sd, cfg = read_transformers(path)
         digest = sha256_file(*(sorted(path.glob("*.safetensors")) if path.is_dir() else [path]))
@@ -200,3 +194,6 @@ def load_mimi(weights: str, variant: str | None = None,
     model = MimiModel(cfg, polyphase=polyphase)
     load_state(model, sd, str(path))
     return model.eval(), digest
+
+
+load_mimi = load  # the name the scripts and tests use

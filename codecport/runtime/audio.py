@@ -1,11 +1,13 @@
-"""Audio I/O, resampling and loudness, with one-line errors for bad input."""
+"""Audio in and out, block by block: sources that can be read more than once, streamed
+resampling, and writers that never leave a half-written file. Memory never grows with the length
+of a file.
+"""
 
 from __future__ import annotations
 
 import itertools
 import logging
-import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,24 +19,111 @@ from ..errors import AudioError
 
 log = logging.getLogger(__name__)
 
-MIN_LOUDNESS = -70.0  # dB LUFS; the BS.1770 absolute gate, so silence gets a finite level
+BLOCK = 1 << 16  # frames read, resampled and measured at a time
+RATES = (1_000, 1_000_000)  # sample rates codecport takes, in Hz
+MAX_CHANNELS = 64
+# Past this many bytes of samples a RIFF WAV's 32-bit sizes overflow: write RF64 instead.
+WAV_LIMIT = 0xFFFFFFFF - (1 << 16)
 
 
-def read_audio(path: Path) -> tuple[np.ndarray, int]:
-    """`([channels, samples] float32, sample_rate)`; empty, unreadable or non-finite is an error."""
-    try:
-        data, sr = sf.read(str(path), dtype="float32", always_2d=True)
-    except (sf.LibsndfileError, RuntimeError, OSError) as e:
-        raise AudioError(f"{path}: cannot read audio ({e}); pass a WAV, FLAC or OGG file") from e
-    return check_audio(data.T, str(path)), sr
+def check_rate(sample_rate, what: str = "audio") -> int:
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)) or \
+            not RATES[0] <= sample_rate <= RATES[1]:
+        raise AudioError(f"{what}: sample rate {sample_rate!r} is not one codecport takes "
+                         f"({RATES[0]} to {RATES[1]} Hz); pass the rate the audio was recorded at")
+    return int(sample_rate)
 
 
-def check_audio(audio: np.ndarray, what: str = "audio") -> np.ndarray:
-    if audio.ndim != 2 or audio.shape[1] == 0:
+def check_audio(audio, what: str = "audio") -> np.ndarray:
+    """`audio` as `[channels, samples]` float32: 1-D is mono; empty, non-float or non-finite
+    audio is an `AudioError`."""
+    audio = np.asarray(audio)
+    if audio.ndim == 1:
+        audio = audio[None]
+    if audio.dtype.kind != "f":
+        raise AudioError(f"{what}: samples are {audio.dtype}, not floats; pass float audio in "
+                         "[-1, 1] (int16 PCM divided by 32768)")
+    if audio.ndim != 2:
+        raise AudioError(f"{what}: audio must be [samples] or [channels, samples], got shape "
+                         f"{list(audio.shape)}")
+    if audio.shape[1] == 0 or audio.shape[0] == 0:
         raise AudioError(f"{what}: contains no samples; pass a non-empty recording")
+    if audio.shape[0] > MAX_CHANNELS:
+        raise AudioError(f"{what}: {audio.shape[0]} channels is more than {MAX_CHANNELS}; is it "
+                         "[samples, channels]? pass [channels, samples]")
     if not np.isfinite(audio).all():
-        raise AudioError(f"{what}: contains NaN or infinite samples; fix the file before encoding")
+        raise AudioError(f"{what}: contains NaN or infinite samples; fix the input before encoding")
     return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+class ArraySource:
+    """Audio held in memory, `[channels, samples]`, read as blocks."""
+
+    def __init__(self, audio, sample_rate, what: str = "audio"):
+        self.audio = check_audio(audio, what)
+        self.sample_rate = check_rate(sample_rate, what)
+        self.channels, self.frames = self.audio.shape
+        self.what = what
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        for i in range(0, self.frames, BLOCK):
+            yield self.audio[:, i:i + BLOCK]
+
+
+class FileSource:
+    """An audio file soundfile reads (WAV, FLAC, OGG, MP3...), read block by block each time
+    `blocks()` is called; every block is checked as it is read."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.what = str(self.path)
+        info = self._open()
+        with info:
+            self.sample_rate = check_rate(info.samplerate, self.what)
+            self.channels, self.frames = info.channels, info.frames
+        if self.channels > MAX_CHANNELS:
+            raise AudioError(f"{self.what}: {self.channels} channels is more than {MAX_CHANNELS}")
+
+    def _open(self) -> sf.SoundFile:
+        try:
+            return sf.SoundFile(str(self.path))
+        except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
+            raise AudioError(f"{self.path}: cannot read audio ({e}); pass a WAV, FLAC or OGG file") from e
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        n = 0
+        with self._open() as f:
+            while True:
+                try:
+                    block = f.read(BLOCK, dtype="float32", always_2d=True)
+                except (sf.LibsndfileError, RuntimeError, OSError) as e:
+                    raise AudioError(f"{self.path}: cannot read audio after {n} samples ({e})") from e
+                if not len(block):
+                    break
+                if not np.isfinite(block).all():
+                    raise AudioError(f"{self.path}: contains NaN or infinite samples; fix the file "
+                                     "before encoding")
+                n += len(block)
+                yield np.ascontiguousarray(block.T)
+        if n == 0:
+            raise AudioError(f"{self.path}: contains no samples; pass a non-empty recording")
+
+
+def resampled(blocks: Iterable[np.ndarray], sr_in: int, sr_out: int, channels: int) -> Iterator[np.ndarray]:
+    """Blocks `[channels, n]` at `sr_in` as blocks at `sr_out` (soxr VHQ, streamed: the same
+    samples as one `soxr.resample` call over the whole signal, whatever the blocks)."""
+    if sr_in == sr_out:
+        yield from blocks
+        return
+    stream = soxr.ResampleStream(sr_in, sr_out, channels, dtype="float32", quality="VHQ")
+    it = iter(blocks)
+    block = next(it, None)
+    while block is not None:
+        nxt = next(it, None)
+        out = stream.resample_chunk(np.ascontiguousarray(block.T), last=nxt is None)
+        if len(out):
+            yield np.ascontiguousarray(out.T)
+        block = nxt
 
 
 def resample(audio: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
@@ -45,46 +134,49 @@ def resample(audio: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(-1, audio.shape[0]).T, dtype=np.float32)
 
 
-def loudness(audio: np.ndarray, sr: int) -> float:
-    """Integrated loudness (ITU-R BS.1770, pyloudnorm) in dB LUFS, floored at -70.
+def resampled_length(n: int, sr_in: int, sr_out: int) -> int:
+    """Samples soxr gives for `n` samples from `sr_in` to `sr_out` (give or take one)."""
+    return round(n * sr_out / sr_in)
 
-    Clips shorter than the 400 ms gating block are measured zero-padded to one block; more than
-    five channels are measured as their downmix.
-    """
-    import pyloudnorm
 
-    meter = pyloudnorm.Meter(sr)
-    block = int(np.ceil(meter.block_size * sr)) + 1
-    x = audio.T.astype(np.float64)
-    if x.shape[1] > 5:  # BS.1770 weights at most 5 channels; measure the downmix instead
-        x = x.mean(axis=1, keepdims=True)
-    if x.shape[0] < block:
-        x = np.pad(x, ((0, block - x.shape[0]), (0, 0)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # pyloudnorm warns on silence (-inf)
-        db = meter.integrated_loudness(x)
-    return max(float(db), MIN_LOUDNESS)
+def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
+    """`([channels, samples] float32, sample_rate)` of a whole file; empty, unreadable or
+    non-finite audio is an `AudioError`."""
+    src = FileSource(path)
+    return np.concatenate(list(src.blocks()), axis=1), src.sample_rate
+
+
+def audio_format(path: Path, channels: int = 1, frames: int = 0) -> str:
+    """The soundfile format for `path` by its suffix; a WAV too big for RIFF's 32-bit sizes
+    becomes RF64 (which players and soundfile read as WAV)."""
+    fmt = path.suffix.lstrip(".").upper()
+    if fmt not in sf.available_formats() or fmt == "RAW":
+        raise AudioError(f"{path}: {fmt or 'no suffix'} is not an audio format codecport writes; "
+                         "use .wav or .flac")
+    if fmt == "WAV" and channels * frames * 4 > WAV_LIMIT:
+        return "RF64"
+    return fmt
 
 
 def write_audio(path: Path, audio: np.ndarray, sr: int) -> None:
     """Write `[channels, samples]` atomically (temp file + rename); format from the suffix."""
-    write_audio_pieces(path, [audio], sr)
+    write_audio_pieces(path, [audio], sr, audio.shape[1])
 
 
-def write_audio_pieces(path: Path, pieces: Iterable[np.ndarray], sr: int) -> tuple[int, int]:
+def write_audio_pieces(path: Path, pieces: Iterable[np.ndarray], sr: int,
+                       frames: int | None = None) -> tuple[int, int]:
     """Write pieces `[channels, n]` one after another, atomically, holding one piece at a time.
+    `frames`, the total when known, picks RF64 for a WAV past 4 GiB.
 
     Returns (channels, samples) written."""
-    fmt = path.suffix.lstrip(".").upper() or "WAV"
-    if fmt not in sf.available_formats():
-        raise AudioError(f"{path}: unknown audio format {fmt!r}; use .wav or .flac")
     it = iter(pieces)
     first = next(it)  # before the file exists: a bad first piece leaves nothing behind
+    fmt = audio_format(path, first.shape[0], frames or 0)
     n = 0
+    subtype = "FLOAT" if fmt in ("WAV", "RF64") else None
     with atomic_path(path) as tmp, sf.SoundFile(tmp, "w", sr, first.shape[0], format=fmt,
-                                                 subtype="FLOAT" if fmt == "WAV" else None) as f:
+                                                 subtype=subtype) as f:
         for piece in itertools.chain([first], it):
             f.write(np.clip(piece, -1.0, 1.0).T)
             n += piece.shape[1]
     return first.shape[0], n
-

@@ -1,49 +1,62 @@
 """DAC on ONNX Runtime: fixed-length graphs plus the numpy RVQ, for audio of any length.
 
-Two ways through the graphs, both from the official package:
-- exact: audio whose length rounds up to the padded graph's frames goes through `encoder.onnx`
+Two ways through the graphs (`mode`), both from the official package:
+- fixed: audio whose length rounds up to the fixed graph's frames goes through `encoder.onnx`
   in one call, giving the codes of the official `DAC.encode`;
 - chunked: anything else follows the official `compress`: padding off, the signal zero-padded by
   `delay` on both sides, fixed windows stepping by the valid output (`chunk_step`). Codes equal
   `compress(win_duration=window/sample_rate, normalize_db=None)`.
+
+Like `compress`, encoding first measures the whole input (its loudness, stored with the codes,
+and its peak, scaled down to 1 when above it), then encodes: a file is read twice, block by
+block, never held whole.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterator
-from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import CodesError
-from .audio import check_audio, loudness, resample
-from .dacfile import DacFile
-from .rvq import DacRvq, check_export, check_n_codebooks
-from .session import GraphFolder
+from ..errors import CodesError, ModelFileError
+from ..registry import CodecSpec, CodeFormat, Option, register
+from .codec import Codec
+from .codes import Codes
+from .dacfile import load_dac, save_dac
+from .graph import Graph
+from .loudness import LoudnessMeter
+from .rvq import DacRvq
 
-log = logging.getLogger(__name__)
 
-class DacCodec(GraphFolder):
+class DacCodec(Codec):
     """The graphs of one `codec-export dac` folder, opened lazily on one provider."""
 
-    codec, label = "dac", "DAC"
-    graphs = ("encoder", "decoder", "encoder_chunked", "decoder_chunked")
+    name, label = "dac", "DAC"
+    graphs: ClassVar = {"encoder": ("encoder", "fixed"), "decoder": ("decoder", "fixed"),
+              "encoder_chunked": ("encoder", "chunked"), "decoder_chunked": ("decoder", "chunked")}
     sliding = ("encoder_chunked", "decoder_chunked")
-    shared = (*GraphFolder.shared, "hop_length")
 
-    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None,
-                 options: dict[str, str] | None = None):
-        super().__init__(model_dir, provider, fallback, options)
-        meta = self.meta
-        self.sample_rate, self.hop = int(meta["sample_rate"]), int(meta["hop_length"])
-        self.n_codebooks, self.codebook_size = int(meta["n_codebooks"]), int(meta["codebook_size"])
-        self.rvq = None
-        if meta["quantizer"] == "numpy":
-            self.rvq = DacRvq.load(self.dir / "rvq.npz")
-            check_export(self.rvq, self.dir / "rvq.npz", meta)
+    def load_rvq(self) -> DacRvq:
+        return DacRvq.load(self.dir / "rvq.npz", self.first)
+
+    def check_graph(self, name: str, g: Graph) -> None:
+        role, mode = self.graphs[name]
+        width = g.int("latent_dim") if g.meta.get("quantizer") == "numpy" else g.int("n_codebooks")
+        if mode == "fixed":
+            samples, frames = g.int("samples"), g.int("frames")
+            if role == "encoder" and math.ceil(samples / g.int("frame_size")) != frames:
+                raise_shape(g, f"{samples} samples cannot give {frames} frames")
+        else:
+            samples = g.int("window") if role == "encoder" else g.int("chunk_step")
+            frames = g.int("chunk_frames")
+            g.int("delay")
+        audio, codes = (1, 1, samples), (1, width, frames)
+        want = ([audio], [codes]) if role == "encoder" else ([codes], [audio])
+        if g.shapes() != want:
+            raise_shape(g, f"its inputs/outputs are {g.shapes()}, its metadata says {want}")
 
     # ---- encoding ----------------------------------------------------------------------
     def _encode_window(self, name: str, x: np.ndarray, k: int) -> np.ndarray:
@@ -57,61 +70,49 @@ class DacCodec(GraphFolder):
         name = next((g for g in ("encoder", "decoder") if g in self.present), None)
         return None if name is None else self.graph(name).int("frames")
 
-    def fits_exact(self, n: int) -> bool:
-        """Whether `n` samples go through the fixed-length graph in one exact call."""
-        return math.ceil(n / self.hop) == self.fixed_frames()
+    def fits_fixed(self, n: int) -> bool:
+        """Whether `n` samples go through the fixed-length graph in one call."""
+        return math.ceil(n / self.frame_size) == self.fixed_frames()
 
-    def encode_exact(self, audio: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
-        """Official `encode` codes `[C, K, frames]` for `[C, N]` audio that fits the graph."""
-        k, g = check_n_codebooks(n_codebooks, self.n_codebooks), self.graph("encoder")
-        if not self.fits_exact(audio.shape[1]):
-            raise CodesError(f"{audio.shape[1]} samples do not fit the {g.int('samples')}-sample "
-                             "graph; use the chunked mode (compress)")
-        x = np.pad(audio, ((0, 0), (0, g.int("samples") - audio.shape[1])))
-        return np.stack([self._encode_window("encoder", row, k) for row in x])
-
-    def encode_chunked(self, audio: np.ndarray, n_codebooks: int | None = None,
-                       progress: bool = False) -> np.ndarray:
-        """Official chunked-`compress` codes `[C, K, n_chunks * chunk_frames]`."""
-        k, g = check_n_codebooks(n_codebooks, self.n_codebooks), self.graph("encoder_chunked")
-        window, step, delay = g.int("window"), g.int("chunk_step"), g.int("delay")
-        n = audio.shape[1]
-        starts = range(0, n, step)
-        x = np.pad(audio, ((0, 0), (delay, delay + window)))  # tail zeros fill the last window
-        windows = [(row, i) for row in range(len(x)) for i in starts]
-
-        def codes_of(w: tuple[int, int]) -> np.ndarray:
-            return self._encode_window("encoder_chunked", x[w[0], w[1]:w[1] + window], k)
-
-        chunks = list(tqdm(self.map_windows(codes_of, windows), total=len(windows), desc="encode",
-                           unit="chunk", disable=None if progress else True))
-        per_row = len(starts)
-        return np.stack([np.concatenate(chunks[r * per_row:(r + 1) * per_row], axis=-1)
-                         for r in range(len(x))])
-
-    def compress(self, audio: np.ndarray, sample_rate: int, n_codebooks: int | None = None,
-                 progress: bool = False) -> DacFile:
-        """`[C, N]` audio at any rate and length -> `.dac` content, like the official `compress`.
-
-        The official loudness normalisation to -16 dB is not applied (as `normalize_db=None`);
-        the input loudness is still measured and stored so `decompress` restores the level.
-        """
-        audio = check_audio(audio)
-        n_in = audio.shape[1]
-        if sample_rate != self.sample_rate:
-            log.info("resampling %d Hz -> %d Hz", sample_rate, self.sample_rate)
-            audio = resample(audio, sample_rate, self.sample_rate)
-        input_db = loudness(audio, self.sample_rate)
-        peak = np.abs(audio).max(axis=1, keepdims=True)
-        audio = audio / np.maximum(peak, 1.0)  # official `ensure_max_of_audio`
-        exact = self.fits_exact(audio.shape[1])
-        if exact:
-            codes = self.encode_exact(audio, n_codebooks)
+    def encode_source(self, source, n_codebooks, mode, progress) -> Codes:
+        k = self.codebooks(n_codebooks)
+        meter, peak, n = LoudnessMeter(self.sample_rate, source.channels), np.zeros(source.channels), 0
+        counted = _Counter(source)
+        for block in self.model_rate(counted):
+            meter.push(block)
+            peak = np.maximum(peak, np.abs(block).max(axis=1))
+            n += block.shape[1]
+        # The official `ensure_max_of_audio`: a channel peaking above 1 is scaled down to 1.
+        gain = (1.0 / np.maximum(peak, 1.0)).astype(np.float32)[:, None]
+        blocks = (b * gain for b in self.model_rate(source))
+        fits = "encoder" in self.present and self.fits_fixed(n)
+        if mode == "fixed" and not fits:
+            raise CodesError(f"{n} samples do not fit the fixed graph of "
+                             f"{self.graph('encoder').int('samples')} samples; use the chunked mode")
+        if fits and mode != "chunked":
+            g = self.graph("encoder")
+            audio = np.concatenate(list(blocks), axis=1)
+            x = np.pad(audio, ((0, 0), (0, g.int("samples") - n)))
+            codes = np.stack([self._encode_window("encoder", row, k) for row in x])
+            fields = {"mode": "fixed"}
         else:
-            codes = self.encode_chunked(audio, n_codebooks, progress)
-        chunk = codes.shape[-1] if exact else self.graph("encoder_chunked").int("chunk_frames")
-        return DacFile(codes=codes, chunk_length=chunk, original_length=n_in, input_db=input_db,
-                       channels=audio.shape[0], sample_rate=sample_rate, padding=exact)
+            codes = self._encode_chunked(blocks, n, k, progress)
+            fields = {"mode": "chunked", "chunk_frames": self.graph("encoder_chunked").int("chunk_frames")}
+        return self.codes([codes], source, counted.n, loudness_db=meter.result(), **fields)
+
+    def _encode_chunked(self, blocks: Iterator[np.ndarray], n: int, k: int, progress: bool) -> np.ndarray:
+        """Official chunked-`compress` codes `[C, K, n_chunks * chunk_frames]` of `n` samples."""
+        g = self.graph("encoder_chunked")
+        window, step, delay = g.int("window"), g.int("chunk_step"), g.int("delay")
+        starts = range(0, n, step)
+
+        def codes_of(x: np.ndarray) -> np.ndarray:
+            return np.stack([self._encode_window("encoder_chunked", row, k) for row in x])
+
+        windows = _windows(blocks, starts, window, step, delay)
+        chunks = list(tqdm(self.map_windows(codes_of, windows), total=len(starts), desc="encode",
+                           unit="chunk", disable=None if progress else True))
+        return np.concatenate(chunks, axis=-1)
 
     # ---- decoding ----------------------------------------------------------------------
     def _decode_window(self, name: str, codes: np.ndarray) -> np.ndarray:
@@ -123,54 +124,91 @@ class DacCodec(GraphFolder):
             return self.graph(name)(codes[None].astype(np.int64))[0, 0]
         return self.graph(name)(self.rvq.decode(codes)[None])[0, 0]
 
-    def decode(self, codes: np.ndarray, padding: bool | None = None,
-               progress: bool = False) -> np.ndarray:
-        """Audio `[C, samples]` at the model rate for codes `[C, K, T]` (or `[K, T]`).
+    def chunk_frames(self) -> int:
+        return self.graph("decoder_chunked" if "decoder_chunked" in self.present
+                          else "encoder_chunked").int("chunk_frames")
 
-        `padding=True` is the official `decode` (T must be the graph's frames); `False` decodes
-        chunked-mode codes `chunk_frames` at a time; `None` picks by T.
-        """
-        return np.concatenate(list(self.decode_pieces(codes, padding, progress)), axis=1)
+    def expected_frames(self, n: int, mode: str | None) -> int | None:
+        if mode == "fixed":
+            return math.ceil(n / self.frame_size)
+        if mode == "chunked":
+            step = self.graph("decoder_chunked" if "decoder_chunked" in self.present
+                              else "encoder_chunked").int("chunk_step")
+            return math.ceil(n / step) * self.chunk_frames()
+        return None
 
-    def decode_pieces(self, codes: np.ndarray, padding: bool | None = None,
-                      progress: bool = False) -> Iterator[np.ndarray]:
-        """`decode`, one chunk `[C, chunk_step]` at a time: memory does not grow with T."""
-        codes = self.check_codes(codes)
-        t = codes.shape[-1]
-        frames = self.fixed_frames()
-        if padding is None:
-            padding = t == frames
-        if padding:
+    def raw_pieces(self, codes: Codes, mode: str | None, progress: bool) -> Iterator[np.ndarray]:
+        data, frames = codes.data, self.fixed_frames()
+        t = data.shape[-1]
+        mode = mode or codes.mode or ("fixed" if t == frames else "chunked")
+        if mode == "fixed":
             if t != frames:
                 raise CodesError(f"{t} frames given; the fixed-length decoder takes exactly {frames}")
-            yield np.stack([self._decode_window("decoder", c) for c in codes])
+            yield np.stack([self._decode_window("decoder", c) for c in data])
             return
-        chunk = self.graph("decoder_chunked").int("chunk_frames")
+        chunk = self.chunk_frames()
+        if codes.chunk_frames not in (None, chunk):
+            raise CodesError(f"the codes were made with chunks of {codes.chunk_frames} frames, this "
+                             f"model decodes {chunk}; export with the --chunk-len they were made with")
         if t % chunk:
             raise CodesError(f"{t} frames is neither the fixed length {frames} nor a multiple of the "
                              f"chunk length {chunk}; re-encode with this model, or export with "
                              "--len / --chunk-len matching the codes")
         pieces = self.map_windows(
-            lambda i: np.stack([self._decode_window("decoder_chunked", c[:, i:i + chunk]) for c in codes]),
+            lambda i: np.stack([self._decode_window("decoder_chunked", c[:, i:i + chunk]) for c in data]),
             range(0, t, chunk))
         yield from tqdm(pieces, total=t // chunk, desc="decode", unit="chunk",
                         disable=None if progress else True)
 
-    def decompress(self, f: DacFile, progress: bool = False) -> tuple[np.ndarray, int]:
-        """Audio `[channels, original_length]` at the original rate, like the official one."""
-        if f.codes.shape[0] != f.channels:
-            raise CodesError(f"the file has {f.codes.shape[0]} code rows for {f.channels} channels")
-        if f.padding:
-            audio = self.decode(f.codes, padding=True)
-        else:
-            chunk = self.graph("decoder_chunked").int("chunk_frames")
-            if f.chunk_length != chunk:
-                raise CodesError(f"the file was made with chunks of {f.chunk_length} frames, this "
-                                 f"model decodes {chunk}; export with the --chunk-len it was made with")
-            audio = self.decode(f.codes, padding=False, progress=progress)
-        gain_db = f.input_db - loudness(audio, self.sample_rate)
-        audio = audio * np.float32(10 ** (gain_db / 20))
-        audio = resample(audio, self.sample_rate, f.sample_rate)
-        if audio.shape[1] < f.original_length:
-            audio = np.pad(audio, ((0, 0), (0, f.original_length - audio.shape[1])))
-        return audio[:, :f.original_length], f.sample_rate
+
+def raise_shape(g: Graph, why: str) -> None:
+    raise ModelFileError(f"{g.path}: {why}; the file is damaged, re-export the folder")
+
+
+class _Counter:
+    """A source whose blocks are counted as they are read (`n`: samples at its own rate)."""
+
+    def __init__(self, source):
+        self.source, self.sample_rate, self.channels, self.n = source, source.sample_rate, source.channels, 0
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        for b in self.source.blocks():
+            self.n += b.shape[1]
+            yield b
+
+
+def _windows(blocks: Iterator[np.ndarray], starts: range, window: int, step: int,
+             delay: int) -> Iterator[np.ndarray]:
+    """Windows `[C, window]` at `starts` of the signal zero-padded by `delay` on the left and with
+    zeros past its end, holding no more than a window and a block at a time."""
+    buf, pos = None, 0  # buf holds the padded signal from index pos on
+    it = iter(blocks)
+    for s in starts:
+        while buf is None or pos + buf.shape[1] < s + window:
+            block = next(it, None)
+            if buf is None:
+                channels = block.shape[0]
+                buf = np.zeros((channels, delay), np.float32)
+            if block is None:
+                block = np.zeros((buf.shape[0], s + window - pos - buf.shape[1]), np.float32)
+            buf = np.concatenate([buf, block], axis=1)
+        yield buf[:, s - pos:s - pos + window]
+        drop = min(step, buf.shape[1])
+        buf, pos = buf[:, drop:], pos + drop
+
+
+register(CodecSpec(
+    runtime=DacCodec,
+    config="codecport.models.dac_config",
+    model="codecport.models.dac",
+    weights="codecport.models.dac_weights",
+    export="codecport.export.dac",
+    bench="codecport.bench.dac",
+    default_variant="44khz",
+    export_options=(
+        Option("--chunk-len", int, None, "Window in samples of the chunked graphs for long audio "
+                                         "[default: --len].", minimum=1),
+    ),
+    formats=(CodeFormat(".dac", load_dac, save_dac),),
+    smoke=("--variant", "tiny", "--len", "160000"),  # 10 s at 16 kHz
+))

@@ -8,6 +8,7 @@ that it got exactly that dict, with those keys and types.
 from __future__ import annotations
 
 import io
+import math
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..errors import CodesError
+from .codes import Codes
 
 DAC_VERSION = "1.0.0"
 _META_TYPES = {"input_db": (float,), "original_length": (int,), "sample_rate": (int,),
@@ -81,11 +83,59 @@ class _NumpyOnly(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) not in _ALLOWED:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
-        return super().find_class(module, name)
+        found = super().find_class(module, name)
+        if name != "_reconstruct":
+            return found
+
+        def reconstruct(subtype, shape, dtype):
+            # It allocates `shape` before the data arrives: bound it by what a file can hold.
+            if not isinstance(shape, tuple) or math.prod(shape) > MAX_BYTES:
+                raise pickle.UnpicklingError(f"refusing an array of shape {shape}")
+            return found(subtype, shape, dtype)
+
+        return reconstruct
+
+
+MAX_BYTES = 4 << 30  # a .dac of 10 hours of DAC-44k codes is 60 MB
+
+
+def save_dac(codes: Codes, path: Path) -> None:
+    """`codes` as an official `.dac` file: they must carry what `decompress` needs."""
+    missing = [f for f in ("num_samples", "loudness_db", "mode") if getattr(codes, f) is None]
+    if missing:
+        raise CodesError(f"{path}: a .dac file needs the original length, rate and loudness, which "
+                         f"these codes lack ({', '.join(missing)}); encode the audio itself, or "
+                         "write .npy")
+    if codes.mode not in ("fixed", "chunked") or codes.data.max() > np.iinfo(np.uint16).max:
+        raise CodesError(f"{path}: these codes do not fit the .dac format (DAC codes, uint16)")
+    chunk = codes.chunk_frames if codes.mode == "chunked" else codes.data.shape[-1]
+    DacFile(codes=codes.data, chunk_length=chunk, original_length=codes.num_samples,
+            input_db=codes.loudness_db, channels=codes.channels, sample_rate=codes.sample_rate,
+            padding=codes.mode == "fixed").save(path)
+
+
+def load_dac(path: Path) -> Codes:
+    """An official `.dac` file as `Codes`, every field checked against the others."""
+    f = DacFile.load(path)
+    if f.channels != f.codes.shape[0]:
+        raise CodesError(f"{path}: {f.codes.shape[0]} code rows for {f.channels} channels; the "
+                         "file is inconsistent")
+    if f.chunk_length < 1 or (f.padding and f.chunk_length != f.codes.shape[-1]) or \
+            (not f.padding and f.codes.shape[-1] % f.chunk_length):
+        raise CodesError(f"{path}: chunk_length {f.chunk_length} does not divide its "
+                         f"{f.codes.shape[-1]} frames; the file is inconsistent")
+    try:
+        return Codes((f.codes,), codec="dac", sample_rate=f.sample_rate, num_samples=f.original_length,
+                     loudness_db=f.input_db, mode="fixed" if f.padding else "chunked",
+                     chunk_frames=None if f.padding else f.chunk_length)
+    except CodesError as e:
+        raise CodesError(f"{path}: {e}") from None
 
 
 def _restricted_load(path: Path):
     try:
+        if path.stat().st_size > MAX_BYTES:
+            raise CodesError(f"{path}: {path.stat().st_size / 2**20:.0f} MiB is more than a .dac file holds")
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
             read_header = {(1, 0): np.lib.format.read_array_header_1_0,

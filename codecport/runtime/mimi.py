@@ -1,71 +1,73 @@
 """Mimi on ONNX Runtime: fixed-length and streaming step graphs plus the numpy split RVQ.
 
-Mimi is causal end to end, so both ways through the graphs give moshi's codes exactly:
+Mimi is causal end to end, so both ways through the graphs (`mode`) give moshi's codes exactly:
 - fixed: audio up to the graph's length is zero-padded to it (moshi pads to whole frames the
   same way; later padding cannot change earlier frames) and the first frames are kept;
-- streaming: anything longer goes through `encoder_step`/`decoder_step`, carrying the state
-  between calls, which equals the whole-clip result with no seams (the step graphs are validated
+- step: anything longer goes through `encoder_step`/`decoder_step`, carrying the state between
+  calls, which equals the whole-clip result with no seams (the step graphs are validated
   against the whole clip at export). The state stays on the provider's device between steps
   through IO binding (see `MimiStream`).
 """
 
 from __future__ import annotations
 
-import logging
+import itertools
 import math
-import zipfile
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
+from typing import ClassVar
 
 import numpy as np
 from tqdm import tqdm
 
-from ..atomic import atomic_path
 from ..errors import AudioError, CodesError, ModelFileError
-from .audio import check_audio, resample
-from .rvq import MimiRvq, check_export, check_n_codebooks
-from .session import GraphFolder, StepRunner
-
-log = logging.getLogger(__name__)
+from ..registry import CodecSpec, Option, register
+from .codec import Codec
+from .codes import Codes
+from .graph import Graph, StepRunner
+from .rvq import MimiRvq
 
 MOSHI_CODEBOOKS = 8  # what Moshi uses; the default unless asked for more (up to all 32)
 
 
-class MimiCodec(GraphFolder):
+class MimiCodec(Codec):
     """The graphs of one `codec-export mimi` folder, opened lazily on one provider.
 
     `options={"io_binding": "0"}` (CLI: `--provider-option io_binding=0`) makes every stream
     carry its state as numpy arrays instead of through IO binding; see `MimiStream`.
     """
 
-    codec, label = "mimi", "Mimi"
-    graphs = ("encoder", "decoder", "encoder_step", "decoder_step")
-    shared = (*GraphFolder.shared, "frame_size")
+    name, label = "mimi", "Mimi"
+    graphs: ClassVar = {"encoder": ("encoder", "fixed"), "decoder": ("decoder", "fixed"),
+              "encoder_step": ("encoder", "step"), "decoder_step": ("decoder", "step")}
+    default_codebooks = MOSHI_CODEBOOKS
 
-    def __init__(self, model_dir: Path, provider: str = "cpu", fallback: str | None = None,
-                 options: dict[str, str] | None = None):
-        super().__init__(model_dir, provider, fallback, options)
-        meta = self.meta
-        self.sample_rate, self.frame_size = int(meta["sample_rate"]), int(meta["frame_size"])
-        self.n_codebooks, self.codebook_size = int(meta["n_codebooks"]), int(meta["codebook_size"])
-        self.rvq = None
-        if meta["quantizer"] == "numpy":
-            self.rvq = MimiRvq.load(self.dir / "rvq.npz")
-            check_export(self.rvq, self.dir / "rvq.npz", meta)
-
-    def expected(self, name: str) -> dict[str, str]:
-        return {"role": name.split("_")[0], "mode": "step" if "step" in name else "fixed"}
+    def load_rvq(self) -> MimiRvq:
+        return MimiRvq.load(self.dir / "rvq.npz", self.first)
 
     def missing(self, name: str) -> str:
-        return f"export with {'--streaming' if 'step' in name else '--len'}"
+        return "re-export with codec-export mimi (it writes the step graphs for any length)" \
+            if "step" in name else "export with --len for the fixed graphs"
 
-    def default_codebooks(self, n_codebooks: int | None) -> int:
-        default = min(MOSHI_CODEBOOKS, self.n_codebooks)
-        return check_n_codebooks(default if n_codebooks is None else n_codebooks, self.n_codebooks)
+    def check_graph(self, name: str, g: Graph) -> None:
+        role, mode = self.graphs[name]
+        width = g.int("latent_dim") if g.meta.get("quantizer") == "numpy" else g.int("n_codebooks")
+        frames, samples = g.int("frames"), g.int("samples")
+        if role == "encoder" and math.ceil(samples / g.int("frame_size")) != frames:
+            raise ModelFileError(f"{g.path}: {samples} samples cannot give {frames} frames; the "
+                                 "file is damaged, re-export the folder")
+        audio, codes = (1, 1, samples), (1, width, frames)
+        ins, outs = g.shapes()
+        got = (ins[:1], outs[:1])
+        want = ([audio], [codes]) if role == "encoder" else ([codes], [audio])
+        if got != want or (mode == "step" and (ins[1], outs[1]) != ((1,), (1,))):
+            raise ModelFileError(f"{g.path}: its inputs/outputs are {g.shapes()}, its metadata says "
+                                 f"{want}; the file is damaged, re-export the folder")
+        if mode == "step":
+            g.int("positions_per_step")
 
     def fits_fixed(self, n: int) -> bool:
         """Whether `n` samples at 24 kHz go through the fixed-length encoder in one call."""
-        return self._fits("encoder", "samples", n)
+        return "encoder" in self.present and n <= self.graph("encoder").int("samples")
 
     # ---- codes <-> what the graphs take --------------------------------------------------
     def _to_codes(self, y: np.ndarray, k: int) -> np.ndarray:
@@ -81,93 +83,94 @@ class MimiCodec(GraphFolder):
             return codes[None].astype(np.int64)
         return self.rvq.decode(codes)[None]
 
-    def _fits(self, name: str, key: str, n: int) -> bool:
-        """Whether `n` samples/frames fit the fixed-length graph `name` (when there is one)."""
-        return name in self.present and n <= self.graph(name).int(key)
+    def _need_steps(self, side: str) -> None:
+        if f"{side}_step" not in self.present:
+            raise ModelFileError(f"{self.dir} has no {side}_step.onnx (or .ort) to stream through "
+                                 "(an export older than codecport 0.2?); re-export it with "
+                                 "codec-export mimi, which writes the step graphs for any length")
 
     # ---- encoding ------------------------------------------------------------------------
-    def encode(self, audio: np.ndarray, sample_rate: int, n_codebooks: int | None = None,
-               streaming: bool = False, progress: bool = False) -> np.ndarray:
-        """Codes `[C, K, ceil(N' / frame_size)]` for audio `[C, N]` at any rate (N' at 24 kHz).
-
-        Each channel is encoded on its own (Mimi is mono). `n_codebooks` defaults to Moshi's 8.
-        `streaming` forces the step graphs.
-        """
-        k = self.default_codebooks(n_codebooks)
-        audio = check_audio(audio)
-        if sample_rate != self.sample_rate:
-            log.info("resampling %d Hz -> %d Hz", sample_rate, self.sample_rate)
-            audio = resample(audio, sample_rate, self.sample_rate)
-        frames = math.ceil(audio.shape[1] / self.frame_size)
-        if not streaming and self.fits_fixed(audio.shape[1]):
+    def encode_source(self, source, n_codebooks, mode, progress) -> Codes:
+        """Codes `[C, K, ceil(N' / frame_size)]` (N' samples at 24 kHz); each channel is encoded
+        on its own (Mimi is mono). Clips that fit the fixed graph take it unless `mode` is
+        "step"; anything longer streams through the step graphs."""
+        k = self.codebooks(n_codebooks)
+        if mode == "fixed":
+            self.graph("encoder")  # refuses, saying what to do, when there is none
+        limit = self.graph("encoder").int("samples") if "encoder" in self.present and mode != "step" else 0
+        counter = _Counted(source)
+        blocks = self.model_rate(counter)
+        # Read up to one sample past the fixed graph: whatever fits goes through it in one call.
+        head, n, fits = [], 0, True
+        for block in blocks:
+            head.append(block)
+            n += block.shape[1]
+            if n > limit:
+                fits = False
+                break
+        if fits:
             g = self.graph("encoder")
-            x = np.pad(audio, ((0, 0), (0, g.int("samples") - audio.shape[1])))
-            return np.stack([self._to_codes(g(row[None, None]), k)[:, :frames] for row in x])
-        self._need_steps("encoder", streaming, lambda: f"{audio.shape[1]} samples are longer than "
-                         f"the fixed {self.graph('encoder').int('samples')}-sample encoder")
-        out = []
-        for row in audio:
-            stream = MimiStream(self, k)
-            steps = range(0, row.shape[0], stream.step_samples)
-            codes = [stream.encode_step(row[i:i + stream.step_samples])
-                     for i in tqdm(steps, desc="encode", unit="step", disable=None if progress else True)]
-            out.append(np.concatenate([*codes, stream.flush_encoder()], axis=1))
-        return np.stack(out)
-
-    def _need_steps(self, side: str, streaming: bool, too_long: Callable[[], str]) -> None:
-        """Refuse, saying why, when the step graphs of `side` are needed but not exported
-        (`too_long` is called only then: it may open the fixed graph)."""
-        if f"{side}_step" in self.present:
-            return
-        if streaming:
-            raise ModelFileError(f"{self.dir} has no step graphs ({side}_step.onnx or .ort) to "
-                                 "stream through; export with --streaming")
-        raise CodesError(f"{too_long()}; export with --streaming to handle any length")
+            x = np.pad(np.concatenate(head, axis=1), ((0, 0), (0, limit - n)))
+            frames = math.ceil(n / self.frame_size)
+            codes = np.stack([self._to_codes(g(row[None, None]), k)[:, :frames] for row in x])
+            return self.codes([codes], source, counter.counted, mode="fixed")
+        if mode == "fixed":
+            raise CodesError(f"the audio is longer than the fixed {limit}-sample encoder; use the "
+                             "step mode (or leave the mode out)")
+        self._need_steps("encoder")
+        streams = [MimiStream(self, k) for _ in range(source.channels)]
+        out: list[list[np.ndarray]] = [[] for _ in streams]
+        bar = tqdm(total=source.frames, desc="encode", unit="sample", unit_scale=True,
+                   disable=None if progress else True)
+        with bar:
+            for block in itertools.chain(head, blocks):
+                for s, row, o in zip(streams, block, out):
+                    o.append(s.encode_step(row))
+                bar.update(block.shape[1] * source.sample_rate / self.sample_rate)
+        codes = np.stack([np.concatenate([*o, s.flush_encoder()], axis=1) for s, o in zip(streams, out)])
+        return self.codes([codes], source, counter.counted, mode="step")
 
     # ---- decoding ------------------------------------------------------------------------
-    def decode_file(self, path: Path, streaming: bool = False,
-                    progress: bool = False) -> tuple[np.ndarray, int]:
-        """Audio `[C, length]` at the original rate from a `.npz` written by `save_codes`."""
-        codes, length, sr = load_codes(path)
-        codes = self.check_codes(codes)
-        frames = math.ceil(math.ceil(length * self.sample_rate / sr) / self.frame_size)
-        if abs(codes.shape[2] - frames) > 1:  # resampling may round by a sample
-            raise CodesError(f"{path}: {codes.shape[2]} frames cannot be {length} samples at {sr} Hz "
-                             f"({frames} frames); the file is inconsistent, re-encode the audio")
-        audio = resample(self.decode(codes, streaming, progress), self.sample_rate, sr)
-        return np.pad(audio, ((0, 0), (0, max(0, length - audio.shape[1]))))[:, :length], sr
+    def expected_frames(self, n: int, mode: str | None) -> int:
+        return math.ceil(n / self.frame_size)
 
-    def decode(self, codes: np.ndarray, streaming: bool = False, progress: bool = False) -> np.ndarray:
-        """Audio `[C, T * frame_size]` at 24 kHz for codes `[C, K, T]` (or `[K, T]`)."""
-        codes = self.check_codes(codes)
-        frames = codes.shape[2]
-        if not streaming and self._fits("decoder", "frames", frames):
+    def raw_pieces(self, codes: Codes, mode: str | None, progress: bool) -> Iterator[np.ndarray]:
+        """Audio `[C, T * frame_size]` at 24 kHz: one fixed call when the codes fit the fixed
+        decoder (unless `mode` is "step"), else one step at a time."""
+        data = codes.data
+        frames = data.shape[2]
+        if mode != "step" and "decoder" in self.present and frames <= self.graph("decoder").int("frames"):
             g = self.graph("decoder")
             # Code 0 pads the tail; being causal, the decoder's first samples do not see it.
-            padded = np.pad(codes, ((0, 0), (0, 0), (0, g.int("frames") - frames)))
-            return np.stack([g(self._from_codes(c))[0, 0, :frames * self.frame_size] for c in padded])
-        self._need_steps("decoder", streaming, lambda: f"{frames} frames are more than the fixed "
-                         f"decoder's {self.graph('decoder').int('frames')}")
-        return np.concatenate(list(self._stream_pieces(codes, progress)), axis=1)
-
-    def decode_pieces(self, codes: np.ndarray, streaming: bool = False,
-                      progress: bool = False) -> Iterator[np.ndarray]:
-        """`decode`, one step `[C, samples]` at a time when streaming: memory does not grow
-        with T. Codes that fit the fixed decoder come in one piece."""
-        codes = self.check_codes(codes)
-        if not streaming and self._fits("decoder", "frames", codes.shape[2]):
-            yield self.decode(codes)
-        else:
-            yield from self._stream_pieces(codes, progress)
-
-    def _stream_pieces(self, codes: np.ndarray, progress: bool) -> Iterator[np.ndarray]:
-        """Every channel through its own stream, in lockstep, one step of audio at a time."""
-        streams = [MimiStream(self) for _ in codes]
+            padded = np.pad(data, ((0, 0), (0, 0), (0, g.int("frames") - frames)))
+            yield np.stack([g(self._from_codes(c))[0, 0, :frames * self.frame_size] for c in padded])
+            return
+        if mode == "fixed":
+            raise CodesError(f"{frames} frames are more than the fixed decoder's "
+                             f"{self.graph('decoder').int('frames')}; use the step mode")
+        self._need_steps("decoder")
+        streams = [MimiStream(self) for _ in data]
         n = streams[0].step_frames
-        for i in tqdm(range(0, codes.shape[2], n), desc="decode", unit="step",
-                      disable=None if progress else True):
-            yield np.stack([s.decode_step(c[:, i:i + n]) for s, c in zip(streams, codes)])
+        for i in tqdm(range(0, frames, n), desc="decode", unit="step", disable=None if progress else True):
+            yield np.stack([s.decode_step(c[:, i:i + n]) for s, c in zip(streams, data)])
         yield np.stack([s.flush_decoder() for s in streams])
+
+    def stream(self, n_codebooks: int | None = None, io_binding: bool | None = None) -> MimiStream:
+        """A live stream through the step graphs (see `MimiStream`)."""
+        return MimiStream(self, n_codebooks, io_binding)
+
+
+class _Counted:
+    """A source whose input samples are counted as they are read (`counted`, at its rate)."""
+
+    def __init__(self, source):
+        self.source, self.counted = source, 0
+        self.sample_rate, self.channels = source.sample_rate, source.channels
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        for b in self.source.blocks():
+            self.counted += b.shape[1]
+            yield b
 
 
 class MimiStream:
@@ -178,6 +181,7 @@ class MimiStream:
     returns the audio of every completed step. Partial steps wait in a buffer until the next call,
     or until `flush_encoder()`/`flush_decoder()` pads them with zeros and returns the rest.
     `reset()` starts a new stream. Codes have `n_codebooks` levels (default Moshi's 8).
+    `latency_frames` is how many code frames a step holds back: `step_frames - 1` at most.
 
     `io_binding` (default: the codec's `io_binding` option, on unless `options` say
     `io_binding=0`) keeps the state as OrtValues on the provider's device through IO binding:
@@ -187,13 +191,14 @@ class MimiStream:
 
     def __init__(self, codec: MimiCodec, n_codebooks: int | None = None, io_binding: bool | None = None):
         self.codec = codec
-        self.k = codec.default_codebooks(n_codebooks)
-        self.step_frames = codec.graph("encoder_step" if "encoder_step" in codec.present
-                                       else "decoder_step").int("frames")
+        self.k = codec.codebooks(n_codebooks)
+        sides = [s for s in ("encoder", "decoder") if f"{s}_step" in codec.present]
+        if not sides:
+            codec._need_steps("encoder")
+        self.step_frames = codec.graph(f"{sides[0]}_step").int("frames")
         self.step_samples = self.step_frames * codec.frame_size
         self.io_binding = codec.io_binding if io_binding is None else io_binding
-        self._runners = {side: StepRunner(codec.graph(f"{side}_step"), self.io_binding)
-                         for side in ("encoder", "decoder") if f"{side}_step" in codec.present}
+        self._runners = {side: StepRunner(codec.graph(f"{side}_step"), self.io_binding) for side in sides}
         self._clear_buffers()
 
     def reset(self) -> None:
@@ -208,8 +213,7 @@ class MimiStream:
     def _step(self, side: str, x: np.ndarray) -> np.ndarray:
         runner = self._runners.get(side)
         if runner is None:
-            raise ModelFileError(f"{self.codec.dir} has no {side}_step.onnx (or .ort); export with "
-                                 "--streaming")
+            self.codec._need_steps(side)
         return runner(x)
 
     def encode_step(self, pcm: np.ndarray) -> np.ndarray:
@@ -233,12 +237,14 @@ class MimiStream:
         return codes[:, :math.ceil(rem / self.codec.frame_size)]
 
     def decode_step(self, codes: np.ndarray) -> np.ndarray:
-        """Audio for every whole step of codes now buffered; the rest waits for more frames."""
-        codes = self.codec.check_codes(codes)
-        if codes.shape[0] != 1:
-            raise CodesError(f"a stream decodes one channel; got codes for {codes.shape[0]} "
-                             "(use one MimiStream per channel)")
-        codes = codes[0]
+        """Audio for every whole step of codes `[K, t]` now buffered; the rest waits for more frames."""
+        codes = np.asarray(codes)
+        if codes.ndim == 3 and codes.shape[0] == 1:  # [1, K, t]: one channel's
+            codes = codes[0]
+        if codes.ndim != 2:
+            raise CodesError(f"codes must be [codebooks, frames] of one channel, got shape "
+                             f"{list(codes.shape)}; use one stream per channel")
+        codes = self.codec.check_codes(codes).data[0]
         if self._codes.shape[1] == 0:
             self._codes = np.zeros((codes.shape[0], 0), np.int64)
         elif codes.shape[0] != self._codes.shape[0]:
@@ -259,26 +265,28 @@ class MimiStream:
         pad = np.zeros((self._codes.shape[0], self.step_frames - rem), np.int64)
         return self.decode_step(pad)[:rem * self.codec.frame_size]
 
-
-# ---- .npz codes: the codes plus what it takes to give the original audio back ------------
-def save_codes(path: Path, codes: np.ndarray, length: int, sample_rate: int) -> None:
-    """codes `[C, K, T]` with the original length and rate, written atomically."""
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez(f, codes=codes.astype(np.int64), length=np.int64(length),
-                 sample_rate=np.int64(sample_rate), codec=np.array("mimi"))
+    @property
+    def latency_frames(self) -> int:
+        return self.step_frames - 1
 
 
-def load_codes(path: Path) -> tuple[np.ndarray, int, int]:
-    """(codes, original length, original sample rate) from a file written by `save_codes`."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if str(z["codec"]) != "mimi":
-                raise CodesError(f"{path}: holds {z['codec']} codes, not mimi")
-            codes, length, sr = z["codes"], int(z["length"]), int(z["sample_rate"])
-    # BadZipFile: a truncated .npz; TypeError: a plain .npy, or a non-scalar length/rate.
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
-        raise CodesError(f"{path}: not a codes file written by codec-run encode ({e})") from e
-    if length < 1 or not 1_000 <= sr <= 1_000_000:
-        raise CodesError(f"{path}: impossible original length {length} or sample rate {sr}; "
-                         "re-encode the audio")
-    return codes, length, sr
+register(CodecSpec(
+    runtime=MimiCodec,
+    config="codecport.models.mimi_config",
+    model="codecport.models.mimi",
+    weights="codecport.models.mimi_weights",
+    export="codecport.export.mimi",
+    bench="codecport.bench.mimi",
+    default_variant="mimi",
+    export_options=(
+        Option("--frames", int, 1, "Code frames per streaming step (80 ms each for the released "
+                                   "Mimi).", minimum=1),
+        Option("--window", ("whole-clip", "moshi-stream", "rustymimi"), "whole-clip",
+               "Attention past 250 frames (10 s): equal to the whole clip (moshi's encode), moshi's "
+               "streaming mode (step graphs), whose ring cache drops a step's oldest keys, or "
+               "Kyutai's Rust Mimi (fixed and step graphs), which sees one key more."),
+    ),
+    # 0.1 s: the tiny preset's attention masks are constants of frames squared, so a short fixed
+    # pair keeps the folder small (1.7 MiB at 0.2 s); the step graphs take any length.
+    smoke=("--variant", "tiny", "--len", "2400"),
+))

@@ -1,17 +1,17 @@
-"""DAC residual vector quantizer in numpy: the thin layer between the ONNX graphs and codes."""
+"""The residual vector quantizers in numpy (DAC's, Mimi's split one): the thin layer between the
+ONNX graphs and codes, read from an export's `rvq.npz`."""
 
 from __future__ import annotations
 
 import functools
-import zipfile
+import math
 from pathlib import Path
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ..errors import CodesError, ModelFileError
-
-ARRAYS = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias", "codebook")
+from .npyfile import read_npz
 
 
 @functools.cache
@@ -37,16 +37,29 @@ def one_blas_thread(fn):
     return wrapper
 
 
-def _export_id(z) -> str | None:
-    """The export id written beside the arrays (None in a file written by hand)."""
-    return str(z["export_id"]) if "export_id" in z.files else None
-
-
-def check_export(rvq, path: Path, meta: dict[str, str]) -> None:
-    """`ModelFileError` unless the RVQ arrays came from the same export as the graphs."""
-    if getattr(rvq, "export_id", None) not in (None, meta.get("export_id")) or \
-            rvq.latent_dim != int(meta["latent_dim"]) or rvq.n_codebooks != int(meta["n_codebooks"]):
-        raise ModelFileError(f"{path} does not belong to these graphs; re-export the folder")
+def load_arrays(path: Path, meta: dict[str, str], shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """The arrays of an `rvq.npz`, each of the shape the graphs' metadata implies (`shapes`),
+    finite, and written by the same export (its `export_id`); anything else is a `ModelFileError`.
+    The archive is read with a limit from those shapes, so a bad file cannot inflate past them."""
+    if not path.is_file():
+        raise ModelFileError(f"{path}: missing; the graphs leave the quantizer out, so it must be "
+                             "beside them (re-run codec-export)")
+    limit = 2 * sum(8 * math.prod(s) for s in shapes.values()) + (1 << 20)
+    z = read_npz(path, ModelFileError, max_bytes=limit)
+    for name, shape in shapes.items():
+        a = z.get(name)
+        if a is None:
+            raise ModelFileError(f"{path}: has no {name}; not a codecport RVQ file, re-run codec-export")
+        if a.shape != shape:
+            raise ModelFileError(f"{path}: {name} is {list(a.shape)}, the graphs' metadata says "
+                                 f"{list(shape)}; it does not belong to these graphs, re-export the folder")
+        if a.dtype.kind not in "fiu" or (a.dtype.kind == "f" and not np.isfinite(a).all()):
+            raise ModelFileError(f"{path}: {name} is not finite numbers; re-run codec-export")
+    written_by = z.get("export_id")
+    if written_by is not None and str(written_by) != meta.get("export_id"):
+        raise ModelFileError(f"{path} does not belong to these graphs (export_id {written_by} vs "
+                             f"{meta.get('export_id')}); re-export the folder")
+    return {name: z[name] for name in shapes}
 
 
 def _normalize(x: np.ndarray) -> np.ndarray:
@@ -88,16 +101,12 @@ class DacRvq:
         self._unit_sq = (self._unit_codebook ** 2).sum(-1)  # [K, N]
 
     @classmethod
-    def load(cls, path: Path) -> DacRvq:
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k].astype(np.float32) for k in ARRAYS}
-                export_id = _export_id(z)
-        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
-            raise ModelFileError(f"{path}: not a codecport RVQ file ({e}); re-run codec-export") from e
-        rvq = cls(arrays)
-        rvq.export_id = export_id
-        return rvq
+    def load(cls, path: Path, g) -> DacRvq:
+        """From the `rvq.npz` beside graph `g`, checked against its metadata."""
+        k, n, d, lat = (g.int(x) for x in ("n_codebooks", "codebook_size", "codebook_dim", "latent_dim"))
+        shapes = {"in_proj_weight": (k, d, lat), "in_proj_bias": (k, d), "out_proj_weight": (k, lat, d),
+                  "out_proj_bias": (k, lat), "codebook": (k, n, d)}
+        return cls({name: a.astype(np.float32) for name, a in load_arrays(path, g.meta, shapes).items()})
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"in_proj_weight": self.in_w, "in_proj_bias": self.in_b,
@@ -135,10 +144,6 @@ class DacRvq:
         check_code_values(codes, self.codebook_size)
 
 
-MIMI_ARRAYS = ("semantic_in_proj", "semantic_out_proj", "acoustic_in_proj", "acoustic_out_proj",
-               "codebook", "n_semantic")
-
-
 class MimiRvq:
     """Mimi's split RVQ: the semantic and the acoustic RVQ both quantize the same latent.
 
@@ -164,16 +169,16 @@ class MimiRvq:
         return self._codebook_t.transpose(0, 2, 1)
 
     @classmethod
-    def load(cls, path: Path) -> MimiRvq:
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in MIMI_ARRAYS}
-                export_id = _export_id(z)
-        except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
-            raise ModelFileError(f"{path}: not a codecport Mimi RVQ file ({e}); re-run codec-export") from e
-        rvq = cls({k: v if k == "n_semantic" else v.astype(np.float32) for k, v in arrays.items()})
-        rvq.export_id = export_id
-        return rvq
+    def load(cls, path: Path, g) -> MimiRvq:
+        """From the `rvq.npz` beside graph `g`, checked against its metadata."""
+        k, n, d, c = (g.int(x) for x in ("n_codebooks", "codebook_size", "codebook_dim", "latent_dim"))
+        shapes = {"semantic_in_proj": (d, c), "semantic_out_proj": (c, d), "acoustic_in_proj": (d, c),
+                  "acoustic_out_proj": (c, d), "codebook": (k, n, d), "n_semantic": ()}
+        arrays = load_arrays(path, g.meta, shapes)
+        if int(arrays["n_semantic"]) != g.int("n_semantic"):
+            raise ModelFileError(f"{path}: n_semantic is {int(arrays['n_semantic'])}, the graphs say "
+                                 f"{g.int('n_semantic')}; re-export the folder")
+        return cls({k: v if k == "n_semantic" else v.astype(np.float32) for k, v in arrays.items()})
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {**self.a, "codebook": np.ascontiguousarray(self.codebook)}

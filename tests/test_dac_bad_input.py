@@ -283,7 +283,7 @@ def test_export_int8_calibrated_on_a_corrupt_file(tmp_path):
 def test_export_mobile_int8_and_run_it(tmp_path):
     """The CLI path end to end: the variant folder, its report, and codec-run on it."""
     out = tmp_path / "mobile"
-    proc = cli("codec-export", "mimi", "--variant", "tiny", "--random-init", "--len", 960, "--streaming",
+    proc = cli("codec-export", "mimi", "--variant", "tiny", "--random-init", "--len", 960,
                "--frames", 2, "--target", "mobile", "--precision", "int8", "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert "target mobile, precision int8; deviation from fp32" in proc.stdout

@@ -1,0 +1,215 @@
+"""`Codec`: the one interface every exported codec has, whatever its graphs.
+
+    codec = codecport.load("dac44")
+    codes = codec.encode(audio, 44100)          # audio [samples] or [channels, samples], any rate
+    audio, sr = codec.decode(codes)              # [channels, samples] float32 at the original rate
+    codes.save("x.dac"); codes = codecport.load_codes("x.dac")
+
+A subclass declares its graphs and implements two things: `encode_source` (audio blocks in,
+`Codes` out) and `raw_pieces` (codes in, audio at the model rate out, piece by piece). Restoring
+the original loudness, rate and length is shared, and so is block-by-block reading and writing:
+memory stays flat however long the audio is.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import CodecportError, CodesError
+from .audio import ArraySource, FileSource, audio_format, resampled, resampled_length, write_audio_pieces
+from .codes import Codes
+from .folder import GraphFolder
+from .loudness import LoudnessMeter
+from .rvq import check_code_values, check_n_codebooks
+
+log = logging.getLogger(__name__)
+
+
+class Codec(GraphFolder):
+    """An export folder's codec on one ONNX Runtime provider.
+
+    Facts (from the graphs' metadata): `name`, `variant`, `sample_rate` (Hz), `frame_size`
+    (samples per code frame), `frame_rate` (frames per second), `n_codebooks`, `codebook_size`,
+    `export_id`, `provider` (the ORT provider that runs), `modes` (the ways through the graphs:
+    `fixed` is one call of the fixed-length graphs; `chunked` (DAC) slides fixed windows over
+    long audio; `step` (Mimi) streams through step graphs with explicit state).
+    """
+
+    default_codebooks: int | None = None  # codebooks `encode` uses unless told (None: all)
+
+    def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
+                 options: dict[str, str] | None = None):
+        super().__init__(model_dir, provider, fallback, options)
+        g = self.first
+        self.variant, self.export_id = g.text("variant"), g.text("export_id")
+        self.sample_rate, self.frame_size = g.int("sample_rate"), g.int("frame_size")
+        self.n_codebooks, self.codebook_size = g.int("n_codebooks"), g.int("codebook_size")
+        self.quantizer = g.choice("quantizer", ("numpy", "graph"))
+        self.rvq = self.load_rvq() if self.quantizer == "numpy" else None
+
+    def load_rvq(self):
+        """The numpy quantizer of a folder whose graphs leave it out (`rvq.npz`)."""
+        raise NotImplementedError
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(mode for _, mode in self.graphs.values()))
+
+    @property
+    def frame_rate(self) -> float:
+        return self.sample_rate / self.frame_size
+
+    def codebooks(self, n_codebooks: int | None) -> int:
+        """The number of codebooks to encode: `n_codebooks`, else the codec's default."""
+        default = self.n_codebooks if self.default_codebooks is None else \
+            min(self.default_codebooks, self.n_codebooks)
+        return check_n_codebooks(default if n_codebooks is None else n_codebooks, self.n_codebooks)
+
+    def check_mode(self, mode: str | None) -> str | None:
+        if mode not in (None, *self.modes):
+            raise CodecportError(f"{self.label} has no {mode} mode; its modes are "
+                                 f"{', '.join(self.modes)} (or leave it out to choose by length)")
+        return mode
+
+    # ---- encoding ------------------------------------------------------------------------
+    def encode(self, audio, sample_rate: int, n_codebooks: int | None = None, *,
+               mode: str | None = None, progress: bool = False) -> Codes:
+        """Codes of audio `[samples]` or `[channels, samples]` (float, any rate, any length);
+        each channel is encoded on its own. `mode` forces a way through the graphs."""
+        return self.encode_source(ArraySource(audio, sample_rate), n_codebooks, self.check_mode(mode),
+                                  progress)
+
+    def encode_file(self, path: str | Path, n_codebooks: int | None = None, *,
+                    mode: str | None = None, progress: bool = False) -> Codes:
+        """`encode` of an audio file, read block by block: memory does not grow with its length."""
+        return self.encode_source(FileSource(path), n_codebooks, self.check_mode(mode), progress)
+
+    def encode_source(self, source, n_codebooks: int | None, mode: str | None, progress: bool) -> Codes:
+        """Codes of an `ArraySource`/`FileSource` (see audio.py)."""
+        raise NotImplementedError
+
+    def model_rate(self, source) -> Iterator[np.ndarray]:
+        """The source's blocks `[channels, n]` at the model's rate."""
+        if source.sample_rate != self.sample_rate:
+            log.info("resampling %d Hz -> %d Hz", source.sample_rate, self.sample_rate)
+        return resampled(source.blocks(), source.sample_rate, self.sample_rate, source.channels)
+
+    def codes(self, arrays, source, counted: int, **fields) -> Codes:
+        """`Codes` made by this model from `source` (`counted` samples at its rate)."""
+        return Codes(tuple(arrays), codec=self.name, variant=self.variant, export_id=self.export_id,
+                     sample_rate=source.sample_rate, num_samples=counted, **fields)
+
+    # ---- decoding ------------------------------------------------------------------------
+    def decode(self, codes: Codes | np.ndarray, *, mode: str | None = None,
+               progress: bool = False) -> tuple[np.ndarray, int]:
+        """(audio `[channels, samples]` float32, sample rate): the original rate and length when
+        `codes` carry them, else the model's rate and the frames' full length. A bare array
+        `[channels, codebooks, frames]` (or `[codebooks, frames]`) is taken as codes."""
+        pieces, sr, _ = self.decode_pieces(codes, mode=mode, progress=progress)
+        return np.concatenate(list(pieces), axis=1), sr
+
+    def decode_to_file(self, codes: Codes | np.ndarray, path: str | Path, *, mode: str | None = None,
+                       progress: bool = False) -> tuple[int, int, int]:
+        """`decode` into an audio file (format by suffix), piece by piece and atomically;
+        returns (channels, samples, sample rate)."""
+        path = Path(path)
+        audio_format(path)
+        pieces, sr, total = self.decode_pieces(codes, mode=mode, progress=progress, spill=path.parent)
+        channels, samples = write_audio_pieces(path, pieces, sr, total)
+        return channels, samples, sr
+
+    def decode_pieces(self, codes: Codes | np.ndarray, *, mode: str | None = None, progress: bool = False,
+                      spill: Path | None = None) -> tuple[Iterator[np.ndarray], int, int | None]:
+        """(pieces `[channels, n]`, sample rate, total samples when known) of `decode`. Where the
+        loudness is restored the whole decode is measured first: `spill` is a folder to hold it
+        meanwhile on disk (else memory)."""
+        codes = self.check_codes(codes)
+        pieces = self.raw_pieces(codes, self.check_mode(mode), progress)
+        if codes.loudness_db is not None:
+            pieces = self._restore_loudness(pieces, codes.loudness_db, codes.channels, spill)
+        if codes.sample_rate is None:
+            return pieces, self.sample_rate, None
+        pieces = resampled(pieces, self.sample_rate, codes.sample_rate, codes.channels)
+        return _exactly(pieces, codes.num_samples, codes.channels), codes.sample_rate, codes.num_samples
+
+    def raw_pieces(self, codes: Codes, mode: str | None, progress: bool) -> Iterator[np.ndarray]:
+        """Audio `[channels, n]` at the model rate for every frame of `codes`, piece by piece;
+        `mode` is the caller's (None: the codec picks, from `codes.mode` where that matters)."""
+        raise NotImplementedError
+
+    def expected_frames(self, n: int, mode: str | None) -> int | None:
+        """Frames `encode` gives for `n` samples at the model rate in `mode` (None: any)."""
+        return None
+
+    def check_codes(self, codes: Codes | np.ndarray) -> Codes:
+        """`codes` as `Codes` this model can decode, or `CodesError` saying what is wrong."""
+        if not isinstance(codes, Codes):
+            codes = Codes((codes,))
+        if codes.codec not in (None, self.name):
+            raise CodesError(f"these are {codes.codec} codes; this folder holds {self.name}")
+        if codes.variant not in (None, self.variant):
+            raise CodesError(f"these codes were made by {self.name} {codes.variant}; this folder "
+                             f"holds {self.name} {self.variant}")
+        for a in codes.arrays:
+            if a.shape[1] > self.n_codebooks:
+                raise CodesError(f"codes must be [channels, codebooks<={self.n_codebooks}, frames], "
+                                 f"got shape {list(a.shape)}")
+            check_code_values(a, self.codebook_size)
+        if codes.num_samples is not None:
+            n = resampled_length(codes.num_samples, codes.sample_rate, self.sample_rate)
+            # soxr's length can differ from the rounded ratio by a sample.
+            allowed = {self.expected_frames(max(1, m), codes.mode) for m in (n - 1, n, n + 1)}
+            frames = codes.n_frames[0]
+            if None not in allowed and frames not in allowed:
+                raise CodesError(f"{frames} frames cannot be {codes.num_samples} samples at "
+                                 f"{codes.sample_rate} Hz ({min(allowed)} frames); the file "
+                                 "is inconsistent, re-encode the audio")
+        return codes
+
+    def _restore_loudness(self, pieces: Iterator[np.ndarray], target_db: float, channels: int,
+                          spill: Path | None) -> Iterator[np.ndarray]:
+        """The decoded audio brought to `target_db`, as the official DAC `decompress` does: the
+        loudness of the whole decode is measured first, so it is kept (on disk under `spill`)."""
+        meter = LoudnessMeter(self.sample_rate, channels)
+        if spill is None:
+            held = []
+            for p in pieces:
+                meter.push(p)
+                held.append(p)
+            gain = np.float32(10 ** ((target_db - meter.result()) / 20))
+            yield from (p * gain for p in held)
+            return
+        with tempfile.TemporaryFile(dir=spill, prefix=".codecport-decode-") as f:
+            sizes = []
+            for p in pieces:
+                meter.push(p)
+                f.write(np.ascontiguousarray(p, np.float32).tobytes())
+                sizes.append(p.shape[1])
+            gain = np.float32(10 ** ((target_db - meter.result()) / 20))
+            f.seek(0)
+            for n in sizes:
+                p = np.frombuffer(f.read(4 * channels * n), np.float32).reshape(channels, n)
+                yield p * gain
+
+    def stream(self, n_codebooks: int | None = None):
+        """A live stream through the step graphs; only codecs with step graphs have one."""
+        raise CodecportError(f"{self.label} has no streaming step graphs; its modes are "
+                             f"{', '.join(self.modes)}")
+
+
+def _exactly(pieces: Iterator[np.ndarray], n: int, channels: int) -> Iterator[np.ndarray]:
+    """The first `n` samples of `pieces`, zero-padded at the end if they fall short."""
+    done = 0
+    for p in pieces:
+        if done >= n:
+            continue  # drain: the producer may hold files or threads open
+        keep = p[:, :n - done]
+        done += keep.shape[1]
+        yield keep
+    if done < n:
+        yield np.zeros((channels, n - done), np.float32)

@@ -1,0 +1,149 @@
+"""An export folder: its graphs, opened lazily on one provider, checked against each other.
+
+Every graph opened is checked against the first: the same codec and the same `shared` facts
+(export id, rates, quantizer...), the role and mode its file name promises, and input/output
+shapes that agree with its metadata. A graph is read from `{name}.onnx`, or from `{name}.ort`
+where there is no `.onnx`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import ClassVar
+
+from ..errors import ModelFileError
+from .graph import Graph, graph_file, open_graph
+from .providers import codecport_option, concurrent_windows, cpu_cores, resolve_provider
+from .rvq import blas_on_one_thread
+
+MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB; a bigger one is not ours
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """manifest.json of an export folder as a dict; None when there is none. A manifest that
+    is there but unreadable is a `ModelFileError`: it is what says which codec the folder is."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ValueError(f"{path.stat().st_size} bytes")
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ModelFileError(f"{path}: not a readable manifest ({e}); re-run codec-export") from e
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("codec"), str):
+        raise ModelFileError(f"{path}: not a codecport manifest (no codec named); re-run codec-export")
+    return manifest
+
+
+class GraphFolder:
+    """The graphs of one export folder, opened lazily on one provider.
+
+    Subclasses declare `name`/`label` (the codec), `graphs` (file stem -> (role, mode)) and
+    `sliding` (graphs run over long signals one window at a time; `map_windows` runs `windows`
+    of those calls at once, each session on its share of the cores).
+
+    `options` are the provider's (see `provider_options`) plus `CODECPORT_OPTIONS`, e.g.
+    `{"io_binding": "0"}` to stream through numpy state instead of IO binding.
+    """
+
+    name = ""  # the codec: metadata "codec", registry name
+    label = ""  # the codec's name in messages
+    graphs: ClassVar[dict[str, tuple[str, str]]] = {}
+    sliding: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ("codec", "export_id", "variant", "sample_rate", "frame_size",
+                               "weights_sha256", "quantizer", "n_codebooks", "codebook_size")
+
+    def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
+                 options: dict[str, str] | None = None):
+        self.dir = Path(model_dir)
+        self.options = dict(options or {})
+        self.io_binding = codecport_option("io_binding", self.options)
+        if not self.dir.is_dir():
+            raise ModelFileError(f"{self.dir}: no such model folder; run codec-export {self.name} "
+                                 f"-o {self.dir}")
+        self.files = {g: p for g in self.graphs if (p := graph_file(self.dir, g)) is not None}
+        self.present = list(self.files)
+        if not self.present:
+            raise ModelFileError(f"{self.dir}: holds no {self.label} graphs; run codec-export "
+                                 f"{self.name} -o {self.dir}")
+        manifest = read_manifest(self.dir)
+        self._manifest_id = None if manifest is None else str(manifest.get("export_id"))
+        if manifest is not None and manifest["codec"] != self.name:
+            raise ModelFileError(f"{self.dir}/{'manifest.json'} is for {manifest['codec']}, not "
+                                 f"{self.name}; re-export the folder")
+        self.provider = resolve_provider(provider, fallback)
+        self.windows = concurrent_windows(self.provider, self.options)
+        self._graphs: dict[str, Graph] = {}
+        self.first = self.graph(self.present[0])
+        self.meta = self.first.meta
+
+    def missing(self, name: str) -> str:
+        """What to do when `name`.onnx/.ort is absent."""
+        return f"re-run codec-export {self.name}"
+
+    def check_graph(self, name: str, g: Graph) -> None:
+        """Codec-specific checks of a graph as it is opened: input/output shapes against its
+        metadata. `ModelFileError` when they disagree."""
+
+    def graph(self, name: str) -> Graph:
+        if name not in self._graphs:
+            if name not in self.present:
+                raise ModelFileError(f"{self.dir} has no {name}.onnx (or {name}.ort); "
+                                     f"{self.missing(name)}")
+            threads = None
+            if name in self.sliding and self.windows > 1 and self.provider == "CPUExecutionProvider":
+                threads = max(1, cpu_cores() // self.windows)
+            g = open_graph(self.files[name], self.provider, self.options, threads)
+            if g.meta.get("codec") != self.name:
+                raise ModelFileError(f"{g.path}: holds a {g.meta.get('codec')} model, not "
+                                     f"{self.name}; use a {self.name} export")
+            if self._manifest_id not in (None, g.meta.get("export_id")):
+                raise ModelFileError(f"{g.path} does not belong with {self.dir}/manifest.json "
+                                     f"(export_id {g.meta.get('export_id')} vs {self._manifest_id}); "
+                                     "re-export the folder")
+            if self._graphs:
+                ref = next(iter(self._graphs.values()))
+                bad = [k for k in self.shared if g.meta.get(k) != ref.meta.get(k)]
+                if bad:
+                    raise ModelFileError(f"{g.path} does not belong with {ref.path} ({bad[0]}: "
+                                         f"{g.meta.get(bad[0])} vs {ref.meta.get(bad[0])}); "
+                                         "re-export the folder")
+            role, mode = self.graphs[name]
+            for key, want in (("role", role), ("mode", mode)):
+                if g.text(key) != want:
+                    raise ModelFileError(f"{g.path}: has {key} {g.meta[key]}, expected {want} "
+                                         f"for {g.path.name}; re-export the folder")
+            self.check_graph(name, g)
+            self._graphs[name] = g
+        return self._graphs[name]
+
+    def map_windows(self, fn: Callable, items: Iterable) -> Iterator:
+        """`map(fn, items)` with up to `windows` calls running at once, lazily and in order.
+
+        ORT lets go of the GIL while a session runs, so the calls run on their own cores; one
+        more result than that waits for the caller at most, so memory stays bounded however
+        long the signal. The graphs `fn` uses must be opened (`graph(name)`) before.
+        """
+        if self.windows == 1:
+            yield from map(fn, items)
+            return
+        pool = ThreadPoolExecutor(self.windows, thread_name_prefix="codecport-window")
+        pending: deque = deque()
+        try:
+            # BLAS on one thread for the whole map: the RVQ's per-call limit, taken and given
+            # back from several threads at once, could leave BLAS on the wrong setting.
+            with blas_on_one_thread():
+                for item in items:
+                    pending.append(pool.submit(fn, item))
+                    if len(pending) > self.windows:
+                        yield pending.popleft().result()
+                while pending:
+                    yield pending.popleft().result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)

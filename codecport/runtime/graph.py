@@ -1,0 +1,233 @@
+"""One exported graph: its ONNX Runtime session and the facts it carries in its metadata.
+
+A graph is `{name}.onnx`, or `{name}.ort` (ONNX Runtime's own format, for the mobile and minimal
+builds) where there is no `.onnx`; both carry the same metadata (the converter keeps it). Every
+metadata value is parsed and range-checked where it is read (`Graph.int`, `Graph.choice`): a
+file that lies about itself is refused with a one-line error, never trusted into an allocation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..errors import ModelFileError, ProviderError
+from .providers import provider_options, session_options
+
+# .onnx first: an .ort beside it is a copy converted for one build or target, not the export itself.
+SUFFIXES = (".onnx", ".ort")
+# numpy dtypes of the tensor types our graphs' inputs and outputs may have.
+DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+          "tensor(int64)": np.int64, "tensor(int32)": np.int32}
+# Integer metadata and the range a real export stays in. A value outside is a damaged or lying
+# file: the bounds keep a bad file from sizing a buffer (2**31 samples is 12 hours at 48 kHz in
+# one call, far past any fixed graph).
+INT_RANGES = {
+    "sample_rate": (1_000, 1_000_000), "frame_size": (1, 1 << 20), "n_codebooks": (1, 1024),
+    "codebook_size": (2, 1 << 20), "codebook_dim": (1, 1 << 16), "latent_dim": (1, 1 << 16),
+    "samples": (1, 1 << 31), "frames": (1, 1 << 31), "window": (1, 1 << 31),
+    "chunk_step": (1, 1 << 31), "chunk_frames": (1, 1 << 31), "delay": (0, 1 << 31),
+    "positions_per_step": (1, 1 << 20), "context": (1, 1 << 20), "n_semantic": (0, 1024),
+}
+RERUN = "re-export it with this version of codec-export"
+
+
+@dataclass
+class Graph:
+    """One loaded graph: its session, metadata and the provider that actually runs it."""
+
+    path: Path
+    session: ort.InferenceSession
+    meta: dict[str, str]
+
+    @property
+    def provider(self) -> str:
+        return self.session.get_providers()[0]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        inp = self.session.get_inputs()[0]
+        return self.session.run(None, {inp.name: x})[0]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """All outputs, in the graph's output order."""
+        return self.session.run(None, feeds)
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.session.get_outputs()]
+
+    def text(self, key: str) -> str:
+        """Metadata `key`, which must be present."""
+        if key not in self.meta:
+            raise ModelFileError(f"{self.path}: its metadata has no {key!r}; {RERUN}")
+        return self.meta[key]
+
+    def int(self, key: str) -> int:
+        """Metadata `key` as an integer within `INT_RANGES[key]`."""
+        raw = self.text(key)
+        lo, hi = INT_RANGES.get(key, (0, 1 << 62))
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ModelFileError(f"{self.path}: metadata {key}={raw!r} is not an integer; {RERUN}") from None
+        if not lo <= value <= hi:
+            raise ModelFileError(f"{self.path}: metadata {key}={value} is outside [{lo}, {hi}]; "
+                                 f"the file is damaged, {RERUN}")
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...]) -> str:
+        """Metadata `key`, which must be one of `choices`."""
+        value = self.text(key)
+        if value not in choices:
+            raise ModelFileError(f"{self.path}: metadata {key}={value!r} is not one of "
+                                 f"{', '.join(choices)}; {RERUN}")
+        return value
+
+    def shapes(self) -> tuple[list[tuple], list[tuple]]:
+        """Static shapes of the inputs and the outputs, in graph order."""
+        return ([tuple(i.shape) for i in self.session.get_inputs()],
+                [tuple(o.shape) for o in self.session.get_outputs()])
+
+    @property
+    def device(self) -> tuple[str, int]:
+        """(device type, id) for OrtValues and IO binding: where this session's kernels leave
+        their results. Only CUDA is taken off the host; other providers bind host memory."""
+        if self.provider == "CUDAExecutionProvider":
+            opts = self.session.get_provider_options().get(self.provider, {})
+            return "cuda", int(opts.get("device_id", 0))
+        return "cpu", 0
+
+
+def dtype_of(arg: ort.NodeArg, path: Path) -> type:
+    if arg.type not in DTYPES:
+        raise ModelFileError(f"{path}: {arg.name} is a {arg.type}, which codecport does not handle; "
+                             "re-export it")
+    return DTYPES[arg.type]
+
+
+def graph_file(folder: Path, name: str) -> Path | None:
+    """`name`.onnx in `folder`, else `name`.ort; None with neither."""
+    return next((p for p in (folder / f"{name}{s}" for s in SUFFIXES) if p.is_file()), None)
+
+
+def graph_files(folder: Path) -> list[Path]:
+    """The folder's graphs as the runtime loads them: each `.onnx`, and each `.ort` without an
+    `.onnx` beside it."""
+    onnx_files = sorted(folder.glob("*.onnx"))
+    stems = {f.stem for f in onnx_files}
+    return onnx_files + sorted(f for f in folder.glob("*.ort") if f.stem not in stems)
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """Metadata of a graph file (.onnx or .ort), without building a full session for execution."""
+    return open_graph(path, "CPUExecutionProvider").meta
+
+
+def open_graph(path: Path, provider: str, options: dict[str, str] | None = None,
+               threads: int | None = None) -> Graph:
+    """Session for `path` (.onnx, or ORT-format .ort) on `provider` (with `provider_options`
+    overridden by `options`), its CPU kernels on `threads` threads (ORT's default: one per
+    core); a missing or corrupt file is a `ModelFileError`."""
+    if not path.is_file():
+        raise ModelFileError(f"{path}: no such model file; run codec-export first")
+    if path.stat().st_size == 0:
+        raise ModelFileError(f"{path}: the file is empty; re-run codec-export")
+    opts = session_options()
+    if threads:
+        opts.intra_op_num_threads = threads
+    if provider == "DmlExecutionProvider":
+        # DirectML's documented requirements: no memory pattern, sequential execution.
+        opts.enable_mem_pattern = False
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    try:
+        sess = ort.InferenceSession(str(path), opts, providers=[provider],
+                                    provider_options=[provider_options(provider, options)])
+    except Exception as e:  # ORT raises its own untyped Fail/InvalidProtobuf errors
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelFileError(f"{path}: not a loadable model ({first}); re-run codec-export") from e
+    meta = dict(sess.get_modelmeta().custom_metadata_map)
+    if "codec" not in meta:
+        raise ModelFileError(f"{path}: has no codecport metadata; export it with codec-export")
+    if provider not in sess.get_providers():
+        # ORT silently drops a provider whose libraries fail to load.
+        raise ProviderError(f"{provider} failed to initialise for {path.name} (running on "
+                            f"{sess.get_providers()[0]}); check the CUDA/cuDNN install or pass "
+                            "--fallback cpu")
+    for arg in [*sess.get_inputs(), *sess.get_outputs()]:
+        if any(not isinstance(d, int) or d < 1 for d in arg.shape):
+            raise ModelFileError(f"{path}: {arg.name} has the shape {arg.shape}, not a static one; "
+                                 "codecport's graphs have static shapes, re-run codec-export")
+    return Graph(path, sess, meta)
+
+
+class StepRunner:
+    """A streaming step graph with its state carried between calls: each `<state>_out` (and
+    `offset_out`) of one step is the `<state>_in` of the next; `reset()` zeroes it all, which is
+    the initial state the step graphs document in their `initial_state` metadata.
+
+    `io_binding=False` keeps the state as numpy arrays and calls `session.run`. `io_binding=True`
+    keeps it as OrtValues on `graph.device`, in two sets that swap roles every step (one bound as
+    the inputs, the other as the outputs: an output never overwrites the input it is computed
+    from, and nothing is allocated per step); only the step's first input goes in from the host
+    and its first output comes back, into a new array the caller owns. Both give the same bits.
+    """
+
+    def __init__(self, graph: Graph, io_binding: bool):
+        self.graph, self.io_binding = graph, io_binding
+        inputs, outputs = graph.session.get_inputs(), graph.session.get_outputs()
+        self.input, self.output = inputs[0].name, outputs[0]
+        self.out_dtype = dtype_of(self.output, graph.path)
+        self.pairs = [(o.name, o.name[:-len("_out")] + "_in") for o in outputs[1:]]
+        self.states = {i.name: i for i in inputs[1:]}
+        if any(not o.endswith("_out") for o, _ in self.pairs) or {i for _, i in self.pairs} != set(self.states):
+            raise ModelFileError(f"{graph.path}: its state inputs and outputs are not <name>_in/<name>_out "
+                                 "pairs; re-export it")
+        outs = {o.name: o for o in outputs[1:]}
+        for out_name, in_name in self.pairs:
+            if tuple(outs[out_name].shape) != tuple(self.states[in_name].shape):
+                raise ModelFileError(f"{graph.path}: {out_name} {outs[out_name].shape} cannot feed "
+                                     f"{in_name} {self.states[in_name].shape}; re-export it")
+        self.reset()
+
+    def _zeros(self, name: str) -> np.ndarray:
+        arg = self.states[name]
+        return np.zeros(arg.shape, dtype_of(arg, self.graph.path))
+
+    def reset(self) -> None:
+        """Back to the initial state (all zeros)."""
+        if not self.io_binding:
+            self._state = {name: self._zeros(name) for name in self.states}
+            return
+        device, device_id = self.graph.device
+        zeros = {n: ort.OrtValue.ortvalue_from_numpy(self._zeros(n), device, device_id) for n in self.states}
+        spare = {n: ort.OrtValue.ortvalue_from_shape_and_type(a.shape, dtype_of(a, self.graph.path), device,
+                                                              device_id)
+                 for n, a in self.states.items()}
+        self._bindings = [self._bind(zeros, spare), self._bind(spare, zeros)]
+        self._turn = 0
+
+    def _bind(self, src: dict[str, ort.OrtValue], dst: dict[str, ort.OrtValue]) -> ort.IOBinding:
+        """Binding that reads the state from `src` and writes the next one into `dst`."""
+        binding = self.graph.session.io_binding()
+        for out_name, in_name in self.pairs:
+            binding.bind_ortvalue_input(in_name, src[in_name])
+            binding.bind_ortvalue_output(out_name, dst[in_name])
+        return binding
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """The step's first output for its first input `x`; the state moves on one step."""
+        if not self.io_binding:
+            outs = self.graph.session.run(None, {self.input: x, **self._state})
+            self._state = {in_name: v for (_, in_name), v in zip(self.pairs, outs[1:])}
+            return outs[0]
+        binding = self._bindings[self._turn]
+        binding.bind_cpu_input(self.input, np.ascontiguousarray(x))
+        # A new host array each step: the caller keeps it while the next step writes elsewhere.
+        out = np.empty(self.output.shape, self.out_dtype)
+        binding.bind_ortvalue_output(self.output.name, ort.OrtValue.ortvalue_from_numpy(out))
+        self.graph.session.run_with_iobinding(binding)
+        self._turn ^= 1
+        return out

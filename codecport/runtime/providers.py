@@ -1,0 +1,110 @@
+"""ONNX Runtime execution providers: which one runs, with which options and session settings."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import onnxruntime as ort
+
+from ..errors import ProviderError
+
+log = logging.getLogger(__name__)
+
+PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+}
+# What to install for each provider (the error message says it).
+INSTALL = {
+    "cuda": "pip install 'codecport[gpu]' (onnxruntime-gpu; current releases need CUDA 13 and cuDNN 9)",
+    "dml": "pip install onnxruntime-directml (Windows)",
+    "coreml": "the standard onnxruntime wheel on macOS",
+}
+AUTO_ORDER = ("cuda", "dml", "coreml", "cpu")
+# Provider options set by default (overridable, see `provider_options`):
+# - CoreML: ML Program (our graphs are one ML Program partition; NeuralNetwork lacks Sin/Erf...),
+#   static input shapes only (ours are static), every compute unit;
+# - CUDA: exhaustive cuDNN conv algorithm search (fixed shapes: searched once per session).
+DEFAULT_OPTIONS = {
+    "CoreMLExecutionProvider": {"ModelFormat": "MLProgram", "RequireStaticInputShapes": "1",
+                                "MLComputeUnits": "ALL"},
+    "CUDAExecutionProvider": {"cudnn_conv_algo_search": "EXHAUSTIVE"},
+}
+# Keys of the same KEY=VALUE set that codecport reads itself and never hands to ORT, with their
+# defaults (every provider):
+# - io_binding: 1 runs streaming step graphs through IO binding, their state kept between steps as
+#   OrtValues on the provider's device (`Graph.device`: CUDA memory for the CUDA EP), so only the
+#   step's input and output cross to the host; 0 runs them through plain `run` with numpy state.
+#   Bit-identical results either way; 0 is there to rule the binding out when a provider misbehaves.
+# - windows: how many windows of a long signal run at once through the graphs a folder slides
+#   over it (DAC's chunked pair; their windows are independent). `auto` is 2 on the CPU EP with
+#   2 or more cores, each run on half of them, and 1 elsewhere. Two runs keep both cores busy
+#   through the kernels ORT runs on one thread: `Sin` (DAC's Snake) is 15 % of a DAC-44k
+#   decoder's time and does not use the thread pool. Same results either way.
+CODECPORT_OPTIONS = {"io_binding": "1", "windows": "auto"}
+
+
+def provider_options(provider: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """Options for ORT provider `provider`: our defaults, then the caller's overrides, less the
+    `CODECPORT_OPTIONS` keys (ORT refuses keys it does not know for some providers)."""
+    merged = {**DEFAULT_OPTIONS.get(provider, {}), **(overrides or {})}
+    return {k: v for k, v in merged.items() if k not in CODECPORT_OPTIONS}
+
+
+def codecport_option(key: str, overrides: dict[str, str] | None = None) -> bool:
+    """A 0/1 `CODECPORT_OPTIONS` value: its default unless `overrides` set it."""
+    value = str((overrides or {}).get(key, CODECPORT_OPTIONS[key])).strip().lower()
+    if value not in ("0", "1", "false", "true"):
+        raise ProviderError(f"option {key} must be 0 or 1, got {value!r}")
+    return value in ("1", "true")
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def concurrent_windows(provider: str, overrides: dict[str, str] | None = None) -> int:
+    """The `windows` option (see `CODECPORT_OPTIONS`) as a number of windows run at once."""
+    value = str((overrides or {}).get("windows", CODECPORT_OPTIONS["windows"])).strip().lower()
+    if value == "auto":
+        return 2 if provider == "CPUExecutionProvider" and cpu_cores() >= 2 else 1
+    if not value.isdigit() or int(value) < 1:
+        raise ProviderError(f"option windows must be auto or a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
+def session_options() -> ort.SessionOptions:
+    """Session options for every graph; DirectML needs its own (see `open_graph`)."""
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    # Worker threads spin between the kernels of a run (waking a sleeping thread for each of a
+    # step graph's ~600 small kernels cost an int8 Mimi step a fifth of its time), and stop
+    # spinning when the run returns: left spinning, they starve the next session (Mimi runs
+    # encoder and decoder steps back to back; an encode step took 47 ms, not 32, on 2 cores).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    opts.add_session_config_entry("session.force_spinning_stop", "1")
+    return opts
+
+
+def resolve_provider(provider: str, fallback: str | None = None) -> str:
+    """ORT provider name for `cpu|cuda|dml|coreml|auto`, or `ProviderError` saying what to install."""
+    available = ort.get_available_providers()
+    if provider == "auto":
+        return next(PROVIDERS[p] for p in AUTO_ORDER if PROVIDERS[p] in available)
+    if provider not in PROVIDERS:
+        raise ProviderError(f"unknown provider {provider!r}; choose one of "
+                            f"{', '.join([*PROVIDERS, 'auto'])}")
+    if PROVIDERS[provider] in available:
+        return PROVIDERS[provider]
+    if fallback is not None:
+        log.warning("%s is not available here; falling back to %s", PROVIDERS[provider], fallback)
+        return resolve_provider(fallback)
+    raise ProviderError(f"{PROVIDERS[provider]} is not available in this onnxruntime (it has "
+                        f"{', '.join(available)}); install it with {INSTALL[provider]}, "
+                        "or pass --fallback cpu")

@@ -1,0 +1,211 @@
+"""The public Python API, the same for every registered codec: `codecport.load`, the codec's
+surface, `Codes` and its files, streaming where the codec streams, re-exports, and the CLI
+writing what the API writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from conftest import noise
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import codecport
+from codecport import registry
+from codecport.errors import AudioError, CodecportError, CodesError, ExportError
+
+NAMES = registry.names()
+STREAMING = [n for n in NAMES if "step" in {mode for _, mode in registry.get(n).runtime.graphs.values()}]
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def codecs(smoke_exports) -> dict:
+    return {name: codecport.load(str(folder)) for name, folder in smoke_exports.items()}
+
+
+def test_all_is_the_api():
+    assert set(codecport.__all__) >= {"load", "load_codes", "Codes", "Codec", "available_codecs",
+                                      "read_audio", "write_audio", "__version__"}
+    for name in codecport.__all__:
+        assert getattr(codecport, name) is not None
+    assert codecport.available_codecs() == NAMES
+    assert codecport.load.__doc__ and codecport.Codes.__doc__ and codecport.Codec.encode.__doc__
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_load_gives_the_codec_and_its_facts(codecs, smoke_exports, name):
+    codec = codecs[name]
+    manifest = json.loads((smoke_exports[name] / "manifest.json").read_text())
+    assert isinstance(codec, codecport.Codec) and type(codec) is registry.get(name).runtime
+    assert (codec.name, codec.variant, codec.export_id) == (name, manifest["variant"], manifest["export_id"])
+    assert codec.sample_rate == int(manifest["sample_rate"]) and codec.provider == "CPUExecutionProvider"
+    assert codec.frame_rate == pytest.approx(codec.sample_rate / codec.frame_size)
+    assert codec.n_codebooks == manifest["n_codebooks"] and codec.codebook_size == int(manifest["codebook_size"])
+    assert "fixed" in codec.modes and len(codec.modes) == 2
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("channels, rate", [(None, 22050), (2, None)])
+def test_encode_and_decode_any_shape_and_rate(codecs, name, channels, rate):
+    codec = codecs[name]
+    rate = rate or codec.sample_rate
+    n = int(0.05 * rate) + 7
+    audio = noise(n, channels=channels or 1, seed=3)
+    codes = codec.encode(audio[0] if channels is None else audio, rate)
+    assert (codes.codec, codes.sample_rate, codes.num_samples, codes.channels) == (name, rate, n, channels or 1)
+    assert codes.export_id == codec.export_id and codes.mode in codec.modes
+    assert codes.data.shape[1] == codec.codebooks(None) and codes.data.dtype == np.int64
+    out, sr = codec.decode(codes)
+    assert sr == rate and out.shape == (channels or 1, n) and out.dtype == np.float32
+    assert np.isfinite(out).all()
+    bare, sr = codec.decode(codes.data)  # a bare array: the model's rate, every frame's samples
+    assert sr == codec.sample_rate and bare.shape[1] >= n * codec.sample_rate / rate - 1
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_suffix_round_trips(codecs, tmp_path, name):
+    codec = codecs[name]
+    codes = codec.encode(noise(3000, seed=5), 16000)
+    want, sr = codec.decode(codes)
+    for suffix in registry.get(name).suffixes:
+        path = tmp_path / f"codes{suffix}"
+        codes.save(path)
+        got = codecport.load_codes(path)
+        np.testing.assert_array_equal(got.data, codes.data)
+        audio, got_sr = codec.decode(got)
+        if suffix == ".npy":  # bare codes: no length or rate
+            assert got_sr == codec.sample_rate and got.num_samples is None
+        else:
+            assert got_sr == sr and audio.shape == want.shape
+            np.testing.assert_allclose(audio, want, atol=1e-5)  # .dac keeps the loudness as float32
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cli_writes_what_the_api_writes(codecs, smoke_exports, tmp_path, name):
+    """`codec-run encode` (a file read block by block) and `Codec.encode` (an array) give the same
+    codes and fields, resampled or not; `codec-run decode` writes `decode_to_file`'s samples."""
+    codec = codecs[name]
+    for rate in (codec.sample_rate, 44100):
+        wav = tmp_path / f"in{rate}.wav"
+        sf.write(wav, noise(int(0.6 * rate), channels=2, seed=rate).T, rate, subtype="FLOAT")
+        out = tmp_path / f"cli{rate}.npz"
+        proc = subprocess.run([str(BIN / "codec-run"), "encode", str(wav), "-m", str(smoke_exports[name]),
+                               "-o", str(out)], capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        cli_codes = codecport.load_codes(out)
+        api = codec.encode(*codecport.read_audio(wav))
+        assert cli_codes == api.replace(arrays=cli_codes.arrays)
+        np.testing.assert_array_equal(cli_codes.data, api.data)
+        np.testing.assert_array_equal(codec.encode_file(wav).data, api.data)
+        decoded = tmp_path / f"cli{rate}.wav"
+        proc = subprocess.run([str(BIN / "codec-run"), "decode", str(out), "-m", str(smoke_exports[name]),
+                               "-o", str(decoded)], capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        y, sr = sf.read(decoded, dtype="float32", always_2d=True)
+        audio, want_sr = codec.decode(api)
+        assert sr == want_sr == rate
+        np.testing.assert_array_equal(y.T, np.clip(audio, -1, 1))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stream_where_the_codec_streams(codecs, name):
+    codec = codecs[name]
+    if "step" not in codec.modes:
+        with pytest.raises(CodecportError, match="has no streaming step graphs"):
+            codec.stream()
+        return
+    x = noise(20 * codec.frame_size + 5, seed=8)
+    stream = codec.stream()
+    codes = np.concatenate([stream.encode_step(x[0]), stream.flush_encoder()], axis=1)
+    np.testing.assert_array_equal(codes, codec.encode(x, codec.sample_rate, mode="step").data[0])
+    audio = np.concatenate([stream.decode_step(codes), stream.flush_decoder()])
+    np.testing.assert_array_equal(audio, codec.decode(codes, mode="step")[0][0])
+
+
+@pytest.mark.parametrize("name", STREAMING)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cuts=st.lists(st.integers(0, 400), max_size=8))
+def test_any_split_into_pushes_gives_the_same_codes(codecs, name, cuts):
+    """Audio pushed into a stream in pieces of any sizes (empty ones too): the same codes and
+    audio as one push, and nothing comes out before its step is complete."""
+    codec = codecs[name]
+    x = noise(12 * codec.frame_size + 11, seed=9)[0]
+    whole = codec.stream()
+    want = np.concatenate([whole.encode_step(x), whole.flush_encoder()], axis=1)
+    stream, got, fed = codec.stream(), [], 0
+    for cut in [*sorted(cuts), len(x)]:
+        piece = x[fed:max(fed, min(cut, len(x)))]
+        got.append(stream.encode_step(piece))
+        fed += len(piece)
+        assert sum(g.shape[1] for g in got) == fed // stream.step_samples * stream.step_frames
+    got.append(stream.flush_encoder())
+    np.testing.assert_array_equal(np.concatenate(got, axis=1), want)
+    bounds = [0, *sorted(c % (want.shape[1] + 1) for c in cuts), want.shape[1]]
+    out = [stream.decode_step(want[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    audio = np.concatenate([*out, stream.flush_decoder()])
+    np.testing.assert_array_equal(audio, codec.decode(want, mode="step")[0][0])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_input_through_the_api(codecs, name):
+    codec = codecs[name]
+    good = noise(500)
+    for audio, rate, match in [
+        (np.full((1, 500), np.nan, np.float32), 16000, "NaN"),
+        ((good * 32768).astype(np.int16), 16000, "not floats"),
+        (good[None], 16000, "must be"),
+        (np.zeros((1, 0), np.float32), 16000, "no samples"),
+        (good, 0, "sample rate 0"),
+        (good, 16000.5, "sample rate 16000.5"),
+    ]:
+        with pytest.raises(AudioError, match=match):
+            codec.encode(audio, rate)
+    codes = codec.encode(good, 16000)
+    for bad, match in [
+        (codes.data + codec.codebook_size, r"codes must be in \[0,"),
+        (codes.data.astype(np.float32), "integers"),
+        (codes.replace(codec="other"), "these are other codes"),
+        (codes.replace(variant="another"), "made by"),
+        (codes.replace(num_samples=codes.num_samples * 1000), "cannot be"),
+    ]:
+        with pytest.raises(CodesError, match=match):
+            codec.decode(bad)
+    with pytest.raises(CodecportError, match="no sideways mode"):
+        codec.encode(good, 16000, mode="sideways")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reexport_leaves_nothing_of_the_old_export(smoke_exports, tmp_path, name):
+    spec = registry.get(name)
+    folder = tmp_path / "model"
+    export = lambda *extra: subprocess.run([str(BIN / "codec-export"), name, *spec.smoke, *extra, "--random-init",
+                                            "-o", str(folder)], capture_output=True, text=True, timeout=600,
+                                           check=False)
+    assert export("--in-graph-quantizer").returncode == 0
+    (folder / "old_graph.onnx").write_bytes((folder / "encoder.onnx").read_bytes())  # a stale graph
+    proc = export()
+    assert proc.returncode == 0, proc.stderr
+    listed = set(json.loads((folder / "manifest.json").read_text())["files"].values())
+    assert {p.name for p in folder.iterdir()} == listed and "rvq.npz" in listed
+    assert codecport.load(folder).quantizer == "numpy"
+    assert not list(tmp_path.glob(".*.part"))  # no staging folder left beside it
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("not an export")
+    proc = subprocess.run([str(BIN / "codec-export"), name, *spec.smoke, "--random-init", "-o", str(mine)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 1 and "not a codecport export" in proc.stderr
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    with pytest.raises(ExportError, match="not a codecport export"):
+        from codecport.export.graph import export_folder
+
+        with export_folder(mine):
+            pass

@@ -1,0 +1,134 @@
+"""What every command promises, for every registered codec: --version, results on stdout and
+diagnostics on stderr, the output suffix checked before any model is loaded, one line for any
+failure (`error:` exit 1; `internal error:` exit 2, the traceback only with -v), and checkpoints
+that are not checkpoints, or describe absurd models, refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from click.testing import CliRunner
+from conftest import noise
+
+from codecport import __version__, registry
+from codecport.cli import export_cli, run_cli
+
+BIN = Path(sys.executable).parent
+NAMES = registry.names()
+
+
+def run(tool: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def one_line_error(proc, prefix: str = "error:") -> str:
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines and lines[-1].startswith(prefix), proc.stderr
+    return lines[-1]
+
+
+@pytest.mark.parametrize("tool", ["codec-export", "codec-run"])
+def test_version(tool):
+    proc = run(tool, "--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"{tool}, version {__version__}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_results_on_stdout_diagnostics_on_stderr(smoke_exports, tmp_path, name):
+    wav = tmp_path / "in.wav"
+    sf.write(wav, noise(3000).T, 11025, subtype="FLOAT")  # resampled: a diagnostic
+    proc = run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", tmp_path / "c.npz")
+    assert proc.returncode == 0, proc.stderr
+    assert "resampling 11025 Hz" in proc.stderr and "resampling" not in proc.stdout
+    assert proc.stdout.splitlines()[-1] == f"wrote {tmp_path / 'c.npz'}"
+    info = json.loads(run("codec-run", "info", smoke_exports[name], "--json").stdout)
+    assert info["manifest"]["codec"] == name and info["graphs"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_output_suffix_is_checked_before_the_model_is_loaded(smoke_exports, tmp_path, name):
+    """The folder's graphs are garbage here, so loading a model would fail: the suffix error
+    comes first because nothing is loaded before it is checked."""
+    model = tmp_path / "model"
+    shutil.copytree(smoke_exports[name], model)
+    for graph in model.glob("*.onnx"):
+        graph.write_bytes(b"garbage")
+    wav = tmp_path / "in.wav"
+    sf.write(wav, noise(300).T, 16000)
+    line = one_line_error(run("codec-run", "encode", wav, "-m", model, "-o", tmp_path / "c.flac"))
+    assert "codes are written as" in line
+    np.save(tmp_path / "c.npy", np.zeros((1, 1, 2), np.int64))
+    line = one_line_error(run("codec-run", "decode", tmp_path / "c.npy", "-m", model, "-o", tmp_path / "o.mp5"))
+    assert "not an audio format codecport writes" in line
+    line = one_line_error(run("codec-run", "decode", tmp_path / "c.npy", "-m", model, "-o", tmp_path / "o.wav"))
+    assert "not a loadable model" in line and not (tmp_path / "o.wav").exists()
+
+
+def test_an_unexpected_failure_is_one_line_and_exit_2(monkeypatch, tmp_path):
+    def boom(*args, **kwargs):
+        raise RuntimeError("something codecport did not expect\nsecond line")
+
+    monkeypatch.setattr(registry, "codec_of_folder", boom)
+    args = ["decode", str(tmp_path / "c.npy"), "-m", str(tmp_path), "-o", str(tmp_path / "o.wav")]
+    result = CliRunner().invoke(run_cli, args)
+    assert result.exit_code == 2
+    assert result.output.strip() == ("internal error: RuntimeError: something codecport did not expect; "
+                                     "rerun with -v for the traceback, and please report it")
+    result = CliRunner().invoke(run_cli, [*args, "-v"])
+    assert result.exit_code == 2 and "Traceback" in result.output and "in boom" in result.output
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_wav_as_weights_is_refused_in_one_line(tmp_path, name):
+    for suffix in (".pth", ".safetensors", ".wav"):
+        path = tmp_path / f"weights{suffix}"
+        sf.write(path, noise(1000).T, 16000, format="WAV")
+        out = tmp_path / "out"
+        line = one_line_error(run("codec-export", name, "--variant", "tiny", "--len", 960, "--weights", path,
+                                  "-o", out))
+        assert str(path) in line and not out.exists()
+
+
+def test_an_absurd_dac_config_is_refused_before_a_model_is_built(tmp_path):
+    from codecport.models.dac_config import PRESETS
+
+    kwargs = {**PRESETS["tiny"].to_kwargs(), "encoder_dim": 4096, "decoder_dim": 16384, "latent_dim": 16384}
+    path = tmp_path / "huge.pth"
+    torch.save({"state_dict": {"x": torch.zeros(1)}, "metadata": {"kwargs": kwargs}}, path)
+    line = one_line_error(run("codec-export", "dac", "--len", 600, "--weights", path, "-o", tmp_path / "o"))
+    assert "G parameters" in line or "outside" in line
+    kwargs = {**PRESETS["tiny"].to_kwargs(), "encoder_rates": "abc"}
+    torch.save({"state_dict": {"x": torch.zeros(1)}, "metadata": {"kwargs": kwargs}}, path)
+    assert "not DAC's" in one_line_error(run("codec-export", "dac", "--len", 600, "--weights", path,
+                                             "-o", tmp_path / "o"))
+
+
+def test_an_absurd_mimi_config_is_refused_before_a_model_is_built(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "mimi", "hidden_size": 8192,
+                                                    "num_hidden_layers": 128, "intermediate_size": 65536}))
+    (folder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    line = one_line_error(run("codec-export", "mimi", "--len", 960, "--weights", folder, "-o", tmp_path / "o"))
+    assert "G parameters" in line
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_export_help_needs_no_torch(name):
+    """--help is built from the registry and the torch-free config modules."""
+    code = ("import sys\nsys.modules['torch'] = None\nsys.modules['onnx'] = None\n"
+            f"from codecport.cli import export_cli\nexport_cli.main(['{name}', '--help'])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "--variant" in proc.stdout and all(p in proc.stdout for p in registry.get(name).presets)
+    assert export_cli.commands[name].name == name
