@@ -181,21 +181,25 @@ export_cli()"
     local variant="import sys; from pathlib import Path; from codecport.export.variants import Shaping, \
 variant_of_folder; variant_of_folder(Path(sys.argv[1]), Path(sys.argv[2]), Shaping('cuda', 'fp16'))"
     {
-        # Seeded random weights: speed does not depend on their values. 1 s per call keeps the
-        # exports (every graph validated against torch on the CPU) inside the budget: on the
-        # 2-core dev machine DAC took 38 s, its fp16 variant 128 s, Mimi 26 s.
-        timeout "$(left)" python3 -c "$export_cli" dac --variant 44khz --len 44100 \
-            --random-init --target cuda -o "$work/dac-44khz-fp32" ||
-            echo "DAC export failed or ran out of time"
-        timeout "$(left)" python3 -c "$export_cli" mimi --len 24000 \
-            --random-init --target cuda -o "$work/mimi-fp32" || echo "Mimi export failed or ran out of time"
+        # Seeded random weights: speed does not depend on their values. Each registered codec's
+        # default preset at 1 s per call keeps the exports (every graph validated against torch
+        # on the CPU) inside the budget: on the 2-core dev machine DAC-44k took 38 s, its fp16
+        # variant 128 s, Mimi 26 s.
+        local name preset rate
+        while read -r name preset rate; do
+            timeout "$(left)" python3 -c "$export_cli" "$name" --variant "$preset" --len "$rate" \
+                --random-init --target cuda -o "$work/$name-$preset-fp32" ||
+                echo "$name export failed or ran out of time"
+        done < <(python3 -c 'from codecport import registry
+for c in registry.codecs():
+    print(c.name, c.default_variant, c.presets[c.default_variant].sample_rate)')
         # fp16 from the fp32 folders without a second trace (as codec-bench --precision does),
         # keeping 90 s for the check.
-        local name
-        for name in dac-44khz mimi; do
-            [ -f "$work/$name-fp32/manifest.json" ] || continue
-            timeout "$(left 90)" python3 -c "$variant" "$work/$name-fp32" "$work/$name-fp16" ||
-                echo "$name fp16 variant failed or ran out of time"
+        local fp32
+        for fp32 in "$work"/*-fp32; do
+            [ -f "$fp32/manifest.json" ] || continue
+            timeout "$(left 90)" python3 -c "$variant" "$fp32" "${fp32%-fp32}-fp16" ||
+                echo "$(basename "$fp32") fp16 variant failed or ran out of time"
         done
         local folders
         folders=$(find "$work" -mindepth 2 -maxdepth 2 -name manifest.json -printf '%h\n' | sort)
