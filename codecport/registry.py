@@ -53,7 +53,8 @@ class CodecSpec:
     # `RELEASES` (released weights by name); no torch
     model: str  # module with `MODEL` (the torch reference class) and `init_random(model, seed)`
     weights: str  # module with `load(weights, variant, revision) -> (model, sha256)`
-    export: str  # module with `export_cli(model, args) -> report`, `describe(report)`, `hooks(manifest)`
+    export: str  # module with `export(model, out_dir, length, options=..., ...) -> report`,
+    # `describe(report)` (the CLI's lines) and `hooks(manifest)` (how the variants run it)
     bench: str  # module with the codec's bench hooks (see bench/cli.py)
     default_variant: str  # the preset used when none is named
     export_options: tuple[Option, ...] = ()

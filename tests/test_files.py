@@ -302,3 +302,41 @@ def test_a_wav_past_4_gib_is_written_as_rf64(tmp_path):
     assert info.format == "RF64" and info.frames == 1500 and info.subtype == "FLOAT"
     y, _ = sf.read(tmp_path / "big.wav", dtype="float32", always_2d=True)
     np.testing.assert_array_equal(y.T, np.concatenate(pieces, axis=1))
+
+
+# ---- checkpoint configs --------------------------------------------------------------------
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40) | st.floats(allow_nan=True)
+                       | st.text(max_size=5), lambda inner: st.lists(inner, max_size=4), max_leaves=6)
+
+
+@FAST
+@given(conf=st.dictionaries(st.sampled_from(
+    ["sampling_rate", "upsampling_ratios", "hidden_size", "num_filters", "num_hidden_layers", "_frame_rate",
+     "intermediate_size", "num_attention_heads", "sliding_window", "codebook_size", "num_quantizers",
+     "rope_parameters", "vector_quantization_hidden_dimension", "kernel_size", "compress"]), JSONISH, max_size=6))
+def test_any_mimi_config_json_is_a_config_or_one_checkpoint_error(conf):
+    from codecport.errors import CheckpointError
+    from codecport.models.mimi_weights import config_from_transformers
+
+    try:
+        cfg = config_from_transformers(conf, "config.json")
+    except CheckpointError as e:
+        assert "\n" not in str(e)
+        return
+    assert cfg.approx_params() <= 2_000_000_000
+
+
+@FAST
+@given(kwargs=st.dictionaries(st.sampled_from(
+    ["sample_rate", "encoder_dim", "encoder_rates", "latent_dim", "decoder_dim", "decoder_rates",
+     "n_codebooks", "codebook_size", "codebook_dim"]), JSONISH, max_size=6))
+def test_any_dac_metadata_kwargs_are_a_config_or_one_config_error(kwargs):
+    from codecport.errors import ConfigError
+    from codecport.models.dac_config import DacConfig
+
+    try:
+        cfg = DacConfig.from_kwargs(kwargs)
+    except ConfigError as e:
+        assert "\n" not in str(e)
+        return
+    assert cfg.approx_params() <= 2_000_000_000 and cfg.hop_length >= 1

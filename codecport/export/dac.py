@@ -251,7 +251,7 @@ def export(model: DAC, out_dir: Path, length: int | None, *, options: dict, **co
 def describe(report: dict) -> list[str]:
     """What `codec-export dac` prints about the geometry."""
     geo = report["geometry"]
-    return [f"  fixed graphs  : {geo['samples']} samples <-> {geo['frames']} frames "
-            f"(decoder gives {geo['samples_out']} samples)",
-            f"  chunked graphs: window {geo['window']} samples -> {geo['chunk_frames']} frames, "
-            f"step {geo['chunk_step']} samples, delay {geo['delay']}"]
+    return [(f"  fixed graphs  : {geo['samples']} samples <-> {geo['frames']} frames "
+             f"(decoder gives {geo['samples_out']} samples)"),
+            (f"  chunked graphs: window {geo['window']} samples -> {geo['chunk_frames']} frames, "
+             f"step {geo['chunk_step']} samples, delay {geo['delay']}")]

@@ -51,6 +51,9 @@ def transformers_folder(path: Path) -> tuple[dict, list[Path]]:
         raise CheckpointError(f"{path}: a transformers checkpoint needs config.json and "
                               "*.safetensors in one folder")
     try:
-        return json.loads((folder / "config.json").read_text()), files
+        conf = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{folder}/config.json: unreadable ({e})") from e
+    if not isinstance(conf, dict):
+        raise CheckpointError(f"{folder}/config.json: not a config (a JSON object of settings)")
+    return conf, files

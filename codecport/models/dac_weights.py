@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from .checkpoint import load_state, read_safetensors, transformers_folder
 from .dac import DAC, PRESETS, DacConfig
 from .dac_config import RELEASES
@@ -142,11 +142,15 @@ def read_transformers(path: Path) -> tuple[dict[str, torch.Tensor], DacConfig]:
     sd = read_safetensors(files)
     if conf.get("model_type", "dac") != "dac":
         raise CheckpointError(f"{path}: config.json is for model_type {conf['model_type']!r}, not dac")
-    rates = tuple(conf.get("downsampling_ratios", (2, 4, 8, 8)))
-    enc_dim = conf.get("encoder_hidden_size", 64)
+    try:
+        rates = tuple(conf.get("downsampling_ratios", (2, 4, 8, 8)))
+        enc_dim = int(conf.get("encoder_hidden_size", 64))
+        latent = conf.get("hidden_size", enc_dim * 2 ** min(len(rates), 16))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: config.json is not DAC's ({e})") from e
     cfg = DacConfig.from_kwargs({
         "sample_rate": conf.get("sampling_rate", 16000), "encoder_dim": enc_dim,
-        "encoder_rates": rates, "latent_dim": conf.get("hidden_size", enc_dim * 2 ** len(rates)),
+        "encoder_rates": rates, "latent_dim": latent,
         "decoder_dim": conf.get("decoder_hidden_size", 1536),
         "decoder_rates": conf.get("upsampling_ratios", rates[::-1]),
         "n_codebooks": conf.get("n_codebooks", 9), "codebook_size": conf.get("codebook_size", 1024),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from .checkpoint import load_state, read_safetensors, transformers_folder
 from .hub import hf_file, resolve, sha256_file
 from .mimi import PRESETS, MimiConfig, MimiModel
@@ -110,6 +110,13 @@ def config_from_transformers(conf: dict, source: str) -> MimiConfig:
         if conf.get(key, want) != want:
             raise CheckpointError(f"{source}: config {key}={conf[key]!r} is not supported "
                                   f"(Mimi uses {want!r})")
+    try:
+        return _config(conf, heads)
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as e:
+        raise ConfigError(f"{source}: config.json is not Mimi's ({e})") from e
+
+
+def _config(conf: dict, heads: int) -> MimiConfig:
     sr, ratios = conf.get("sampling_rate", 24000), conf.get("upsampling_ratios") or [8, 6, 5, 4]
     # transformers saves `_frame_rate: null` unless one was given and then derives the rate from a
     # stride-2 downsample (its `frame_size`); a fixed 12.5 Hz fits the released ratios only.

@@ -109,6 +109,20 @@ class FileSource:
             raise AudioError(f"{self.path}: contains no samples; pass a non-empty recording")
 
 
+class Counted:
+    """A source whose blocks are counted as they are read: `counted` samples at its own rate
+    (a file's header may promise more than it holds)."""
+
+    def __init__(self, source):
+        self.source, self.counted = source, 0
+        self.sample_rate, self.channels, self.frames = source.sample_rate, source.channels, source.frames
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        for b in self.source.blocks():
+            self.counted += b.shape[1]
+            yield b
+
+
 def resampled(blocks: Iterable[np.ndarray], sr_in: int, sr_out: int, channels: int) -> Iterator[np.ndarray]:
     """Blocks `[channels, n]` at `sr_in` as blocks at `sr_out` (soxr VHQ, streamed: the same
     samples as one `soxr.resample` call over the whole signal, whatever the blocks)."""

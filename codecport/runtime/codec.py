@@ -119,6 +119,7 @@ class Codec(GraphFolder):
         returns (channels, samples, sample rate)."""
         path = Path(path)
         audio_format(path)
+        path.parent.mkdir(parents=True, exist_ok=True)  # the loudness pass spills beside it
         pieces, sr, total = self.decode_pieces(codes, mode=mode, progress=progress, spill=path.parent)
         channels, samples = write_audio_pieces(path, pieces, sr, total)
         return channels, samples, sr
@@ -132,8 +133,8 @@ class Codec(GraphFolder):
         pieces = self.raw_pieces(codes, self.check_mode(mode), progress)
         if codes.loudness_db is not None:
             pieces = self._restore_loudness(pieces, codes.loudness_db, codes.channels, spill)
-        if codes.sample_rate is None:
-            return pieces, self.sample_rate, None
+        if codes.sample_rate is None:  # the total is at most every frame's samples
+            return pieces, self.sample_rate, codes.n_frames[0] * self.frame_size
         pieces = resampled(pieces, self.sample_rate, codes.sample_rate, codes.channels)
         return _exactly(pieces, codes.num_samples, codes.channels), codes.sample_rate, codes.num_samples
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from ..errors import CodesError, ModelFileError
 from ..registry import CodecSpec, CodeFormat, Option, register
+from .audio import Counted
 from .codec import Codec
 from .codes import Codes
 from .dacfile import load_dac, save_dac
@@ -52,7 +53,7 @@ class DacCodec(Codec):
         else:
             samples = g.int("window") if role == "encoder" else g.int("chunk_step")
             frames = g.int("chunk_frames")
-            g.int("delay")
+            g.int("delay")  # read when the long audio is padded: refused now if it is bad
         audio, codes = (1, 1, samples), (1, width, frames)
         want = ([audio], [codes]) if role == "encoder" else ([codes], [audio])
         if g.shapes() != want:
@@ -77,7 +78,7 @@ class DacCodec(Codec):
     def encode_source(self, source, n_codebooks, mode, progress) -> Codes:
         k = self.codebooks(n_codebooks)
         meter, peak, n = LoudnessMeter(self.sample_rate, source.channels), np.zeros(source.channels), 0
-        counted = _Counter(source)
+        counted = Counted(source)
         for block in self.model_rate(counted):
             meter.push(block)
             peak = np.maximum(peak, np.abs(block).max(axis=1))
@@ -98,7 +99,7 @@ class DacCodec(Codec):
         else:
             codes = self._encode_chunked(blocks, n, k, progress)
             fields = {"mode": "chunked", "chunk_frames": self.graph("encoder_chunked").int("chunk_frames")}
-        return self.codes([codes], source, counted.n, loudness_db=meter.result(), **fields)
+        return self.codes([codes], source, counted.counted, loudness_db=meter.result(), **fields)
 
     def _encode_chunked(self, blocks: Iterator[np.ndarray], n: int, k: int, progress: bool) -> np.ndarray:
         """Official chunked-`compress` codes `[C, K, n_chunks * chunk_frames]` of `n` samples."""
@@ -163,18 +164,6 @@ class DacCodec(Codec):
 
 def raise_shape(g: Graph, why: str) -> None:
     raise ModelFileError(f"{g.path}: {why}; the file is damaged, re-export the folder")
-
-
-class _Counter:
-    """A source whose blocks are counted as they are read (`n`: samples at its own rate)."""
-
-    def __init__(self, source):
-        self.source, self.sample_rate, self.channels, self.n = source, source.sample_rate, source.channels, 0
-
-    def blocks(self) -> Iterator[np.ndarray]:
-        for b in self.source.blocks():
-            self.n += b.shape[1]
-            yield b
 
 
 def _windows(blocks: Iterator[np.ndarray], starts: range, window: int, step: int,

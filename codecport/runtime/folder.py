@@ -75,7 +75,7 @@ class GraphFolder:
         manifest = read_manifest(self.dir)
         self._manifest_id = None if manifest is None else str(manifest.get("export_id"))
         if manifest is not None and manifest["codec"] != self.name:
-            raise ModelFileError(f"{self.dir}/{'manifest.json'} is for {manifest['codec']}, not "
+            raise ModelFileError(f"{self.dir / MANIFEST} is for {manifest['codec']}, not "
                                  f"{self.name}; re-export the folder")
         self.provider = resolve_provider(provider, fallback)
         self.windows = concurrent_windows(self.provider, self.options)

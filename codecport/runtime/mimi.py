@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..errors import AudioError, CodesError, ModelFileError
 from ..registry import CodecSpec, Option, register
+from .audio import Counted
 from .codec import Codec
 from .codes import Codes
 from .graph import Graph, StepRunner
@@ -98,7 +99,7 @@ class MimiCodec(Codec):
         if mode == "fixed":
             self.graph("encoder")  # refuses, saying what to do, when there is none
         limit = self.graph("encoder").int("samples") if "encoder" in self.present and mode != "step" else 0
-        counter = _Counted(source)
+        counter = Counted(source)
         blocks = self.model_rate(counter)
         # Read up to one sample past the fixed graph: whatever fits goes through it in one call.
         head, n, fits = [], 0, True
@@ -158,19 +159,6 @@ class MimiCodec(Codec):
     def stream(self, n_codebooks: int | None = None, io_binding: bool | None = None) -> MimiStream:
         """A live stream through the step graphs (see `MimiStream`)."""
         return MimiStream(self, n_codebooks, io_binding)
-
-
-class _Counted:
-    """A source whose input samples are counted as they are read (`counted`, at its rate)."""
-
-    def __init__(self, source):
-        self.source, self.counted = source, 0
-        self.sample_rate, self.channels = source.sample_rate, source.channels
-
-    def blocks(self) -> Iterator[np.ndarray]:
-        for b in self.source.blocks():
-            self.counted += b.shape[1]
-            yield b
 
 
 class MimiStream:
