@@ -340,3 +340,17 @@ def test_any_dac_metadata_kwargs_are_a_config_or_one_config_error(kwargs):
         assert "\n" not in str(e)
         return
     assert cfg.approx_params() <= 2_000_000_000 and cfg.hop_length >= 1
+
+
+def test_the_loudness_meter_holds_no_block_of_samples():
+    """It keeps a running sum per gating-block edge, not the blocks it saw: an hour of audio
+    leaves it a few hundred kB, whatever the block size."""
+    from codecport.runtime.loudness import LoudnessMeter
+
+    meter = LoudnessMeter(16000, 2)
+    block = np.random.default_rng(0).standard_normal((2, 1 << 16)).astype(np.float32) * 0.1
+    for _ in range(30):  # 2 minutes
+        meter.push(block)
+    held = sum(v.nbytes if v.base is None else v.base.nbytes for v in meter.at.values())
+    assert len(meter.at) > 1000 and held < 100_000
+    assert -30 < meter.result() < 0

@@ -59,8 +59,8 @@ class LoudnessMeter:
         j = self.next_j
         while (edges := self._bounds(j))[0] <= end:
             for edge in edges:
-                if self.n < edge <= end:
-                    self.at[edge] = sums[:, edge - self.n - 1]
+                if self.n < edge <= end:  # a copy: a view would keep this block's sums alive
+                    self.at[edge] = sums[:, edge - self.n - 1].copy()
             if j == self.next_j and edges[1] <= end:
                 self.next_j += 1
             j += 1
