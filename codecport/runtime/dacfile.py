@@ -18,6 +18,7 @@ import numpy as np
 from ..atomic import atomic_path
 from ..errors import CodesError
 from .codes import Codes
+from .npyfile import read_header
 
 DAC_VERSION = "1.0.0"
 _META_TYPES = {"input_db": (float,), "original_length": (int,), "sample_rate": (int,),
@@ -133,23 +134,20 @@ def load_dac(path: Path) -> Codes:
 
 
 def _restricted_load(path: Path):
+    if path.stat().st_size > MAX_BYTES:
+        raise CodesError(f"{path}: {path.stat().st_size / 2**20:.0f} MiB is more than a .dac file holds")
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise CodesError(f"{path}: {path.stat().st_size / 2**20:.0f} MiB is more than a .dac file holds")
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                           (2, 0): np.lib.format.read_array_header_2_0}.get(version)
-            if read_header is None:
-                raise CodesError(f"{path}: unsupported .npy format version {version}")
-            shape, _, dtype = read_header(f)
+            shape, dtype, _ = read_header(f, str(path), CodesError, objects=True)
             if dtype != np.dtype(object) or shape != ():
                 raise CodesError(f"{path}: not a .dac file (an array of {dtype}, not a dict)")
-            # np.save pickles the 0-d object array itself; its single item is the dict.
-            return _NumpyOnly(io.BytesIO(f.read())).load()[()]
-    except CodesError:
-        raise
+            data = f.read()
+    except OSError as e:
+        raise CodesError(f"{path}: cannot read it ({e.strerror or e})") from e
+    try:
+        # np.save pickles the 0-d object array itself; its single item is the dict.
+        return _NumpyOnly(io.BytesIO(data)).load()[()]
     except pickle.UnpicklingError as e:
-        raise CodesError(f"{path}: refused: the file holds more than arrays and plain values ({e})")
-    except (OSError, ValueError, EOFError, TypeError, AttributeError) as e:
-        raise CodesError(f"{path}: not a readable .dac file ({e})") from e
+        raise CodesError(f"{path}: refused: the file holds more than arrays and plain values ({e})") from None
+    except Exception as e:  # noqa: BLE001 (damaged pickle data fails in many ways; all mean "not a .dac")
+        raise CodesError(f"{path}: not a readable .dac file ({type(e).__name__}: {e})") from None

@@ -10,6 +10,7 @@ Object arrays (pickles) are refused outright.
 from __future__ import annotations
 
 import math
+import tokenize
 import zipfile
 from pathlib import Path
 from typing import BinaryIO
@@ -24,7 +25,10 @@ MAX_BYTES = 4 << 30  # one array; codes of 10 hours of DAC-44k are 225 MB as int
 MAX_RATIO, SMALL = 200, 64 << 20
 
 
-def _header(f: BinaryIO, what: str, error: type[CodecportError]) -> tuple[tuple[int, ...], np.dtype, bool]:
+def read_header(f: BinaryIO, what: str, error: type[CodecportError],
+                objects: bool = False) -> tuple[tuple[int, ...], np.dtype, bool]:
+    """(shape, dtype, fortran order) of the `.npy` header at `f`, or `error`. Object arrays
+    (pickles) are refused unless `objects` (the `.dac` reader unpickles them its own way)."""
     try:
         version = np.lib.format.read_magic(f)
         read = {(1, 0): np.lib.format.read_array_header_1_0,
@@ -32,9 +36,10 @@ def _header(f: BinaryIO, what: str, error: type[CodecportError]) -> tuple[tuple[
         if read is None:
             raise ValueError(f"unsupported .npy format version {version}")
         shape, fortran, dtype = read(f)
-    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as e:
-        raise error(f"{what}: not a readable .npy array ({e})") from e
-    if dtype.hasobject:
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError, MemoryError, tokenize.TokenError) as e:
+        # numpy parses the header with Python's own tokenizer: a damaged one fails in its terms
+        raise error(f"{what}: not a readable .npy array ({type(e).__name__}: {e})") from None
+    if dtype.hasobject and not objects:
         raise error(f"{what}: holds Python objects (a pickle), which codecport does not load")
     return tuple(int(d) for d in shape), dtype, bool(fortran)
 
@@ -43,7 +48,7 @@ def _read_array(f: BinaryIO, what: str, data_bytes: int, error: type[CodecportEr
                 max_bytes: int) -> np.ndarray:
     """The array whose header starts at `f`, given that `data_bytes` follow the header."""
     start = f.tell()
-    shape, dtype, fortran = _header(f, what, error)
+    shape, dtype, fortran = read_header(f, what, error)
     want = math.prod(shape) * dtype.itemsize
     have = data_bytes - (f.tell() - start)
     if want > max_bytes:
