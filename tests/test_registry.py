@@ -56,7 +56,8 @@ def test_the_declaration_matches_the_layers(codec):
     assert callable(model.init_random) and issubclass(model.MODEL, object) and callable(weights.load)
     for hook in ("export", "describe", "hooks"):
         assert callable(getattr(exporter, hook)), f"export/{codec}.py has no {hook}()"
-    for hook in ("clip_samples", "export_options", "skip", "torch_encode", "transformers_model", "long_frames"):
+    for hook in ("clip_samples", "export_options", "skip", "torch_encode", "transformers_model", "long_frames",
+                 "long_fields"):
         assert callable(getattr(bench, hook)), f"bench/{codec}.py has no {hook}()"
     assert spec.runtime.spec is spec and spec.runtime.name == codec
     assert spec.smoke and spec.suffixes[:2] == (".npy", ".npz")

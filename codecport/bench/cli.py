@@ -132,6 +132,7 @@ def _table(report: dict) -> list[str]:
         d = m.get("direction", "decode")
         ref = first.setdefault(d, m)
         what = "of a 44.1 kHz stereo WAV" if d == "encode" else f"({m['output_mb']:.0f} MB of audio written)"
+        what += "" if d == "encode" else f" from {m['from']}"
         ratio = f" ({m['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x the {ref['minutes']:g} min run)" if m is not ref else ""
         lines.append(f"codec-run {d} of {m['minutes']:g} min {what}: peak RSS {m['peak_rss_mb']:.0f} MB"
                      f"{ratio}, {m['seconds']:.1f} s")

@@ -33,6 +33,11 @@ def long_frames(manifest: dict, n: int) -> int:
     return -(-n // geo["chunk_step"]) * geo["chunk_frames"]
 
 
+def long_fields(manifest: dict) -> dict:
+    """What chunked codes of long audio carry besides their length and rate (see `Codes`)."""
+    return {"mode": "chunked", "chunk_frames": manifest["geometry"]["chunk_frames"], "loudness_db": -20.0}
+
+
 def export_options(frames: int) -> dict:
     return {}
 

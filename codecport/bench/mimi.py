@@ -29,6 +29,11 @@ def long_frames(manifest: dict, n: int) -> int:
     return -(-n // int(manifest["frame_size"]))
 
 
+def long_fields(manifest: dict) -> dict:
+    """What codes of long audio carry besides their length and rate (see `Codes`)."""
+    return {"mode": "step"}
+
+
 def export_options(frames: int) -> dict:
     return {"frames": frames}
 

@@ -124,8 +124,9 @@ def run_transformers(job: dict) -> dict:
 
 
 def run_memory(job: dict) -> dict:
-    """`codec-run decode` of random codes, or `codec-run encode` of a 44.1 kHz stereo WAV
-    (`direction`), `minutes` long, in this process: its peak RSS is the command's."""
+    """`codec-run decode` of random codes in the codec's own file, or `codec-run encode` of a
+    44.1 kHz stereo WAV (`direction`), `minutes` long, in this process: its peak RSS is the
+    command's."""
     import soundfile as sf
 
     from ..cli import run_cli
@@ -146,18 +147,25 @@ def run_memory(job: dict) -> dict:
         args = ["encode", str(wav), "-m", str(folder / "model"), "-o", str(out / f"codes{spec.suffixes[-1]}")]
         written = out / f"codes{spec.suffixes[-1]}"
     else:
-        n = round(job["minutes"] * 60 * int(meta["sample_rate"]))
-        frames = spec.module("bench").long_frames(meta, n)
+        # Codes in the codec's own file (DAC: .dac), as encode writes them, so that the original
+        # length, rate and loudness are restored on the way out as they would be.
+        from ..runtime.codes import Codes
+
+        rate = int(meta["sample_rate"])
+        n = round(job["minutes"] * 60 * rate)
+        hooks = spec.module("bench")
         k = min(8, int(meta["n_codebooks"]))
-        codes = np.random.default_rng(0).integers(0, int(meta["codebook_size"]), (1, k, frames))
-        np.save(out / "codes.npy", codes)
+        codes = np.random.default_rng(0).integers(0, int(meta["codebook_size"]), (1, k, hooks.long_frames(meta, n)))
+        source = out / f"codes{spec.suffixes[-1]}"
+        Codes((codes,), codec=spec.name, sample_rate=rate, num_samples=n, **hooks.long_fields(meta)).save(source)
         del codes
-        args = ["decode", str(out / "codes.npy"), "-m", str(folder / "model"), "-o", str(out / "decoded.wav")]
+        args = ["decode", str(source), "-m", str(folder / "model"), "-o", str(out / "decoded.wav")]
         written = out / "decoded.wav"
     t0 = time.perf_counter()
     run_cli.main(args, standalone_mode=False)
     return {"minutes": job["minutes"], "direction": job.get("direction", "decode"),
-            "seconds": time.perf_counter() - t0, "output_mb": written.stat().st_size / 2 ** 20}
+            "seconds": time.perf_counter() - t0, "output_mb": written.stat().st_size / 2 ** 20,
+            "from": Path(args[1]).suffix}
 
 
 def main() -> None:
