@@ -2,11 +2,12 @@
 else (the CLI, the bench, the demo, the export variants, the GPU check) iterates over it.
 
 A declaration is a `CodecSpec` passed to `register()` at the bottom of `runtime/<codec>.py`.
-It names the codec's layers by module path, so reading the registry needs neither torch nor
-onnx: `models/<codec>_config.py` (the config class and presets, torch-free), `models/<codec>.py`
-(the torch reference), `models/<codec>_weights.py` (checkpoint loaders), `export/<codec>.py`
-(the exporter), `bench/<codec>.py` (its bench contenders). Adding a codec is those files plus
-its `register()` call; the registry finds it by importing every module of `codecport.runtime`.
+It names the codec's other layers by module path (by default the layout's own names), so
+reading the registry needs neither torch nor onnx: `models/<codec>_config.py` (the config class
+and presets, torch-free), `models/<codec>.py` (the torch reference), `models/<codec>_weights.py`
+(checkpoint loaders), `export/<codec>.py` (the exporter), `bench/<codec>.py` (its bench and demo
+hooks). Adding a codec is those files plus its `register()` call; the registry finds it by
+importing every module of `codecport.runtime`.
 """
 
 from __future__ import annotations
@@ -49,17 +50,26 @@ class CodeFormat:
 @dataclass(frozen=True)
 class CodecSpec:
     runtime: type  # the `Codec` subclass; its `name` and `label` name the codec
-    config: str  # module with `PRESETS` (name -> config), `CONFIG` (the config class) and
-    # `RELEASES` (released weights by name); no torch
-    model: str  # module with `MODEL` (the torch reference class) and `init_random(model, seed)`
-    weights: str  # module with `load(weights, variant, revision) -> (model, sha256)`
-    export: str  # module with `export(model, out_dir, length, options=..., ...) -> report`,
-    # `describe(report)` (the CLI's lines) and `hooks(manifest)` (how the variants run it)
-    bench: str  # module with the codec's bench hooks (see bench/cli.py)
     default_variant: str  # the preset used when none is named
     export_options: tuple[Option, ...] = ()
     formats: tuple[CodeFormat, ...] = ()
     smoke: tuple[str, ...] = ()  # codec-export arguments for a small export with every graph
+    # The codec's other layers, by module path; left empty, the layout's own names for `name`:
+    config: str = ""  # models/<name>_config.py: `PRESETS` (name -> config), `CONFIG` (the config
+    # class), `RELEASES` (released weights by name); no torch
+    model: str = ""  # models/<name>.py: `MODEL` (the torch reference class), `init_random(model, seed)`
+    weights: str = ""  # models/<name>_weights.py: `load(weights, variant, revision) -> (model, sha256)`
+    export: str = ""  # export/<name>.py: `export(model, out_dir, length, options=..., ...) -> report`,
+    # `describe(report)` (the CLI's lines) and `hooks(manifest)` (how the variants run it)
+    bench: str = ""  # bench/<name>.py: the codec's bench and demo hooks (see bench/cli.py)
+
+    def __post_init__(self):
+        name = self.runtime.name
+        for layer, path in (("config", f"models.{name}_config"), ("model", f"models.{name}"),
+                            ("weights", f"models.{name}_weights"), ("export", f"export.{name}"),
+                            ("bench", f"bench.{name}")):
+            if not getattr(self, layer):
+                object.__setattr__(self, layer, f"codecport.{path}")
 
     @property
     def name(self) -> str:

@@ -19,7 +19,8 @@ def test_bench_report_structure(tmp_path, codec):
     proc = subprocess.run([str(BIN / "codec-bench"), codec, "--variant", "tiny", "--seconds", "0.5",
                            "--runs", "1", "--rounds", "2", "--steps", "3", "--long", "3", "--contender", "torch",
                            "--contender", "rustymimi", "--precision", "fp32", "--precision", "int8",
-                           *(["--frames", "2"] if codec == "mimi" else []), "--json", str(out)],
+                           *(["--frames", "2"] if codec == "mimi" else []), "--memory", "0.02",
+                           "--json", str(out)],
                           capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
@@ -65,6 +66,11 @@ def test_bench_report_structure(tmp_path, codec):
         assert ran["onnx-cpu"]["streaming"]["frames_per_step"] == 2
         assert ran["onnx-cpu"]["streaming"]["frame_ms"] == 1  # the tiny config: 24 samples at 24 kHz
         assert "2 × 1 ms frames a step" in proc.stdout and "per frame p50" in proc.stdout
+    # --memory: the real encode and decode commands, decode from the codec's own codes file.
+    mem = {m["direction"]: m for m in report["memory"]}
+    assert set(mem) == {"encode", "decode"} and all(m["peak_rss_mb"] > 0 and m["minutes"] == 0.02 for m in mem.values())
+    assert mem["decode"]["from"] == (".dac" if codec == "dac" else ".npz") and mem["decode"]["output_mb"] > 0
+    assert "codec-run encode of 0.02 min of a 44.1 kHz stereo WAV: peak RSS" in proc.stdout
     assert "round 2 of 2" in proc.stdout
     assert "onnx-cpu vs torch-eager" in proc.stdout and "skipped" in proc.stdout
     assert "onnx-cpu-int8 decoder deviation from fp32" in proc.stdout

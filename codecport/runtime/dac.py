@@ -188,11 +188,6 @@ def _windows(blocks: Iterator[np.ndarray], starts: range, window: int, step: int
 
 register(CodecSpec(
     runtime=DacCodec,
-    config="codecport.models.dac_config",
-    model="codecport.models.dac",
-    weights="codecport.models.dac_weights",
-    export="codecport.export.dac",
-    bench="codecport.bench.dac",
     default_variant="44khz",
     export_options=(
         Option("--chunk-len", int, None, "Window in samples of the chunked graphs for long audio "

@@ -260,11 +260,6 @@ class MimiStream:
 
 register(CodecSpec(
     runtime=MimiCodec,
-    config="codecport.models.mimi_config",
-    model="codecport.models.mimi",
-    weights="codecport.models.mimi_weights",
-    export="codecport.export.mimi",
-    bench="codecport.bench.mimi",
     default_variant="mimi",
     export_options=(
         Option("--frames", int, 1, "Code frames per streaming step (80 ms each for the released "
