@@ -110,6 +110,7 @@ def test_pool_summarises_the_rounds_together():
     assert p["peak_rss_mb"] == 30.0 and p["provider"] == "x"
 
 
+@pytest.mark.slow
 def test_bench_runs_rustymimi_on_the_released_config(tmp_path):
     """rustymimi builds the released config only, so this one exports the full Mimi."""
     out = tmp_path / "report.json"

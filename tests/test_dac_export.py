@@ -33,6 +33,7 @@ def _assert_portable(path):
     return {p.key: p.value for p in model.metadata_props}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["44khz", "24khz", "16khz", "44khz-16kbps"])
 def test_every_preset_exports_and_validates(tmp_path, variant):
     cfg = PRESETS[variant]

@@ -69,6 +69,7 @@ def preset_export(tmp_path_factory):
     return model, out, report, graphs
 
 
+@pytest.mark.slow
 def test_preset_validates_and_every_graph_is_portable(preset_export):
     _, _, report, graphs = preset_export
     assert set(report["validation"]) == set(GRAPHS)

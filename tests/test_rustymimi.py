@@ -21,8 +21,8 @@ from codecport.export.mimi import export_mimi
 from codecport.models.mimi import PRESETS, MimiModel, init_random
 from codecport.runtime.mimi import MimiCodec, MimiStream
 
-pytestmark = pytest.mark.skipif(sys.version_info >= (3, 14),
-                                reason="rustymimi publishes no wheel for Python 3.14 yet")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.version_info >= (3, 14),
+                                reason="rustymimi publishes no wheel for Python 3.14 yet")]
 
 FRAMES = 20  # 1.6 s: 40 transformer positions, well inside the 250-position window
 LONG = 140  # 11.2 s: 280 positions, past it
