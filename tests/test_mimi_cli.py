@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-from conftest import noise  # noqa: F401
 
 from codecport.runtime.audio import read_audio, resample
 from mimi_cli_support import (CLIPS, FIXED_LEN, FRAME, GRAPHS, SR, STEP_FRAMES, K,
