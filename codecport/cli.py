@@ -105,6 +105,9 @@ def _export_params(spec) -> list[click.Parameter]:
                      "the encoder outputs codes, the decoder takes them."),
         click.Option(["--codebooks"], type=click.IntRange(min=1), default=None,
                      help="With --in-graph-quantizer: codebooks in the graphs [default: all]."),
+        click.Option(["--batch"], type=click.IntRange(min=2), default=None,
+                     help="Also write the encoders with batch dimension B (encoder_bB.onnx...), "
+                          "for codec-run tokenize; each row is checked against the batch-1 graph."),
         click.Option(["-o", "--out", "out_dir"], type=click.Path(path_type=Path), default=None,
                      help="Output folder, replaced whole [default: CODEC-VARIANT-LEN]."),
         click.Option(["--target"], type=click.Choice(TARGET_CHOICES), default="cpu",
@@ -135,7 +138,7 @@ def _export_command(spec) -> click.Command:
 
 
 def _export(spec, *, variant, length, weights, revision, random_init, seed, in_graph_quantizer,
-            codebooks, out_dir, target, precision, calibration, verbose, **own) -> None:
+            codebooks, batch, out_dir, target, precision, calibration, verbose, **own) -> None:
     _logging(verbose)
     if codebooks is not None and not in_graph_quantizer:
         raise click.UsageError("--codebooks only applies with --in-graph-quantizer; the numpy "
@@ -148,6 +151,9 @@ def _export(spec, *, variant, length, weights, revision, random_init, seed, in_g
 
     shaping = Shaping(target, precision, list(calibration) or None)
     shaping.check()  # before the (long) export, not after
+    from .export.batch import check_batch
+
+    check_batch(batch, shaping)
     models, presets = spec.module("model"), spec.presets
     t0 = time.perf_counter()
     if random_init:
@@ -168,7 +174,8 @@ def _export(spec, *, variant, length, weights, revision, random_init, seed, in_g
     in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
     exporter = spec.module("export")
     report = exporter.export(model, out_dir, length, options=own, variant=variant, weights=source,
-                             weights_sha256=sha, in_graph_codebooks=in_graph, shaping=shaping)
+                             weights_sha256=sha, in_graph_codebooks=in_graph, shaping=shaping,
+                             batch=batch)
     click.echo(f"exported {spec.name} {variant} ({source}) in {time.perf_counter() - t0:.1f} s to {out_dir}/")
     for line in exporter.describe(report):
         click.echo(line)
@@ -179,7 +186,8 @@ def _print_validation(report: dict) -> None:
     fp32 = " (fp32, before the variant)" if "deviation" in report else ""
     for name, errs in report["validation"].items():
         what = ", ".join(f"{k}={v:.3g}" if "err" in k else "codes identical" for k, v in errs.items())
-        click.echo(f"  {name + '.onnx':<22} validated vs torch{fp32}: {what}")
+        against = "each row vs batch 1" if "rows_codes_identical" in errs else "vs torch"
+        click.echo(f"  {name + '.onnx':<24} validated {against}{fp32}: {what}")
     if "deviation" in report:
         click.echo(f"  target {report['target']}, precision {report['precision']}; deviation from fp32 "
                    f"on {report['clip_set']}:")
@@ -305,6 +313,53 @@ def encode_cmd(audio_in, out, codebooks, model_dir, mode, provider, fallback, op
     click.echo(f"{audio_in}: {codes.channels} ch x {codes.num_samples} samples @ {codes.sample_rate} Hz "
                f"-> codes {shapes} [{label}] in {took:.2f} s on {codec.provider}")
     click.echo(f"wrote {out}")
+
+
+@run_cli.command("tokenize")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
+              help="Folder written by codec-export (with --batch B for batched graphs).")
+@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True,
+              help="Output folder: a Parquet dataset, one row per input; rerun to resume.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local",
+              help="local: worker processes on this machine; ray: Ray Data (pip install "
+                   "'codecport[ray]'), a private local cluster or --address.")
+@click.option("--address", default=None, help="Ray cluster to attach to [default: RAY_ADDRESS, "
+                                              "else a private local cluster].")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes (local) or actors (ray) [default: one per core; on a Ray "
+                   "cluster its CPUs less one].")
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="Rows per call of the batched encoders [default: the folder's, else 1].")
+@click.option("--codebooks", type=click.IntRange(min=1), default=None,
+              help="Use the first K codebooks [default: all for DAC, 8 for Mimi].")
+@click.option("--shard-rows", type=click.IntRange(min=1), default=1000,
+              help="Rows per Parquet shard (a shard is also written every minute when rows come slower).")
+@click.option("--provider", type=click.Choice(PROVIDER_CHOICES), default="cpu",
+              help="ONNX Runtime execution provider of every worker (cuda: one GPU per Ray actor).")
+@click.option("--fallback", type=click.Choice(["cpu"]), default=None,
+              help="Use this provider when the requested one is not installed.")
+@click.option("--provider-option", "options", multiple=True, callback=_parse_options, metavar="KEY=VALUE",
+              help="ONNX Runtime provider option; repeatable.")
+@verbose_option
+@_guard
+def tokenize_cmd(inputs, model_dir, out_dir, engine, address, workers, batch, codebooks, shard_rows,
+                 provider, fallback, options, verbose) -> None:
+    """Tokenize a corpus: audio files, folders, globs, manifests (.txt, .csv, .jsonl, .parquet
+    with a path column) or Hugging Face Parquet datasets, into a resumable Parquet dataset."""
+    from .runtime.tokenize import tokenize
+
+    _logging(verbose)
+    registry.codec_of_folder(model_dir)  # says what the folder is before anything starts
+    summary = tokenize(list(inputs), model_dir, out_dir, engine=engine, address=address, workers=workers,
+                       batch=batch, codebooks=codebooks, provider=provider, fallback=fallback,
+                       options=options, shard_rows=shard_rows, progress=True)
+    for ident, error in summary.errors[:5]:
+        _note(f"failed: {ident}: {error}")
+    if summary.failed > 5:
+        _note(f"... and {summary.failed - 5} more: see {out_dir / '__errors__' / 'errors.parquet'}")
+    click.echo(summary.line())
+    click.echo(f"wrote {out_dir}/")
 
 
 @run_cli.command("decode")

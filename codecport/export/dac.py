@@ -22,6 +22,7 @@ from torch import nn
 from ..errors import ExportError
 from ..models.dac import DAC
 from ..runtime.rvq import DacRvq
+from .batch import export_batched
 from .deviation import CodecHooks
 from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx
 from .validate import AUDIO_ATOL, check_close, check_codes, run
@@ -178,9 +179,11 @@ def validate(spec: GraphSpec, model, dac: DAC, rvq: DacRvq, seed: int = 1) -> di
 
 def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None, *,
                variant: str, weights: str, weights_sha256: str,
-               in_graph_codebooks: int | None = None, shaping: Shaping | None = None) -> dict:
+               in_graph_codebooks: int | None = None, shaping: Shaping | None = None,
+               batch: int | None = None) -> dict:
     """Export, check and validate every graph, then write them all; returns the report.
 
+    `batch` adds batched copies of both encoders (see batch.py).
     `shaping` asks for a target/precision variant (see variants.py), measured against the
     validated fp32 graphs. Nothing is written unless every graph passes; each file is written
     atomically.
@@ -210,6 +213,10 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
             models[spec.name] = model
             log.info("%s: exported, checked and validated in %.1f s", spec.name,
                      time.perf_counter() - t0)
+        from ..runtime.dac import DacCodec
+
+        export_batched(specs, models, batch, DacCodec.batchable, lambda s, y: _codes_of(s, y, rvq),
+                       report, shaping)
         manifest = {**meta, "quantizer": "numpy" if in_graph_codebooks is None else "graph",
                     "n_codebooks": in_graph_codebooks or cfg.n_codebooks, **report}
         report.update(finish_export(out_dir, models, rvq.arrays() if in_graph_codebooks is None
@@ -217,6 +224,13 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
     finally:
         dac.set_padding(True)  # the graph wrappers switch it; hand the model back as it came
     return report
+
+
+def _codes_of(spec: GraphSpec, y: np.ndarray, rvq: DacRvq) -> np.ndarray:
+    """Codes `[1, K, T]` of an encoder output: the latent through the numpy RVQ, or the codes."""
+    if spec.metadata["quantizer"] == "graph":
+        return y
+    return rvq.encode(y[0], int(spec.metadata["n_codebooks"]))[None]
 
 
 def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:

@@ -36,6 +36,7 @@ from ..errors import ExportError
 from ..models.layers import StreamState
 from ..models.mimi import MimiModel
 from ..runtime.rvq import MimiRvq
+from .batch import export_batched
 from .deviation import CodecHooks
 from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx
 from .validate import AUDIO_ATOL, check_close, check_codes, run
@@ -223,7 +224,7 @@ def validate(spec: GraphSpec, onnx_model, model: MimiModel, rvq: MimiRvq, seed: 
 def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, step_frames: int | None = 1,
                 *, variant: str, weights: str, weights_sha256: str,
                 in_graph_codebooks: int | None = None, window: str = "whole-clip",
-                shaping: Shaping | None = None) -> dict:
+                shaping: Shaping | None = None, batch: int | None = None) -> dict:
     """Export, check and validate the requested graphs, then write them all; returns the report.
 
     `samples` gives the fixed-length pair, `step_frames` the streaming pair (any length; None
@@ -233,14 +234,17 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
     mode, ring cache and all) or "rustymimi" (both pairs let a query see `context + 1`
     positions, as candle's mask in Kyutai's Rust Mimi does; its streaming equals its whole clip).
     `shaping` asks for a target/precision variant (see variants.py), measured against the
-    validated fp32 graphs. Nothing is written unless every graph passes; each file is written
-    atomically.
+    validated fp32 graphs. `batch` adds a batched copy of the fixed-length encoder (batch.py).
+    Nothing is written unless every graph passes; each file is written atomically.
     """
     cfg = model.cfg
     shaping = shaping or Shaping()
     shaping.check()
     if samples is None and step_frames is None:
         raise ExportError("nothing to export: pass --len (fixed-length graphs) or step frames")
+    if batch is not None and samples is None:
+        raise ExportError("--batch batches the fixed-length encoder: pass --len too (clips up to "
+                          "that length are batched, longer ones stream)")
     if samples is not None and samples < 1:
         raise ExportError(f"--len must be positive, got {samples}")
     if step_frames is not None and step_frames < 1:
@@ -276,6 +280,10 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
             report["validation"][spec.name] = validate(spec, onnx_model, model, rvq)
             models[spec.name] = onnx_model
             log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
+        from ..runtime.mimi import MimiCodec
+
+        export_batched(specs, models, batch, MimiCodec.batchable, lambda s, y: _codes_of(s, y, rvq),
+                       report, shaping)
         manifest = {**meta, "quantizer": "numpy" if k is None else "graph",
                     "n_codebooks": k or cfg.n_codebooks, **report}
         report.update(finish_export(out_dir, models, rvq.arrays() if k is None else None, manifest,

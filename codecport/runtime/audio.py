@@ -5,6 +5,7 @@ of a file.
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 from collections.abc import Iterable, Iterator
@@ -72,10 +73,11 @@ class ArraySource:
 
 class FileSource:
     """An audio file soundfile reads (WAV, FLAC, OGG, MP3...), read block by block each time
-    `blocks()` is called; every block is checked as it is read."""
+    `blocks()` is called; every block is checked as it is read. `data` holds the file's bytes
+    where they come from elsewhere (a row of a Parquet dataset); `path` then only names it."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path: str | Path, data: bytes | None = None):
+        self.path, self.data = Path(path), data
         self.what = str(self.path)
         info = self._open()
         with info:
@@ -86,7 +88,7 @@ class FileSource:
 
     def _open(self) -> sf.SoundFile:
         try:
-            return sf.SoundFile(str(self.path))
+            return sf.SoundFile(str(self.path) if self.data is None else io.BytesIO(self.data))
         except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
             raise AudioError(f"{self.path}: cannot read audio ({e}); pass a WAV, FLAC or OGG file") from e
 

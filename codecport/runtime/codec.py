@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from ..errors import CodecportError, CodesError
 from .audio import ArraySource, FileSource, audio_format, resampled, resampled_length, write_audio_pieces
@@ -91,7 +92,28 @@ class Codec(GraphFolder):
 
     def encode_source(self, source, n_codebooks: int | None, mode: str | None, progress: bool) -> Codes:
         """Codes of an `ArraySource`/`FileSource` (see audio.py)."""
-        raise NotImplementedError
+        plan = self.window_plan(source, n_codebooks, mode)
+        if plan is None:
+            raise CodesError(f"{self.label} cannot encode this clip without streaming graphs")
+        return self.run_plan(plan, progress)
+
+    def window_plan(self, source, n_codebooks: int | None, mode: str | None = None):
+        """The clip's encode as independent windows through one encoder graph (a
+        `batch.WindowPlan`), or None where it needs graphs with state (a long clip in Mimi's
+        step mode): batched tokenizing runs those one by one through `encode_source`."""
+        return
+
+    def run_plan(self, plan, progress: bool = False) -> Codes:
+        """`Codes` of a `WindowPlan`, one window at a time (`windows` at once on sliding graphs)."""
+        g = self.graph(plan.graph)
+        call = lambda x: self.latent_codes(g(x[None, None])[0], plan.k)
+        codes = self.map_windows(call, plan.windows) if plan.graph in self.sliding else map(call, plan.windows)
+        return plan.finish(list(tqdm(codes, desc="encode", unit="window", disable=None if progress else True)))
+
+    def latent_codes(self, y: np.ndarray, k: int) -> np.ndarray:
+        """Codes `[k, frames]` of one row of an encoder's output: the latent `[L, frames]`
+        through the numpy RVQ, or the graph's own codes `[K, frames]`."""
+        return y[:k].astype(np.int64) if self.rvq is None else self.rvq.encode(y, k)
 
     def model_rate(self, source) -> Iterator[np.ndarray]:
         """The source's blocks `[channels, n]` at the model's rate."""

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from ..errors import CodesError, ModelFileError
 from ..registry import CodecSpec, CodeFormat, Option, register
 from .audio import Counted
+from .batch import WindowPlan
 from .codec import Codec
 from .codes import Codes
 from .dacfile import load_dac, save_dac
@@ -39,6 +40,7 @@ class DacCodec(Codec):
     graphs: ClassVar = {"encoder": ("encoder", "fixed"), "decoder": ("decoder", "fixed"),
               "encoder_chunked": ("encoder", "chunked"), "decoder_chunked": ("decoder", "chunked")}
     sliding = ("encoder_chunked", "decoder_chunked")
+    batchable = ("encoder", "encoder_chunked")
 
     def load_rvq(self) -> DacRvq:
         return DacRvq.load(self.dir / "rvq.npz", self.first)
@@ -54,17 +56,12 @@ class DacCodec(Codec):
             samples = g.int("window") if role == "encoder" else g.int("chunk_step")
             frames = g.int("chunk_frames")
             g.int("delay")  # read when the long audio is padded: refused now if it is bad
-        audio, codes = (1, 1, samples), (1, width, frames)
+        audio, codes = (g.batch, 1, samples), (g.batch, width, frames)
         want = ([audio], [codes]) if role == "encoder" else ([codes], [audio])
         if g.shapes() != want:
             raise_shape(g, f"its inputs/outputs are {g.shapes()}, its metadata says {want}")
 
     # ---- encoding ----------------------------------------------------------------------
-    def _encode_window(self, name: str, x: np.ndarray, k: int) -> np.ndarray:
-        """Codes `[k, frames]` for one window `[samples]` through graph `name`."""
-        out = self.graph(name)(x[None, None].astype(np.float32))[0]
-        return out[:k].astype(np.int64) if self.rvq is None else self.rvq.encode(out, k)
-
     def fixed_frames(self) -> int | None:
         """Frames of the fixed-length pair, from whichever of them the folder holds (an app may
         ship only the decoders); None with neither."""
@@ -75,7 +72,9 @@ class DacCodec(Codec):
         """Whether `n` samples go through the fixed-length graph in one call."""
         return math.ceil(n / self.frame_size) == self.fixed_frames()
 
-    def encode_source(self, source, n_codebooks, mode, progress) -> Codes:
+    def window_plan(self, source, n_codebooks, mode=None) -> WindowPlan:
+        """Measures the whole input (loudness and peak: the first pass over a file), then plans
+        the second: one fixed call per channel, or the official chunked windows."""
         k = self.codebooks(n_codebooks)
         meter, peak, n = LoudnessMeter(self.sample_rate, source.channels), np.zeros(source.channels), 0
         counted = Counted(source)
@@ -90,30 +89,28 @@ class DacCodec(Codec):
         if mode == "fixed" and not fits:
             raise CodesError(f"{n} samples do not fit the fixed graph of "
                              f"{self.graph('encoder').int('samples')} samples; use the chunked mode")
+        loudness, channels = meter.result(), source.channels
         if fits and mode != "chunked":
-            g = self.graph("encoder")
-            audio = np.concatenate(list(blocks), axis=1)
-            x = np.pad(audio, ((0, 0), (0, g.int("samples") - n)))
-            codes = np.stack([self._encode_window("encoder", row, k) for row in x])
-            fields = {"mode": "fixed"}
-        else:
-            codes = self._encode_chunked(blocks, n, k, progress)
-            fields = {"mode": "chunked", "chunk_frames": self.graph("encoder_chunked").int("chunk_frames")}
-        return self.codes([codes], source, counted.counted, loudness_db=meter.result(), **fields)
+            samples = self.graph("encoder").int("samples")
 
-    def _encode_chunked(self, blocks: Iterator[np.ndarray], n: int, k: int, progress: bool) -> np.ndarray:
-        """Official chunked-`compress` codes `[C, K, n_chunks * chunk_frames]` of `n` samples."""
+            def rows():
+                audio = np.concatenate(list(blocks), axis=1)
+                yield from np.pad(audio, ((0, 0), (0, samples - n)))
+
+            return WindowPlan("encoder", rows(), k, lambda codes: self.codes(
+                [np.stack(codes)], source, counted.counted, loudness_db=loudness, mode="fixed"))
         g = self.graph("encoder_chunked")
-        window, step, delay = g.int("window"), g.int("chunk_step"), g.int("delay")
+        window, step, delay, frames = g.int("window"), g.int("chunk_step"), g.int("delay"), g.int("chunk_frames")
         starts = range(0, n, step)
+        windows = (row for w in _windows(blocks, starts, window, step, delay) for row in w)
 
-        def codes_of(x: np.ndarray) -> np.ndarray:
-            return np.stack([self._encode_window("encoder_chunked", row, k) for row in x])
+        def finish(codes: list[np.ndarray]) -> Codes:
+            # Window-major, channel-minor -> [C, K, windows * chunk_frames]
+            a = np.stack(codes).reshape(len(starts), channels, k, frames)
+            return self.codes([a.transpose(1, 2, 0, 3).reshape(channels, k, -1)], source, counted.counted,
+                              loudness_db=loudness, mode="chunked", chunk_frames=frames)
 
-        windows = _windows(blocks, starts, window, step, delay)
-        chunks = list(tqdm(self.map_windows(codes_of, windows), total=len(starts), desc="encode",
-                           unit="chunk", disable=None if progress else True))
-        return np.concatenate(chunks, axis=-1)
+        return WindowPlan("encoder_chunked", windows, k, finish)
 
     # ---- decoding ----------------------------------------------------------------------
     def _decode_window(self, name: str, codes: np.ndarray) -> np.ndarray:

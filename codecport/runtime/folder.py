@@ -9,6 +9,7 @@ where there is no `.onnx`.
 from __future__ import annotations
 
 import json
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,11 +18,23 @@ from typing import ClassVar
 
 from ..errors import ModelFileError
 from .graph import Graph, graph_file, open_graph
-from .providers import codecport_option, concurrent_windows, cpu_cores, resolve_provider
+from .providers import codecport_option, concurrent_windows, cpu_cores, intra_op_threads, resolve_provider
 from .rvq import blas_on_one_thread
 
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB; a bigger one is not ours
+_BATCHED = re.compile(r"^(?P<base>.+)_b(?P<batch>[1-9][0-9]{0,3})$")
+
+
+def batched_name(name: str, batch: int) -> str:
+    """File stem of graph `name` exported with batch dimension `batch` (`encoder_b8`)."""
+    return f"{name}_b{batch}"
+
+
+def split_batched(stem: str) -> tuple[str, int]:
+    """(graph name, batch) of a file stem: `encoder_b8` -> ("encoder", 8), `encoder` -> ("encoder", 1)."""
+    m = _BATCHED.match(stem)
+    return (m["base"], int(m["batch"])) if m else (stem, 1)
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -46,7 +59,9 @@ class GraphFolder:
 
     Subclasses declare `name`/`label` (the codec), `graphs` (file stem -> (role, mode)) and
     `sliding` (graphs run over long signals one window at a time; `map_windows` runs `windows`
-    of those calls at once, each session on its share of the cores).
+    of those calls at once, each session on its share of the cores) and `batchable` (graphs
+    `codec-export --batch B` also writes with batch dimension B, as `<name>_b<B>`; `batches`
+    says which the folder holds).
 
     `options` are the provider's (see `provider_options`) plus `CODECPORT_OPTIONS`, e.g.
     `{"io_binding": "0"}` to stream through numpy state instead of IO binding.
@@ -56,6 +71,7 @@ class GraphFolder:
     label = ""  # the codec's name in messages
     graphs: ClassVar[dict[str, tuple[str, str]]] = {}
     sliding: tuple[str, ...] = ()
+    batchable: tuple[str, ...] = ()
     shared: tuple[str, ...] = ("codec", "export_id", "variant", "sample_rate", "frame_size",
                                "weights_sha256", "quantizer", "n_codebooks", "codebook_size")
 
@@ -69,6 +85,14 @@ class GraphFolder:
                                  f"-o {self.dir}")
         self.files = {g: p for g in self.graphs if (p := graph_file(self.dir, g)) is not None}
         self.present = list(self.files)
+        self.batches: dict[str, list[int]] = {}  # graph -> batch sizes of its batched copies
+        for g in self.batchable:
+            for p in sorted(self.dir.glob(f"{g}_b*.onnx")) + sorted(self.dir.glob(f"{g}_b*.ort")):
+                base, b = split_batched(p.stem)
+                if base == g and b > 1 and p.stem not in self.files:
+                    self.files[p.stem] = p
+                    self.batches.setdefault(g, []).append(b)
+            self.batches.get(g, []).sort()
         if not self.present:
             raise ModelFileError(f"{self.dir}: holds no {self.label} graphs; run codec-export "
                                  f"{self.name} -o {self.dir}")
@@ -79,6 +103,7 @@ class GraphFolder:
                                  f"{self.name}; re-export the folder")
         self.provider = resolve_provider(provider, fallback)
         self.windows = concurrent_windows(self.provider, self.options)
+        self.threads = intra_op_threads(self.options)
         self._graphs: dict[str, Graph] = {}
         self.first = self.graph(self.present[0])
         self.meta = self.first.meta
@@ -93,11 +118,11 @@ class GraphFolder:
 
     def graph(self, name: str) -> Graph:
         if name not in self._graphs:
-            if name not in self.present:
+            if name not in self.files:
                 raise ModelFileError(f"{self.dir} has no {name}.onnx (or {name}.ort); "
                                      f"{self.missing(name)}")
-            threads = None
-            if name in self.sliding and self.windows > 1 and self.provider == "CPUExecutionProvider":
+            threads = self.threads
+            if threads is None and name in self.sliding and self.windows > 1 and self.provider == "CPUExecutionProvider":
                 threads = max(1, cpu_cores() // self.windows)
             g = open_graph(self.files[name], self.provider, self.options, threads)
             if g.meta.get("codec") != self.name:
@@ -114,12 +139,13 @@ class GraphFolder:
                     raise ModelFileError(f"{g.path} does not belong with {ref.path} ({bad[0]}: "
                                          f"{g.meta.get(bad[0])} vs {ref.meta.get(bad[0])}); "
                                          "re-export the folder")
-            role, mode = self.graphs[name]
-            for key, want in (("role", role), ("mode", mode)):
-                if g.text(key) != want:
-                    raise ModelFileError(f"{g.path}: has {key} {g.meta[key]}, expected {want} "
+            base, batch = split_batched(name)
+            role, mode = self.graphs[base]
+            for key, want in (("role", role), ("mode", mode), ("batch", str(batch))):
+                if g.meta.get(key, "1" if key == "batch" else None) != want:
+                    raise ModelFileError(f"{g.path}: has {key} {g.meta.get(key)}, expected {want} "
                                          f"for {g.path.name}; re-export the folder")
-            self.check_graph(name, g)
+            self.check_graph(base, g)
             self._graphs[name] = g
         return self._graphs[name]
 

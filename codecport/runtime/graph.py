@@ -30,7 +30,7 @@ INT_RANGES = {
     "codebook_size": (2, 1 << 20), "codebook_dim": (1, 1 << 16), "latent_dim": (1, 1 << 16),
     "samples": (1, 1 << 31), "frames": (1, 1 << 31), "window": (1, 1 << 31),
     "chunk_step": (1, 1 << 31), "chunk_frames": (1, 1 << 31), "delay": (0, 1 << 31),
-    "positions_per_step": (1, 1 << 20), "context": (1, 1 << 20), "n_semantic": (0, 1024),
+    "positions_per_step": (1, 1 << 20), "batch": (1, 4096), "context": (1, 1 << 20), "n_semantic": (0, 1024),
 }
 RERUN = "re-export it with this version of codec-export"
 
@@ -77,6 +77,11 @@ class Graph:
             raise ModelFileError(f"{self.path}: metadata {key}={value} is outside [{lo}, {hi}]; "
                                  f"the file is damaged, {RERUN}")
         return value
+
+    @property
+    def batch(self) -> int:
+        """Rows per call: metadata `batch` of a batched copy (`codec-export --batch`), else 1."""
+        return self.int("batch") if "batch" in self.meta else 1
 
     def choice(self, key: str, choices: tuple[str, ...]) -> str:
         """Metadata `key`, which must be one of `choices`."""

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from ..errors import AudioError, CodesError, ModelFileError
 from ..registry import CodecSpec, Option, register
 from .audio import Counted
+from .batch import WindowPlan
 from .codec import Codec
 from .codes import Codes
 from .graph import Graph, StepRunner
@@ -41,6 +42,7 @@ class MimiCodec(Codec):
     graphs: ClassVar = {"encoder": ("encoder", "fixed"), "decoder": ("decoder", "fixed"),
               "encoder_step": ("encoder", "step"), "decoder_step": ("decoder", "step")}
     default_codebooks = MOSHI_CODEBOOKS
+    batchable = ("encoder",)
 
     def load_rvq(self) -> MimiRvq:
         return MimiRvq.load(self.dir / "rvq.npz", self.first)
@@ -56,7 +58,7 @@ class MimiCodec(Codec):
         if role == "encoder" and math.ceil(samples / g.int("frame_size")) != frames:
             raise ModelFileError(f"{g.path}: {samples} samples cannot give {frames} frames; the "
                                  "file is damaged, re-export the folder")
-        audio, codes = (1, 1, samples), (1, width, frames)
+        audio, codes = (g.batch, 1, samples), (g.batch, width, frames)
         ins, outs = g.shapes()
         got = (ins[:1], outs[:1])
         want = ([audio], [codes]) if role == "encoder" else ([codes], [audio])
@@ -73,7 +75,7 @@ class MimiCodec(Codec):
     # ---- codes <-> what the graphs take --------------------------------------------------
     def _to_codes(self, y: np.ndarray, k: int) -> np.ndarray:
         """Encoder output `[1, C|K, T]` -> codes `[k, T]`."""
-        return y[0, :k].astype(np.int64) if self.rvq is None else self.rvq.encode(y[0], k)
+        return self.latent_codes(y[0], k)
 
     def _from_codes(self, codes: np.ndarray) -> np.ndarray:
         """Codes `[K, T]` -> decoder input `[1, C|K, T]`."""
@@ -91,17 +93,14 @@ class MimiCodec(Codec):
                                  "codec-export mimi, which writes the step graphs for any length")
 
     # ---- encoding ------------------------------------------------------------------------
-    def encode_source(self, source, n_codebooks, mode, progress) -> Codes:
-        """Codes `[C, K, ceil(N' / frame_size)]` (N' samples at 24 kHz); each channel is encoded
-        on its own (Mimi is mono). Clips that fit the fixed graph take it unless `mode` is
-        "step"; anything longer streams through the step graphs."""
-        k = self.codebooks(n_codebooks)
+    def _head(self, source, mode: str | None):
+        """(blocks read, samples in them, whether the clip fits the fixed graph, the rest of the
+        blocks, the counter): up to one sample past the fixed graph is read."""
         if mode == "fixed":
             self.graph("encoder")  # refuses, saying what to do, when there is none
         limit = self.graph("encoder").int("samples") if "encoder" in self.present and mode != "step" else 0
         counter = Counted(source)
         blocks = self.model_rate(counter)
-        # Read up to one sample past the fixed graph: whatever fits goes through it in one call.
         head, n, fits = [], 0, True
         for block in blocks:
             head.append(block)
@@ -109,15 +108,33 @@ class MimiCodec(Codec):
             if n > limit:
                 fits = False
                 break
+        return head, n, fits, blocks, counter
+
+    def _fixed_plan(self, head, n: int, source, counter, k: int) -> WindowPlan:
+        """One call per channel, zero-padded to the graph (Mimi is causal: the padding cannot
+        change the frames before it), keeping the clip's frames."""
+        limit, frames = self.graph("encoder").int("samples"), math.ceil(n / self.frame_size)
+        x = np.pad(np.concatenate(head, axis=1), ((0, 0), (0, limit - n)))
+        return WindowPlan("encoder", iter(x), k, lambda codes: self.codes(
+            [np.stack([c[:, :frames] for c in codes])], source, counter.counted, mode="fixed"))
+
+    def window_plan(self, source, n_codebooks, mode=None) -> WindowPlan | None:
+        """Clips that fit the fixed graph; longer ones stream (None)."""
+        k = self.codebooks(n_codebooks)
+        head, n, fits, _, counter = self._head(source, mode)
+        return self._fixed_plan(head, n, source, counter, k) if fits else None
+
+    def encode_source(self, source, n_codebooks, mode, progress) -> Codes:
+        """Codes `[C, K, ceil(N' / frame_size)]` (N' samples at 24 kHz); each channel is encoded
+        on its own (Mimi is mono). Clips that fit the fixed graph take it unless `mode` is
+        "step"; anything longer streams through the step graphs."""
+        k = self.codebooks(n_codebooks)
+        head, n, fits, blocks, counter = self._head(source, mode)
         if fits:
-            g = self.graph("encoder")
-            x = np.pad(np.concatenate(head, axis=1), ((0, 0), (0, limit - n)))
-            frames = math.ceil(n / self.frame_size)
-            codes = np.stack([self._to_codes(g(row[None, None]), k)[:, :frames] for row in x])
-            return self.codes([codes], source, counter.counted, mode="fixed")
+            return self.run_plan(self._fixed_plan(head, n, source, counter, k))
         if mode == "fixed":
-            raise CodesError(f"the audio is longer than the fixed {limit}-sample encoder; use the "
-                             "step mode (or leave the mode out)")
+            raise CodesError(f"the audio is longer than the fixed {self.graph('encoder').int('samples')}"
+                             "-sample encoder; use the step mode (or leave the mode out)")
         self._need_steps("encoder")
         streams = [MimiStream(self, k) for _ in range(source.channels)]
         out: list[list[np.ndarray]] = [[] for _ in streams]

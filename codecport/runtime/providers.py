@@ -44,7 +44,10 @@ DEFAULT_OPTIONS = {
 #   2 or more cores, each run on half of them, and 1 elsewhere. Two runs keep both cores busy
 #   through the kernels ORT runs on one thread: `Sin` (DAC's Snake) is 15 % of a DAC-44k
 #   decoder's time and does not use the thread pool. Same results either way.
-CODECPORT_OPTIONS = {"io_binding": "1", "windows": "auto"}
+# - threads: CPU threads of each graph's kernels (ORT's intra-op pool). `auto` is ORT's default
+#   (one per core), shared out between the windows above; a number fixes it, as each worker of
+#   `codec-run tokenize` does with its share of the cores.
+CODECPORT_OPTIONS = {"io_binding": "1", "windows": "auto", "threads": "auto"}
 
 
 def provider_options(provider: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
@@ -76,6 +79,16 @@ def concurrent_windows(provider: str, overrides: dict[str, str] | None = None) -
         return 2 if provider == "CPUExecutionProvider" and cpu_cores() >= 2 else 1
     if not value.isdigit() or int(value) < 1:
         raise ProviderError(f"option windows must be auto or a whole number of at least 1, got {value!r}")
+    return int(value)
+
+
+def intra_op_threads(overrides: dict[str, str] | None = None) -> int | None:
+    """The `threads` option (see `CODECPORT_OPTIONS`): None for ORT's default."""
+    value = str((overrides or {}).get("threads", CODECPORT_OPTIONS["threads"])).strip().lower()
+    if value == "auto":
+        return None
+    if not value.isdigit() or not 1 <= int(value) <= 1024:
+        raise ProviderError(f"option threads must be auto or a whole number from 1 to 1024, got {value!r}")
     return int(value)
 
 

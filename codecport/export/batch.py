@@ -1,0 +1,87 @@
+"""Batched copies of a codec's encoders (`codec-export ... --batch B`), for corpus tokenizing.
+
+A batched graph is the same torch module traced with batch dimension B (static, like every
+other shape): `encoder_b8.onnx` beside `encoder.onnx`. The runtime fills its rows with clips or
+windows of any files and pads the last batch with silence. Nothing couples the rows (convs,
+attention and the quantizer work row by row), and that is checked here, not assumed: each row
+of the batched graph must give the codes of the batch-1 graph on the same input, a silent row
+among them included.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from ..errors import ExportError
+from ..runtime.folder import batched_name
+from .graph import GraphSpec, Tensor, static_check, to_onnx
+from .validate import check_codes, run
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 256  # past this a batch of DAC windows is gigabytes of activations: no gain left
+
+
+def batched(spec: GraphSpec, batch: int) -> GraphSpec:
+    """`spec` with batch dimension `batch` on its input and output, named `<name>_b<batch>`."""
+    def resize(t: Tensor) -> Tensor:
+        return Tensor(t.name, (batch, *t.shape[1:]), t.dtype)
+
+    return GraphSpec(batched_name(spec.name, batch), spec.module, [resize(t) for t in spec.inputs],
+                     [resize(t) for t in spec.outputs], {**spec.metadata, "batch": str(batch)})
+
+
+def check_batch(batch: int | None, shaping) -> None:
+    """Refuse a `--batch` this export cannot honour, before any tracing."""
+    if batch is None:
+        return
+    if not 1 < batch <= MAX_BATCH:
+        raise ExportError(f"--batch must be between 2 and {MAX_BATCH}, got {batch}")
+    if not shaping.plain:
+        # A variant is measured through the runtime graph by graph; its batched rows would
+        # need their own row-by-row check after the rewrite, which is not built yet.
+        raise ExportError("--batch writes fp32 graphs for cpu, cuda or dml; leave out --precision "
+                          "and the mobile/coreml targets")
+
+
+def validate_batched(spec: GraphSpec, model: onnx.ModelProto, single: onnx.ModelProto,
+                     codes_of: Callable[[np.ndarray], np.ndarray], seed: int = 3) -> dict[str, float]:
+    """Each row of batched `model` against the batch-1 graph `single`: identical codes
+    (`codes_of` maps an encoder output `[1, ...]` to codes `[1, K, frames]`)."""
+    name = spec.inputs[0].name
+    x = spec.random_inputs(seed)[0]
+    x *= np.linspace(0.2, 1.5, len(x), dtype=np.float32)[:, None, None]  # rows of different levels
+    x[-1] = 0.0  # the runtime pads a last, short batch with silence
+    got = run(model, {name: x})[0]
+    err = 0.0
+    for i, row in enumerate(x):
+        want = run(single, {name: row[None]})[0]
+        check_codes(f"{spec.name} row {i}", codes_of(got[i:i + 1]), codes_of(want))
+        if want.dtype.kind == "f":
+            err = max(err, float(np.max(np.abs(got[i:i + 1].astype(np.float64) - want))))
+    return {"rows_codes_identical": 1.0, "rows_max_abs_err": err}
+
+
+def export_batched(specs: list[GraphSpec], models: dict[str, onnx.ModelProto], batch: int | None,
+                   names: tuple[str, ...], codes_of: Callable[[GraphSpec, np.ndarray], np.ndarray],
+                   report: dict, shaping) -> None:
+    """Add `<name>_b<batch>` for each graph of `names` in `models`, each validated row by row
+    against its batch-1 graph; the validation goes into `report["validation"]`."""
+    if batch is None:
+        return
+    check_batch(batch, shaping)
+    for spec in [s for s in specs if s.name in names and s.name in models]:
+        t0 = time.perf_counter()
+        bspec = batched(spec, batch)
+        model = to_onnx(bspec)
+        static_check(model, bspec)
+        report["validation"][bspec.name] = validate_batched(
+            bspec, model, models[spec.name], lambda y, s=spec: codes_of(s, y))
+        models[bspec.name] = model
+        log.info("%s: exported, checked and validated row by row in %.1f s", bspec.name,
+                 time.perf_counter() - t0)

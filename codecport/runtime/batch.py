@@ -1,0 +1,119 @@
+"""Windows of many clips through one graph call: the batched encoders of `codec-export --batch`.
+
+A codec describes how it would encode a clip as a `WindowPlan`: the independent windows it
+would put through one encoder graph, and how the codes of those windows make the clip's `Codes`.
+`Codec.encode_source` runs a plan one window at a time; `Batcher` takes the windows of many
+plans, fills the rows of the batched copy of that graph with them (B windows a call, from any
+clips, the last call padded with silence) and finishes each clip when its last window is done.
+The codes are the same either way: each row of a batched graph is checked against the batch-1
+graph when it is exported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import CodecportError, ModelFileError
+from .codes import Codes
+from .folder import batched_name
+
+
+@dataclass
+class WindowPlan:
+    """How one clip is encoded through encoder graph `graph`: its `windows` (each `[samples]`
+    float32, in order, read lazily) give codes `[k, frames]` each, and `finish` turns the list of
+    them, in order, into the clip's `Codes`."""
+
+    graph: str
+    windows: Iterator[np.ndarray]
+    k: int
+    finish: Callable[[list[np.ndarray]], Codes]
+
+
+@dataclass
+class _Clip:
+    key: object
+    plan: WindowPlan
+    codes: list = field(default_factory=list)
+    waiting: int = 0  # windows handed to the batcher whose codes have not come back
+    read: bool = False  # every window has been handed over
+
+
+class Batcher:
+    """Encodes the windows of many clips `batch` at a time.
+
+    `add(key, plan)` reads the plan's windows into the queue of its graph and runs every full
+    batch; `flush()` runs what is left, padded. Both return `(key, Codes)` for each clip whose
+    codes are complete, or `(key, error)` for a clip whose audio failed while it was read.
+    """
+
+    def __init__(self, codec, batch: int = 1):
+        self.codec, self.batch = codec, batch
+        self._queues: dict[str, list[tuple[_Clip, int, np.ndarray]]] = {}
+
+    def graph_for(self, name: str) -> str:
+        """The graph that runs `name`'s windows: its batched copy, or itself at batch 1."""
+        if self.batch == 1:
+            return name
+        if self.batch not in self.codec.batches.get(name, []):
+            raise ModelFileError(f"{self.codec.dir} has no {batched_name(name, self.batch)}.onnx; "
+                                 f"export with codec-export {self.codec.name} --batch {self.batch}, "
+                                 "or tokenize with the --batch it was exported with")
+        return batched_name(name, self.batch)
+
+    def check(self) -> None:
+        """Refuse now, not at the first file, a batch the folder has no graphs for."""
+        for name in self.codec.batchable:
+            if name in self.codec.present:
+                self.graph_for(name)
+
+    def add(self, key, plan: WindowPlan) -> list[tuple[object, Codes | Exception]]:
+        clip, done = _Clip(key, plan), []
+        queue = self._queues.setdefault(plan.graph, [])
+        try:
+            for window in plan.windows:
+                queue.append((clip, len(clip.codes), window))
+                clip.codes.append(None)
+                clip.waiting += 1
+                if len(queue) >= self.batch:
+                    done += self._run(plan.graph)
+        except CodecportError as e:  # the audio failed part way: drop what it queued
+            queue[:] = [q for q in queue if q[0] is not clip]
+            return [*done, (key, e)]
+        clip.read = True
+        return done + self._finished(clip)
+
+    def flush(self) -> list[tuple[object, Codes | Exception]]:
+        done = []
+        for name in list(self._queues):
+            while self._queues[name]:
+                done += self._run(name)
+        return done
+
+    def _run(self, name: str) -> list[tuple[object, Codes | Exception]]:
+        queue = self._queues[name]
+        rows = queue[:self.batch]
+        del queue[:self.batch]
+        graph = self.codec.graph(self.graph_for(name))
+        x = np.zeros((self.batch, 1, rows[0][2].shape[-1]), np.float32)  # silence pads the last
+        for i, (_, _, window) in enumerate(rows):
+            x[i, 0] = window
+        y = graph(x)
+        done = []
+        for i, (clip, index, _) in enumerate(rows):
+            clip.codes[index] = self.codec.latent_codes(y[i], clip.plan.k)
+            clip.waiting -= 1
+            done += self._finished(clip)
+        return done
+
+    @staticmethod
+    def _finished(clip: _Clip) -> list[tuple[object, Codes | Exception]]:
+        if not clip.read or clip.waiting:
+            return []
+        try:
+            return [(clip.key, clip.plan.finish(clip.codes))]
+        except CodecportError as e:
+            return [(clip.key, e)]

@@ -1,0 +1,239 @@
+"""The output of `codec-run tokenize`: a folder of Parquet shards that `pyarrow.dataset` and
+`datasets.load_dataset("parquet", data_dir=...)` read as one table.
+
+    part-<run>-<n>.parquet   rows: id, path, codes [channels][codebooks][frames], n_frames,
+                             sample_rate, num_samples, duration_s, codec, variant, n_codebooks,
+                             export_id, input_key
+    __errors__/errors.parquet  the inputs that failed in the last run: id, path, error
+    .codecport.json          the model the codes come from (codes of another are refused)
+
+A shard is written under a temporary name and renamed into place, so a killed job leaves whole
+shards or none; a shard that does not open (copied half, or written by another tool) is
+ignored, deleted and its rows redone. Neither reader takes hidden files (`.`) or a folder named
+`__x__` as part of the dataset (pyarrow leaves out every `_` and `.` name, `datasets` only those).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic import atomic_path
+from ..errors import CodecportError
+
+log = logging.getLogger(__name__)
+
+META, ERRORS, LOCK = ".codecport.json", "__errors__/errors.parquet", ".codecport.lock"
+MODEL_FIELDS = ("codec", "variant", "export_id", "n_codebooks")
+
+
+def _pa():
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return pa, pq
+
+
+def code_type(codebook_size: int):
+    """The smallest integer type that holds every code."""
+    pa, _ = _pa()
+    return pa.int16() if codebook_size <= 1 << 15 else pa.int32()
+
+
+def schema(codec):
+    pa, _ = _pa()
+    return pa.schema([
+        ("id", pa.string()), ("path", pa.string()),
+        ("codes", pa.list_(pa.list_(pa.list_(code_type(codec.codebook_size))))),
+        ("n_frames", pa.int32()), ("sample_rate", pa.int32()), ("num_samples", pa.int64()),
+        ("duration_s", pa.float64()), ("codec", pa.string()), ("variant", pa.string()),
+        ("n_codebooks", pa.int16()), ("export_id", pa.string()), ("input_key", pa.string()),
+        ("error", pa.string()),
+    ])
+
+
+def _codes_array(arrays: list[np.ndarray], value_type):
+    """`[channels][codebooks][frames]` lists, built from the flat values and three offset
+    arrays (no Python list per code)."""
+    pa, _ = _pa()
+    inner = np.concatenate([[0], *[np.full(a.shape[0] * a.shape[1], a.shape[2]) for a in arrays]])
+    middle = np.concatenate([[0], *[np.full(a.shape[0], a.shape[1]) for a in arrays]])
+    outer = np.concatenate([[0], [a.shape[0] for a in arrays]])
+    flat = np.concatenate([a.ravel() for a in arrays]) if arrays else np.zeros(0)
+    values = pa.array(flat.astype(value_type.to_pandas_dtype()), value_type)
+    for offsets in (inner, middle, outer):
+        values = pa.ListArray.from_arrays(pa.array(np.cumsum(offsets), pa.int32()), values)
+    return values
+
+
+def result_table(codec, items, results: dict):
+    """The rows of `items`: `results[id]` is their `Codes`, or the exception that failed them."""
+    pa, _ = _pa()
+    sch = schema(codec)
+    empty = np.zeros((0, 0, 0), np.int64)
+    cols = {name: [] for name in sch.names}
+    arrays = []
+    for item in items:
+        r = results.get(item.id, CodecportError("no result came back for this input"))
+        ok = not isinstance(r, BaseException)
+        a = r.arrays[0] if ok else empty
+        arrays.append(a)
+        cols["id"].append(item.id)
+        cols["path"].append(item.path)
+        cols["n_frames"].append(a.shape[2] if ok else 0)
+        cols["sample_rate"].append(r.sample_rate if ok else 0)
+        cols["num_samples"].append(r.num_samples if ok else 0)
+        cols["duration_s"].append(r.num_samples / r.sample_rate if ok else 0.0)
+        cols["codec"].append(codec.name)
+        cols["variant"].append(codec.variant)
+        cols["n_codebooks"].append(a.shape[1] if ok else 0)
+        cols["export_id"].append(codec.export_id)
+        cols["input_key"].append(item.key)
+        cols["error"].append(None if ok else _one_line(r))
+    data = {n: (_codes_array(arrays, sch.field("codes").type.value_type.value_type.value_type)
+                if n == "codes" else pa.array(v, sch.field(n).type)) for n, v in cols.items()}
+    return pa.table(data, schema=sch)
+
+
+def _one_line(e: BaseException) -> str:
+    text = (str(e).strip().splitlines() or [""])[0]
+    return text if isinstance(e, CodecportError) else f"{type(e).__name__}: {text}"
+
+
+class OutputDir:
+    """A tokenize output folder, for one model: resumes what is there, adds shards atomically."""
+
+    def __init__(self, path: Path, codec, n_codebooks: int):
+        self.path, self.codec = path, codec
+        self.model = {"codec": codec.name, "variant": codec.variant, "export_id": codec.export_id,
+                      "n_codebooks": n_codebooks}
+        if path.exists() and not path.is_dir():
+            raise CodecportError(f"{path} is a file; pass a folder to -o")
+        self.run = uuid.uuid4().hex[:12]
+        self._shards, self._buffer, self._errors = 0, [], []
+        self._check_model()
+
+    def _check_model(self) -> None:
+        meta = self.path / META
+        if meta.is_file():
+            try:
+                have = json.loads(meta.read_text())
+                have = {k: have[k] for k in MODEL_FIELDS}
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise CodecportError(f"{meta} is damaged ({e}); delete {self.path} to start over") from e
+            if have != self.model:
+                diff = next(k for k in MODEL_FIELDS if have[k] != self.model[k])
+                raise CodecportError(
+                    f"{self.path} holds codes of another model ({diff} {have[diff]}, this model's is "
+                    f"{self.model[diff]}); codes are never mixed: pass another -o, or delete it")
+        elif self.path.is_dir() and any(p.name != LOCK for p in self.path.iterdir()):
+            raise CodecportError(f"{self.path} holds files that are not a codecport tokenize output; "
+                                 "pass another -o, or empty it first")
+
+    @contextmanager
+    def lock(self):
+        """Held for the whole run: two jobs writing one folder would double rows."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / LOCK, "a+") as f:
+            try:
+                import fcntl
+            except ImportError:  # Windows: no advisory locks; one job per folder is on the user
+                fcntl = None
+            if fcntl is not None:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise CodecportError(f"another codec-run tokenize is writing {self.path}; wait "
+                                         "for it, or pass another -o") from None
+            if not (self.path / META).is_file():
+                with atomic_path(self.path / META) as tmp:
+                    tmp.write_text(json.dumps(self.model, indent=2))
+            for tmp in self.path.glob(".*.part"):  # a killed run's shard that was being written
+                tmp.unlink()
+            yield self
+
+    def shards(self) -> list[Path]:
+        return sorted(self.path.glob("part-*.parquet"))
+
+    def todo(self, items: list) -> list:
+        """The items the folder does not hold with their current key. Rows of a changed input,
+        doubled rows and shards that do not open are removed first."""
+        _, pq = _pa()
+        want = {item.id: item.key for item in items}
+        seen, drop = set(), {}
+        for shard in self.shards():
+            try:
+                t = pq.read_table(shard, columns=["id", "input_key"])
+            except Exception as e:  # noqa: BLE001 (a truncated file: ArrowInvalid, OSError...)
+                log.warning("%s does not open (%s): deleted, its rows are done again", shard,
+                            str(e).splitlines()[0])
+                shard.unlink()
+                continue
+            for i, (ident, key) in enumerate(zip(t.column("id").to_pylist(), t.column("input_key").to_pylist())):
+                if ident in seen or (ident in want and want[ident] != key):
+                    drop.setdefault(shard, []).append(i)
+                else:
+                    seen.add(ident)
+        for shard, rows in drop.items():
+            self._rewrite_without(shard, rows)
+        return [item for item in items if item.id not in seen]
+
+    def _rewrite_without(self, shard: Path, rows: list[int]) -> None:
+        _, pq = _pa()
+        table = pq.read_table(shard)
+        keep = np.setdiff1d(np.arange(table.num_rows), rows)
+        log.info("%s: %d row(s) of changed or doubled inputs removed", shard.name, len(rows))
+        if not len(keep):
+            shard.unlink()
+            return
+        with atomic_path(shard) as tmp:
+            pq.write_table(table.take(keep), tmp)
+
+    def add(self, table):
+        """Buffer the rows of a result table; returns (the good rows, [(id, error)...])."""
+        _pa()
+        import pyarrow.compute as pc
+
+        failed = pc.is_valid(table.column("error"))
+        bad = table.filter(failed)
+        ok = table.filter(pc.invert(failed)).drop_columns(["error"])
+        errors = list(zip(bad.column("id").to_pylist(), bad.column("error").to_pylist()))
+        self._errors += [(i, p, e) for i, p, e in zip(bad.column("id").to_pylist(),
+                                                      bad.column("path").to_pylist(), [e for _, e in errors])]
+        if ok.num_rows:
+            self._buffer.append(ok)
+        return ok, errors
+
+    @property
+    def buffered(self) -> int:
+        return sum(t.num_rows for t in self._buffer)
+
+    def flush(self) -> None:
+        """Write the buffered rows as one shard."""
+        pa, pq = _pa()
+        if not self._buffer:
+            return
+        table = pa.concat_tables(self._buffer)
+        name = f"part-{self.run}-{self._shards:05d}.parquet"
+        with atomic_path(self.path / name) as tmp:
+            pq.write_table(table, tmp)
+        self._shards += 1
+        self._buffer = []
+
+    def finish(self) -> None:
+        """The errors table of this run (none: no table)."""
+        pa, pq = _pa()
+        errors = self.path / ERRORS
+        if not self._errors:
+            errors.unlink(missing_ok=True)
+            if errors.parent.is_dir() and not any(errors.parent.iterdir()):
+                errors.parent.rmdir()
+            return
+        ids, paths, why = zip(*self._errors)
+        with atomic_path(errors) as tmp:
+            pq.write_table(pa.table({"id": list(ids), "path": list(paths), "error": list(why)}), tmp)
