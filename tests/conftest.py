@@ -68,10 +68,14 @@ def noise(n: int, channels: int = 1, seed: int = 0, scale: float = 0.3) -> np.nd
     return x.astype(np.float32)
 
 
+SMOKE_BATCH = 4  # rows of the smoke exports' batched encoders
+
+
 @pytest.fixture(scope="session")
 def smoke_exports(tmp_path_factory) -> dict:
     """Every registered codec exported through the real `codec-export`, with its registration's
-    small `smoke` arguments and seeded random weights: name -> folder."""
+    small `smoke` arguments, batched encoders (`--batch 4`) and seeded random weights:
+    name -> folder."""
     import subprocess
     import sys
     from pathlib import Path
@@ -83,7 +87,8 @@ def smoke_exports(tmp_path_factory) -> dict:
     for spec in registry.codecs():
         folder = root / spec.name
         proc = subprocess.run([str(Path(sys.executable).parent / "codec-export"), spec.name, *spec.smoke,
-                               "--random-init", "-o", str(folder)], capture_output=True, text=True,
+                               "--batch", str(SMOKE_BATCH), "--random-init", "-o", str(folder)],
+                              capture_output=True, text=True,
                               timeout=600, check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         out[spec.name] = folder

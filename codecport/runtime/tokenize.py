@@ -201,17 +201,20 @@ def run_local(todo: list[Item], settings: Settings, workers: int | None, per_tas
         try:
             while tasks or running:
                 while tasks and len(running) < 2 * workers:
-                    attempt, task = tasks.popleft()
+                    attempt, task = tasks[0]  # taken off only once submitted: a broken pool refuses
                     running[pool.submit(_work, task)] = (attempt, task)
+                    tasks.popleft()
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in finished:
                     result = f.result()  # a worker's CodecportError (its model) ends the job
                     running.pop(f)
                     emit(result)
         except BrokenProcessPool:
-            log.warning("a tokenize worker died; its %d task(s) run again", len(running))
-            for attempt, task in running.values():
-                if attempt + 1 < MAX_ATTEMPTS:
+            log.warning("a tokenize worker died (killed, or out of memory); its tasks run again")
+            for f, (attempt, task) in running.items():
+                if f.done() and not f.cancelled() and f.exception() is None:
+                    emit(f.result())  # finished before the pool broke: its rows are good
+                elif attempt + 1 < MAX_ATTEMPTS:
                     tasks.append((attempt + 1, task))
                 else:
                     emit(_died(settings, task))

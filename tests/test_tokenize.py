@@ -1,0 +1,231 @@
+"""`codec-run tokenize` on the local engine: codes equal to `encode` file by file, at batch 1 and
+batch 4, every kind of input, the errors table, resuming after SIGKILL and after a killed
+worker, and codes of another model refused. Run on every registered codec's smoke export
+(which has batch-4 encoders)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import SMOKE_BATCH
+from tokenize_support import (
+    BIN,
+    add_bad_files,
+    assert_codes,
+    children,
+    kill_when,
+    make_corpus,
+    reference,
+    rows,
+    tokenize,
+)
+
+from codecport import registry
+
+CODECS = registry.names()
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_codes_equal_encode_at_batch_1_and_4(tmp_path, smoke_exports, name):
+    folder = smoke_exports[name]
+    corpus = tmp_path / "corpus"
+    files = make_corpus(corpus, 14)
+    bad = add_bad_files(corpus)
+    want = reference(folder, {p.relative_to(corpus).as_posix(): p for p in files})
+    out4 = tmp_path / "out4"
+    proc = tokenize(corpus, "-m", folder, "-o", out4)
+    assert f"{len(files)} files tokenized" in proc.stdout and f"{len(bad)} failed" in proc.stdout
+    got = rows(out4)
+    assert_codes(got, want)
+    row = got[next(iter(want))]
+    assert row["codec"] == name and row["codes"] and row["export_id"]
+    assert row["duration_s"] == pytest.approx(row["num_samples"] / row["sample_rate"])
+    errors = pq.read_table(out4 / "__errors__" / "errors.parquet").to_pylist()
+    assert {e["id"] for e in errors} == set(bad)
+    for e in errors:
+        assert bad[e["id"]] in e["error"] and "\n" not in e["error"], e
+    out1 = tmp_path / "out1"
+    tokenize(corpus, "-m", folder, "-o", out1, "--batch", "1", "--workers", "1")
+    assert_codes(rows(out1), want)
+    # The output is a dataset for Hugging Face datasets too.
+    ds = datasets.load_dataset("parquet", data_dir=str(out4), split="train")
+    assert ds.num_rows == len(files)
+    first = ds[0]
+    assert np.array_equal(np.array(first["codes"]), want[first["id"]])
+
+
+def test_a_row_equals_the_codes_codec_run_encode_writes(tmp_path, smoke_exports):
+    name = CODECS[0]
+    corpus = tmp_path / "corpus"
+    files = make_corpus(corpus, 3)
+    tokenize(corpus, "-m", smoke_exports[name], "-o", tmp_path / "out")
+    got = rows(tmp_path / "out")
+    for path in files:
+        npy = tmp_path / "x.npy"
+        subprocess.run([str(BIN / "codec-run"), "encode", str(path), "-m", str(smoke_exports[name]),
+                        "-o", str(npy)], check=True, capture_output=True)
+        assert np.array_equal(np.array(got[path.relative_to(corpus).as_posix()]["codes"]), np.load(npy))
+
+
+def test_every_kind_of_input(tmp_path, smoke_exports):
+    folder = smoke_exports[CODECS[0]]
+    corpus = tmp_path / "corpus"
+    files = make_corpus(corpus, 6)
+    want_by_path = {str(p.resolve()): c for p, c in zip(files, reference(folder, dict(zip(files, files))).values())}
+    (tmp_path / "list.txt").write_text("# clips\n" + "\n".join(str(p.relative_to(tmp_path)) for p in files[:2]))
+    with open(tmp_path / "list.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "path", "speaker"])
+        w.writerow(["utt-a", files[2], "s1"])
+    (tmp_path / "list.jsonl").write_text(json.dumps({"id": "utt-b", "path": str(files[3])}) + "\n")
+    pq.write_table(pa.table({"path": [str(files[4])]}), tmp_path / "list.parquet")
+    # A dataset in Hugging Face's layout: an Audio column of {bytes, path} structs.
+    hf = datasets.Dataset.from_dict({"id": ["hf-0"], "audio": [{"bytes": files[5].read_bytes(),
+                                                                "path": files[5].name}]})
+    hf = hf.cast_column("audio", datasets.Audio(decode=False))
+    (tmp_path / "hub" / "data").mkdir(parents=True)
+    hf.to_parquet(str(tmp_path / "hub" / "data" / "train-00000-of-00001.parquet"))
+    out = tmp_path / "out"
+    tokenize("list.txt", "list.csv", "list.jsonl", "list.parquet", "hub", str(corpus / "spk0" / "clip000.*"),
+             "-m", folder, "-o", out, cwd=tmp_path)
+    got = rows(out)
+    assert set(got) == {str(files[0].relative_to(tmp_path)), str(files[1].relative_to(tmp_path)), "utt-a",
+                        "utt-b", str(files[4]), "hf-0", str(corpus / "spk0" / "clip000.flac")}
+    for ident, row in got.items():
+        path = str(files[5].resolve()) if ident == "hf-0" else row["path"]
+        assert np.array_equal(np.array(row["codes"]), want_by_path[path]), ident
+    assert got["hf-0"]["path"].endswith("train-00000-of-00001.parquet#0")
+
+
+def test_bad_inputs_of_the_job_are_one_line(tmp_path, smoke_exports):
+    folder = smoke_exports[CODECS[0]]
+    (tmp_path / "a.wav").write_bytes(b"")
+    (tmp_path / "dup.txt").write_text("a.wav\na.wav\n")
+    (tmp_path / "nopath.csv").write_text("file\nx.wav\n")
+    (tmp_path / "bad.jsonl").write_text("[1, 2]\n")
+    cases = {"nothing/here": "no such file", "nomatch/*.wav": "matches no file",
+             "dup.txt": "comes twice", "nopath.csv": "no 'path' column", "bad.jsonl": "not a JSON object"}
+    for arg, words in cases.items():
+        proc = tokenize(arg, "-m", folder, "-o", tmp_path / "out", check=False, cwd=tmp_path)
+        assert proc.returncode == 1 and words in proc.stderr, (arg, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    proc = tokenize("a.wav", "-m", folder, "-o", tmp_path / "o2", "--batch", "8", check=False, cwd=tmp_path)
+    assert proc.returncode == 1 and f"--batch 8" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_resume_skips_done_redoes_changed_and_replaces_truncated(tmp_path, smoke_exports):
+    folder = smoke_exports[CODECS[0]]
+    corpus = tmp_path / "corpus"
+    files = make_corpus(corpus, 10)
+    out = tmp_path / "out"
+    tokenize(corpus, "-m", folder, "-o", out, "--shard-rows", "1")
+    first = rows(out)
+    proc = tokenize(corpus, "-m", folder, "-o", out)
+    assert "0 files tokenized" in proc.stdout and f"{len(files)} already done" in proc.stdout
+    # A changed input is tokenized again, and its old row goes.
+    changed = files[1]
+    st = changed.stat()
+    os.utime(changed, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    # A shard a killed copy left truncated, and a temporary file of a killed write.
+    shards = sorted(out.glob("part-*.parquet"))
+    victim = next(s for s in shards if changed.name not in str(pq.read_table(s).column("path")))
+    lost = pq.read_table(victim).column("id").to_pylist()
+    victim.write_bytes(victim.read_bytes()[:100])
+    (out / ".part-x.parquet.abc.part").write_bytes(b"half")
+    proc = tokenize(corpus, "-m", folder, "-o", out)
+    assert f"{1 + len(lost)} files tokenized" in proc.stdout, proc.stdout
+    again = rows(out)
+    assert set(again) == set(first)
+    for ident, row in first.items():
+        assert np.array_equal(np.array(again[ident]["codes"]), np.array(row["codes"]))
+    assert not victim.exists() and not list(out.glob(".*.part"))
+
+
+def test_codes_of_another_model_are_refused(tmp_path, smoke_exports):
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, 2)
+    out = tmp_path / "out"
+    a, b = (smoke_exports[n] for n in CODECS[:2])
+    tokenize(corpus, "-m", a, "-o", out)
+    proc = tokenize(corpus, "-m", b, "-o", out, check=False)
+    assert proc.returncode == 1 and "another model" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    proc = tokenize(corpus, "-m", a, "-o", tmp_path / "mine", check=False)
+    assert proc.returncode == 1 and "not a codecport tokenize output" in proc.stderr
+
+
+def _start(args, **kw) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "codec-run"), "tokenize", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+
+
+def test_sigkill_midway_then_rerun_gives_every_input_once(tmp_path, smoke_exports):
+    folder = smoke_exports[CODECS[0]]
+    corpus = tmp_path / "corpus"
+    files = make_corpus(corpus, 48, seed=3)
+    clean = tmp_path / "clean"
+    tokenize(corpus, "-m", folder, "-o", clean)
+    out = tmp_path / "out"
+    proc = _start([corpus, "-m", folder, "-o", out, "--workers", "1", "--shard-rows", "1"])
+    kill_when(proc, lambda: len(list(out.glob("part-*.parquet"))) >= 1)
+    partial = rows(out)
+    assert 0 < len(partial) < len(files)
+    tokenize(corpus, "-m", folder, "-o", out)
+    got, want = rows(out), rows(clean)
+    assert set(got) == set(want)
+    for ident in want:
+        assert np.array_equal(np.array(got[ident]["codes"]), np.array(want[ident]["codes"])), ident
+
+
+def test_a_killed_worker_is_replaced_and_nothing_is_lost(tmp_path, smoke_exports):
+    folder = smoke_exports[CODECS[0]]
+    corpus = tmp_path / "corpus"
+    files = make_corpus(corpus, 48, seed=4)
+    out = tmp_path / "out"
+    proc = _start([corpus, "-m", folder, "-o", out, "--workers", "2", "--shard-rows", "1", "-v"])
+    t0 = time.monotonic()
+    while not list(out.glob("part-*.parquet")):
+        assert proc.poll() is None and time.monotonic() - t0 < 120
+        time.sleep(0.02)
+    workers = [p for p in children(proc.pid)
+               if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+    assert workers
+    os.kill(workers[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "worker died" in err
+    got = rows(out)
+    want = reference(folder, {p.relative_to(corpus).as_posix(): p for p in files})
+    assert_codes(got, want)
+
+
+def test_export_batch_is_checked_before_exporting(tmp_path):
+    proc = subprocess.run([str(BIN / "codec-export"), CODECS[0], "--variant", "tiny", "--random-init",
+                           "--len", "4000", "--batch", "4", "--precision", "fp16", "-o", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "--batch" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_smoke_exports_hold_batched_encoders_validated_row_by_row(smoke_exports):
+    import codecport
+
+    for name, folder in smoke_exports.items():
+        codec = codecport.load(folder)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        for graph in codec.batchable:
+            if graph in codec.present:
+                assert codec.batches[graph] == [SMOKE_BATCH]
+                check = manifest["validation"][f"{graph}_b{SMOKE_BATCH}"]
+                assert check["rows_codes_identical"] == 1.0 and check["rows_max_abs_err"] <= 1e-4
