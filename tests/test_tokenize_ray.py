@@ -1,6 +1,7 @@
-"""`codec-run tokenize --engine ray`: a private local cluster, a real two-node cluster started on
-127.0.0.1 (one CPU each) and attached to with --address, a SIGKILLed job resumed, and a killed
-actor replaced. Codes must equal `encode` file by file, every input once."""
+"""`codec-run tokenize --engine ray`: a private local cluster whose job is SIGKILLed midway and
+resumed, and a real two-node cluster started on 127.0.0.1 (one CPU each), attached to with
+--address, on which an actor is killed midway. Codes must equal `encode` file by file, every
+input once, and no Ray daemon may outlive its cluster."""
 
 from __future__ import annotations
 
@@ -10,10 +11,21 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-from tokenize_support import BIN, add_bad_files, assert_codes, kill_when, make_corpus, reference, rows, tokenize
+import pytest
+from tokenize_support import (
+    BIN,
+    add_bad_files,
+    assert_codes,
+    kill_when,
+    make_corpus,
+    reference,
+    rows,
+    tokenize,
+)
 
 from codecport import registry
 
@@ -26,7 +38,7 @@ ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
 def _ray_processes() -> set[int]:
     """Ray's daemons (raylet, gcs_server) running now."""
     out = set()
-    for cmd in __import__("pathlib").Path("/proc").glob("[0-9]*/cmdline"):
+    for cmd in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             text = cmd.read_bytes()
         except OSError:
@@ -36,19 +48,37 @@ def _ray_processes() -> set[int]:
     return out
 
 
-def test_private_cluster_codes_equal_encode(tmp_path, smoke_exports):
-    # The last codec here, the first on the two-node cluster: both batch kinds on Ray (DAC's
-    # windows, Mimi's padded clips and its streamed long ones); test_tokenize runs every codec.
+def _start(args, env=None) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "codec-run"), "tokenize", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **ENV, **(env or {})})
+
+
+def test_private_cluster_sigkilled_midway_then_resumed(tmp_path, smoke_exports):
+    # The last codec here, the first on the two-node cluster: both kinds of batch on Ray (DAC's
+    # windows; Mimi's padded clips and its streamed long ones). test_tokenize runs every codec.
     folder = smoke_exports[CODECS[-1]]
     corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 12)
+    files = make_corpus(corpus, 32, seed=6)
     bad = add_bad_files(corpus)
+    out = tmp_path / "out"
     before = _ray_processes()
-    proc = tokenize(corpus, "-m", folder, "-o", tmp_path / "out", "--engine", "ray", "--workers", "2", env=ENV)
-    assert f"{len(files)} files tokenized" in proc.stdout and f"{len(bad)} failed" in proc.stdout
+    proc = _start([corpus, "-m", folder, "-o", out, "--engine", "ray", "--workers", "1", "--shard-rows", "1"])
+    kill_when(proc, lambda: len(list(out.glob("part-*.parquet"))) >= 1)
+    partial = rows(out)
+    assert 0 < len(partial) < len(files)
+    deadline = time.monotonic() + 30  # the killed driver's private cluster goes with it
+    while _ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _ray_processes() - before, "the killed job's cluster is still running"
+    proc = tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--workers", "2", env=ENV)
+    assert f"{len(files) - len(partial)} files tokenized" in proc.stdout and f"{len(bad)} failed" in proc.stdout
     assert "core_worker" not in proc.stderr and "WARNING" not in proc.stderr, proc.stderr
-    assert_codes(rows(tmp_path / "out"), reference(folder, {p.relative_to(corpus).as_posix(): p for p in files}))
-    errors = pq.read_table(tmp_path / "out" / "__errors__" / "errors.parquet").column("id").to_pylist()
+    want = reference(folder, {p.relative_to(corpus).as_posix(): p for p in files})
+    assert_codes(rows(out), want)
+    for ident in partial:  # the rows written before the kill were kept, not redone
+        assert np.array_equal(np.array(partial[ident]["codes"]), want[ident])
+    errors = pq.read_table(out / "__errors__" / "errors.parquet").column("id").to_pylist()
     assert set(errors) == set(bad)
     assert _ray_processes() <= before, "the private cluster outlived the job"
 
@@ -59,13 +89,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_node_cluster_on_127_0_0_1(tmp_path, smoke_exports):
-    folder = smoke_exports[CODECS[0]]
-    corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 16, seed=5)
+@pytest.fixture(scope="module")
+def cluster():
+    """Two Ray nodes on 127.0.0.1, one CPU each: (address, env), stopped at the end, pass or fail."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    # The nodes and the job share a token (Ray's token auth, which `ray start` turns on).
+    # The nodes and the jobs share a token (Ray's token auth, which `ray start` turns on).
     auth = {**ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     env = {**os.environ, **auth}
     common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
@@ -78,67 +107,48 @@ def test_two_node_cluster_on_127_0_0_1(tmp_path, smoke_exports):
         while "/2.0 CPU" not in status:  # both nodes registered: the cluster has two CPUs
             assert time.monotonic() < deadline, status
             time.sleep(1)
-            status = subprocess.run([RAY, "status", "--address", address], capture_output=True, text=True,
-                                    timeout=60, env=env).stdout
-        out = tmp_path / "out"
-        proc = tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address,
-                        "--workers", "2", env=auth)
-        assert f"{len(files)} files tokenized" in proc.stdout
-        assert_codes(rows(out), reference(folder, {p.relative_to(corpus).as_posix(): p for p in files}))
-        # Attached, a rerun resumes the same way.
-        proc = tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address, env=auth)
-        assert f"{len(files)} already done" in proc.stdout
+            status = subprocess.run([RAY, "status", "--address", address], check=False,
+                                    capture_output=True, text=True, timeout=60, env=env).stdout
+        yield address, auth
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=env)
+        subprocess.run([RAY, "stop", "--force"], check=False, capture_output=True, timeout=120, env=env)
     assert not _ray_processes(), "ray stop left daemons running"
 
 
-def _start(args) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "codec-run"), "tokenize", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, **ENV})
-
-
-def test_sigkill_midway_then_rerun_gives_every_input_once(tmp_path, smoke_exports):
+def test_two_node_cluster_codes_equal_encode(tmp_path, smoke_exports, cluster):
+    address, auth = cluster
     folder = smoke_exports[CODECS[0]]
     corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 64, seed=6)
+    files = make_corpus(corpus, 16, seed=5)
     out = tmp_path / "out"
-    before = _ray_processes()
-    proc = _start([corpus, "-m", folder, "-o", out, "--engine", "ray", "--workers", "1", "--shard-rows", "1"])
-    kill_when(proc, lambda: len(list(out.glob("part-*.parquet"))) >= 1)
-    partial = rows(out)
-    assert 0 < len(partial) < len(files)
-    deadline = time.monotonic() + 30  # the killed driver's private cluster goes with it
-    while _ray_processes() - before and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _ray_processes() - before, "the killed job's cluster is still running"
-    tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--workers", "1", env=ENV)
-    want = reference(folder, {p.relative_to(corpus).as_posix(): p for p in files})
-    got = rows(out)
-    assert_codes(got, want)
-    for ident in partial:  # the rows written before the kill were kept, not redone
-        assert np.array_equal(np.array(partial[ident]["codes"]), want[ident])
+    proc = tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address,
+                    "--workers", "2", env=auth)
+    assert f"{len(files)} files tokenized" in proc.stdout
+    assert_codes(rows(out), reference(folder, {p.relative_to(corpus).as_posix(): p for p in files}))
+    proc = tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address, env=auth)
+    assert f"{len(files)} already done" in proc.stdout
 
 
-def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path, smoke_exports):
+def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path, smoke_exports, cluster):
+    address, auth = cluster
     folder = smoke_exports[CODECS[0]]
     corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 64, seed=7)
+    files = make_corpus(corpus, 40, seed=7)
     out = tmp_path / "out"
-    proc = _start([corpus, "-m", folder, "-o", out, "--engine", "ray", "--workers", "1", "--shard-rows", "1"])
+    proc = _start([corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address,
+                   "--workers", "1", "--shard-rows", "1"], env=auth)
     t0 = time.monotonic()
     while not list(out.glob("part-*.parquet")):
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() - t0 < 120
         time.sleep(0.02)
-    actors = [int(c.parent.name) for c in __import__("pathlib").Path("/proc").glob("[0-9]*/cmdline")
-              if b"MapWorker" in _read(c)]
+    actors = [int(c.parent.name) for c in Path("/proc").glob("[0-9]*/cmdline") if b"MapWorker" in _read(c)]
     assert actors, "no actor process found"
     os.kill(actors[0], signal.SIGKILL)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    assert_codes(rows(out), reference(folder, {p.relative_to(corpus).as_posix(): p for p in files}))
+    got = rows(out)
+    assert_codes(got, reference(folder, {p.relative_to(corpus).as_posix(): p for p in files}))
 
 
 def _read(path) -> bytes:

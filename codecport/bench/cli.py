@@ -6,6 +6,7 @@ timings and the peak RSS are its own. Needs the [export] extra (the model is exp
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -23,6 +24,7 @@ from .. import __version__, registry
 from ..atomic import atomic_path
 from ..errors import CodecportError
 from .measure import gemm_peak, graph_flops, pool
+from .tokenize import tokenize_cmd
 
 # Contenders that are not installed here are listed, skipped, with the reason.
 _OPTIONAL = {
@@ -31,7 +33,8 @@ _OPTIONAL = {
 }
 
 
-def _prepare(spec, variant: str, seconds: float, frames: int, seed: int, out: Path) -> dict:
+def _prepare(spec, variant: str, seconds: float, frames: int, seed: int, out: Path,
+             batch: int | None = None) -> dict:
     """Export the model (random weights) once into `out`, with its weights and config."""
     from safetensors.torch import save_file
 
@@ -40,7 +43,8 @@ def _prepare(spec, variant: str, seconds: float, frames: int, seed: int, out: Pa
     model = models.init_random(models.MODEL(cfg), seed).eval()
     samples = hooks.clip_samples(cfg, seconds)
     spec.module("export").export(model, out / "model", samples, options=hooks.export_options(frames),
-                                 variant=variant, weights=f"random-init seed {seed}", weights_sha256="none")
+                                 variant=variant, weights=f"random-init seed {seed}", weights_sha256="none",
+                                 batch=batch)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "weights.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg.to_kwargs()))
     return {"samples": samples, "sample_rate": cfg.sample_rate}
@@ -212,7 +216,7 @@ def _plot(report: dict, path: Path) -> None:
               help="Keep the exported model here and reuse it on the next run [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Bar chart PNG (matplotlib).")
-def main(codec, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
+def codec_cmd(codec, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
          contenders, official_python, minutes, work, json_out, plot) -> None:
     """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
     import tempfile
@@ -265,6 +269,17 @@ def main(codec, variant, seconds, runs, rounds, providers, precisions, steps, fr
     if plot:
         _plot(report, plot)
         click.echo(f"wrote {plot}")
+
+
+main = click.Group("codec-bench", context_settings={"show_default": True},
+                   help="Benchmark a codec (our graphs against torch and the official packages), or "
+                        "corpus tokenizing (`codec-bench tokenize`).")
+for _spec in registry.codecs():
+    main.add_command(click.Command(
+        _spec.name, params=[p for p in codec_cmd.params if p.name != "codec"],
+        callback=functools.partial(codec_cmd.callback, _spec.name), context_settings={"show_default": True},
+        help=f"Benchmark {_spec.label}: our ONNX graphs vs the torch implementations, one process each."))
+main.add_command(tokenize_cmd)
 
 
 def _export_source_hash() -> str:
