@@ -229,3 +229,51 @@ def test_smoke_exports_hold_batched_encoders_validated_row_by_row(smoke_exports)
                 assert codec.batches[graph] == [SMOKE_BATCH]
                 check = manifest["validation"][f"{graph}_b{SMOKE_BATCH}"]
                 assert check["rows_codes_identical"] == 1.0 and check["rows_max_abs_err"] <= 1e-4
+
+
+@pytest.mark.parametrize("name", CODECS)
+def test_batcher_full_padded_and_row_by_row_batches_give_encode_codes(smoke_exports, name):
+    import codecport
+    from codecport.runtime.audio import ArraySource
+    from codecport.runtime.batch import Batcher
+
+    codec = codecport.load(smoke_exports[name])
+    sr = codec.sample_rate
+    graph = codec.window_plan(ArraySource(np.zeros((1, int(0.05 * sr)), np.float32), sr), None).graph
+    assert graph in codec.batches
+    rng = np.random.default_rng(1)
+    for count in (1, 2, SMOKE_BATCH + 1):  # row by row; padded (half full); a full batch and one more
+        clips = [(0.2 * rng.standard_normal((1, int(0.05 * sr)))).astype(np.float32) for _ in range(count)]
+        calls = []
+        opened = codec.graph
+
+        class Counting:  # a graph that notes each run
+            def __init__(self, g, _opened=opened, _calls=calls):
+                self.g, self.inner, self.calls = g, _opened(g), _calls
+
+            def __getattr__(self, key):
+                return getattr(self.inner, key)
+
+            def __call__(self, x):
+                self.calls.append(self.g)
+                return self.inner(x)
+
+        graph_of = Counting
+
+        codec.graph = graph_of
+        try:
+            batcher = Batcher(codec, SMOKE_BATCH)
+            done = []
+            for i, x in enumerate(clips):
+                plan = codec.window_plan(ArraySource(x, sr), None)
+                assert plan is not None and plan.graph == graph
+                done += batcher.add(i, plan)
+            done += batcher.flush()
+        finally:
+            del codec.graph
+        got = dict(done)
+        for i, x in enumerate(clips):
+            assert np.array_equal(got[i].data, codec.encode(x, sr).data), (count, i)
+        batched = f"{graph}_b{SMOKE_BATCH}"
+        assert (batched in calls) == (count > 1), (count, calls)
+        assert (graph in calls) == (count % SMOKE_BATCH == 1), (count, calls)

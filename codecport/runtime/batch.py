@@ -4,7 +4,8 @@ A codec describes how it would encode a clip as a `WindowPlan`: the independent 
 would put through one encoder graph, and how the codes of those windows make the clip's `Codes`.
 `Codec.encode_source` runs a plan one window at a time; `Batcher` takes the windows of many
 plans, fills the rows of the batched copy of that graph with them (B windows a call, from any
-clips, the last call padded with silence) and finishes each clip when its last window is done.
+clips; a last call padded with silence, or run row by row when it is less than half full) and
+finishes each clip when its last window is done.
 The codes are the same either way: each row of a batched graph is checked against the batch-1
 graph when it is exported.
 """
@@ -46,7 +47,8 @@ class Batcher:
     """Encodes the windows of many clips `batch` at a time.
 
     `add(key, plan)` reads the plan's windows into the queue of its graph and runs every full
-    batch; `flush()` runs what is left, padded. Both return `(key, Codes)` for each clip whose
+    batch; `flush()` runs what is left: padded with silence when it fills half the batch or
+    more, else row by row through the batch-1 graph. Both return `(key, Codes)` for each clip whose
     codes are complete, or `(key, error)` for a clip whose audio failed while it was read.
     """
 
@@ -97,14 +99,19 @@ class Batcher:
         queue = self._queues[name]
         rows = queue[:self.batch]
         del queue[:self.batch]
-        graph = self.codec.graph(self.graph_for(name))
-        x = np.zeros((self.batch, 1, rows[0][2].shape[-1]), np.float32)  # silence pads the last
-        for i, (_, _, window) in enumerate(rows):
-            x[i, 0] = window
-        y = graph(x)
+        if 2 * len(rows) < self.batch:
+            # A last batch less than half full: its rows through the batch-1 graph cost less
+            # than a call padded with silence (the codes are the same, checked at export).
+            single = self.codec.graph(name)
+            ys = [single(window[None, None])[0] for _, _, window in rows]
+        else:
+            x = np.zeros((self.batch, 1, rows[0][2].shape[-1]), np.float32)  # silence pads it
+            for i, (_, _, window) in enumerate(rows):
+                x[i, 0] = window
+            ys = self.codec.graph(self.graph_for(name))(x)
         done = []
-        for i, (clip, index, _) in enumerate(rows):
-            clip.codes[index] = self.codec.latent_codes(y[i], clip.plan.k)
+        for (clip, index, _), y in zip(rows, ys):
+            clip.codes[index] = self.codec.latent_codes(y, clip.plan.k)
             clip.waiting -= 1
             done += self._finished(clip)
         return done

@@ -12,6 +12,7 @@ written yet and a rerun does only the rest. The codes of every row are those
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 import threading
@@ -130,7 +131,10 @@ def tokenize(inputs: list[str], model_dir: str | Path, out_dir: str | Path, *, e
         items = read_inputs(inputs)
         todo = out.todo(items)
         summary = Summary(files=len(items), skipped=len(items) - len(todo))
-        per_task = files_per_task or max(8, 2 * batch)
+        # Tasks of a few batches' worth of files, but at least two a worker, so that a small
+        # job keeps every worker busy to the end.
+        share = math.ceil(len(todo) / (2 * (workers or cpu_cores())))
+        per_task = files_per_task or max(1, min(max(8, 2 * batch), share))
         bar = tqdm(total=len(todo), unit="file", desc="tokenize", disable=None if progress else True)
         last = [time.monotonic()]
 
