@@ -353,10 +353,31 @@ def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, prec
             "first_steps_ms": [round(a + b, 2) for a, b in zip(enc_ms[:w], dec_ms[:w], strict=True)],
             "encode_step": percentiles(enc_ms[w:]), "decode_step": percentiles(dec_ms[w:]),
             "encode_plus_decode": percentiles([a + b for a, b in zip(enc_ms[w:], dec_ms[w:], strict=True)])}
+    check_batched(dev, ref, args, par, timing)
     for what, r in par.items():
         gate(r, f"{label} {what}", precision, failures)
     out["parity"], out["timing"] = par, timing
     return keep
+
+
+def check_batched(dev, ref, args, par: dict, timing: dict) -> None:
+    """The batched encoders (`codec-export --batch B`, for corpus tokenizing): each row's codes on
+    the device against the reference's batch-1 graph, and B rows a call against B single calls."""
+    sr, k = dev.sample_rate, dev.codebooks(None)
+    for graph, sizes in dev.batches.items():
+        single = dev.graph(graph)
+        samples = single.int("window") if "window" in single.meta else single.int("samples")
+        for b in sizes:
+            name = f"{graph}_b{b}"
+            x = np.stack([make_clip(samples, sr, seed=10 + i) for i in range(b)])
+            y = dev.graph(name)(x)
+            got = np.stack([dev.latent_codes(row, k) for row in y])
+            want = np.stack([ref.latent_codes(ref.graph(graph)(row[None])[0], k) for row in x])
+            par[f"{name}_rows"] = agreement(want, got)
+            secs = b * samples / sr
+            timing["device"][f"{name}_graph"] = graph_timing(dev.graph(name), x, args.runs, secs)
+            timing["device"][f"{graph}_graph_x{b}"] = timed(
+                lambda g=single, x=x: [g(row[None]) for row in x], args.runs, secs)[1]
 
 
 def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_refs: dict) -> dict:
@@ -372,7 +393,8 @@ def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_re
     t0 = time.perf_counter()
     dev = codecport.load(folder, provider=args.device_provider, options=options)  # opens the first graph
     opened = {dev.present[0]: round(time.perf_counter() - t0, 3)}
-    for name in dev.present[1:]:  # every graph now, so no open time is folded into a timing
+    batched = [f"{g}_b{b}" for g, sizes in dev.batches.items() for b in sizes]
+    for name in [*dev.present[1:], *batched]:  # every graph now: no open time folded into a timing
         t1 = time.perf_counter()
         dev.graph(name)
         opened[name] = round(time.perf_counter() - t1, 3)

@@ -56,7 +56,10 @@ export_tiny() {  # codec precision out_dir: a small export of the codec, with se
 print(" ".join(registry.get(sys.argv[1]).smoke))' "$codec")"
     rm -rf "$out"
     # --precision fp16: fp16 graphs with fp32 inputs/outputs, built from the validated fp32 ones.
-    codec-export "$codec" "${args[@]}" --random-init --target cuda --precision "$precision" -o "$out"
+    # fp32 adds batch-8 encoders (corpus tokenizing): each row is checked against batch 1.
+    local batch=()
+    [ "$precision" = fp32 ] && batch=(--batch 8)
+    codec-export "$codec" "${args[@]}" "${batch[@]}" --random-init --target cuda --precision "$precision" -o "$out"
 }
 
 carried_bytes() {  # what one `run` sends: tracked and untracked-not-ignored files, plus $@
@@ -188,7 +191,7 @@ variant_of_folder; variant_of_folder(Path(sys.argv[1]), Path(sys.argv[2]), Shapi
         local name preset rate
         while read -r name preset rate; do
             timeout "$(left)" python3 -c "$export_cli" "$name" --variant "$preset" --len "$rate" \
-                --random-init --target cuda -o "$work/$name-$preset-fp32" ||
+                --batch 8 --random-init --target cuda -o "$work/$name-$preset-fp32" ||
                 echo "$name export failed or ran out of time"
         done < <(python3 -c 'from codecport import registry
 for c in registry.codecs():

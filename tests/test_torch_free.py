@@ -1,5 +1,5 @@
-"""The runtime needs no torch: an exported folder of every codec is encoded and decoded, through
-the API and through `codec-run`, in a process where torch, onnx and the other export-only
+"""The runtime needs no torch: an exported folder of every codec is encoded and decoded (and
+tokenized), through the API and through `codec-run`, in a process where torch, onnx and the other export-only
 packages cannot be imported at all."""
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ codes.save(out + "/api.npz")
 decoded, rate = codec.decode(codecport.load_codes(out + "/api.npz"))
 for args in (["encode", wav, "-m", folder, "-o", out + "/cli.npz"],
              ["decode", out + "/cli.npz", "-m", folder, "-o", out + "/cli.wav"],
-             ["info", folder, "--json"]):
+             ["info", folder, "--json"],
+             ["tokenize", wav, "-m", folder, "-o", out + "/tokens", "--workers", "1"]):
     try:
         run_cli.main(args, standalone_mode=False)
     except SystemExit as e:
@@ -64,6 +65,10 @@ def test_a_folder_runs_without_torch(smoke_exports, tmp_path, name):
     assert result["shape"] == [2, 9000] and result["rate"] == 22050 and result["frames"][0] > 0
     y, sr = sf.read(tmp_path / "cli.wav", dtype="float32", always_2d=True)
     assert sr == 22050 and y.shape == (9000, 2) and np.isfinite(y).all()
+    import pyarrow.dataset as pads
+
+    row = pads.dataset(tmp_path / "tokens", format="parquet").to_table().to_pylist()
+    assert len(row) == 1 and np.array_equal(np.array(row[0]["codes"]), np.load(tmp_path / "api.npz")["codes_0"])
 
 
 def test_the_blocker_blocks(tmp_path):

@@ -42,6 +42,7 @@ class Codec(GraphFolder):
     """
 
     default_codebooks: int | None = None  # codebooks `encode` uses unless told (None: all)
+    levels: int = 1  # time scales of its codes: arrays in `Codes` (a multi-scale codec has more)
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
                  options: dict[str, str] | None = None):

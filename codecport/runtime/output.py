@@ -47,14 +47,20 @@ def code_type(codebook_size: int):
 
 def schema(codec):
     pa, _ = _pa()
+    codes = pa.list_(pa.list_(pa.list_(code_type(codec.codebook_size))))
     return pa.schema([
         ("id", pa.string()), ("path", pa.string()),
-        ("codes", pa.list_(pa.list_(pa.list_(code_type(codec.codebook_size))))),
+        # `codes` is the first time scale; a multi-scale codec adds codes_1, codes_2...
+        *[(_codes_name(level), codes) for level in range(codec.levels)],
         ("n_frames", pa.int32()), ("sample_rate", pa.int32()), ("num_samples", pa.int64()),
         ("duration_s", pa.float64()), ("codec", pa.string()), ("variant", pa.string()),
         ("n_codebooks", pa.int16()), ("export_id", pa.string()), ("input_key", pa.string()),
         ("error", pa.string()),
     ])
+
+
+def _codes_name(level: int) -> str:
+    return "codes" if level == 0 else f"codes_{level}"
 
 
 def _codes_array(arrays: list[np.ndarray], value_type):
@@ -77,12 +83,15 @@ def result_table(codec, items, results: dict):
     sch = schema(codec)
     empty = np.zeros((0, 0, 0), np.int64)
     cols = {name: [] for name in sch.names}
-    arrays = []
+    levels: list[list[np.ndarray]] = [[] for _ in range(codec.levels)]
     for item in items:
         r = results.get(item.id, CodecportError("no result came back for this input"))
+        if not isinstance(r, BaseException) and len(r.arrays) != codec.levels:
+            r = CodecportError(f"{len(r.arrays)} time scales of codes, the codec declares {codec.levels}")
         ok = not isinstance(r, BaseException)
-        a = r.arrays[0] if ok else empty
-        arrays.append(a)
+        for level, arrays in enumerate(levels):
+            arrays.append(r.arrays[level] if ok else empty)
+        a = levels[0][-1]
         cols["id"].append(item.id)
         cols["path"].append(item.path)
         cols["n_frames"].append(a.shape[2] if ok else 0)
@@ -95,8 +104,10 @@ def result_table(codec, items, results: dict):
         cols["export_id"].append(codec.export_id)
         cols["input_key"].append(item.key)
         cols["error"].append(None if ok else _one_line(r))
-    data = {n: (_codes_array(arrays, sch.field("codes").type.value_type.value_type.value_type)
-                if n == "codes" else pa.array(v, sch.field(n).type)) for n, v in cols.items()}
+    value_type = sch.field("codes").type.value_type.value_type.value_type
+    coded = {_codes_name(level): arrays for level, arrays in enumerate(levels)}
+    data = {n: (_codes_array(coded[n], value_type) if n in coded else pa.array(v, sch.field(n).type))
+            for n, v in cols.items()}
     return pa.table(data, schema=sch)
 
 
@@ -202,9 +213,9 @@ class OutputDir:
         failed = pc.is_valid(table.column("error"))
         bad = table.filter(failed)
         ok = table.filter(pc.invert(failed)).drop_columns(["error"])
-        errors = list(zip(bad.column("id").to_pylist(), bad.column("error").to_pylist()))
-        self._errors += [(i, p, e) for i, p, e in zip(bad.column("id").to_pylist(),
-                                                      bad.column("path").to_pylist(), [e for _, e in errors])]
+        ids, why = bad.column("id").to_pylist(), bad.column("error").to_pylist()
+        self._errors += list(zip(ids, bad.column("path").to_pylist(), why))
+        errors = list(zip(ids, why))
         if ok.num_rows:
             self._buffer.append(ok)
         return ok, errors

@@ -120,11 +120,11 @@ def tokenize(inputs: list[str], model_dir: str | Path, out_dir: str | Path, *, e
     t0 = time.perf_counter()
     if engine not in ENGINES:
         raise CodecportError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    codec = Settings(str(Path(model_dir).resolve()), provider, fallback, tuple((options or {}).items())).open()
+    base = Settings(str(Path(model_dir).resolve()), provider, fallback, tuple((options or {}).items()))
+    codec = base.open()
     if batch is None:  # the folder's batched graphs, where it has them
         batch = max([b for sizes in codec.batches.values() for b in sizes], default=1)
-    settings = Settings(str(Path(model_dir).resolve()), provider, fallback, tuple((options or {}).items()),
-                        batch, codec.codebooks(codebooks))
+    settings = replace(base, batch=batch, codebooks=codec.codebooks(codebooks))
     Batcher(codec, batch).check()
     out = OutputDir(Path(out_dir), codec, settings.codebooks)
     with out.lock():
@@ -152,14 +152,15 @@ def tokenize(inputs: list[str], model_dir: str | Path, out_dir: str | Path, *, e
             bar.set_postfix_str(f"{hours:.2f} h audio, {summary.audio_s / max(1e-9, time.perf_counter() - t0):.0f} h/h")
 
         with bar:
-            if todo:
-                if engine == "local":
+            try:
+                if todo and engine == "local":
                     run_local(todo, settings, workers, per_task, emit)
-                else:
+                elif todo:
                     from .tokenize_ray import run_ray
 
                     run_ray(todo, settings, address, workers, per_task, emit)
-            out.flush()
+            finally:  # interrupted or failed, the rows that came back are kept
+                out.flush()
         out.finish()
     summary.wall_s = time.perf_counter() - t0
     log.info("%s", summary.line())
