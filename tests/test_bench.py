@@ -340,3 +340,21 @@ def test_unfold_weight_norm_is_what_torch_weight_norm_folds_back():
     assert set(back) == set(sd)
     for k, want in sd.items():
         torch.testing.assert_close(back[k], want)
+
+
+def test_bench_tokenize_runs_every_local_contender_and_reports_ratios(tmp_path):
+    """`codec-bench tokenize` end to end on the tiny DAC (its Ray contenders are the same command
+    with --engine ray, which test_tokenize_ray runs)."""
+    out = tmp_path / "tok.json"
+    proc = subprocess.run([str(BIN / "codec-bench"), "tokenize", "--codec", "dac", "--variant", "tiny",
+                           "--len", "0.1", "--batch", "2", "--clips", "3", "--min-seconds", "0.1",
+                           "--max-seconds", "0.3", "--slices", "1", "--short-clips", "2", "--no-ray",
+                           "--json", str(out)], capture_output=True, text=True, check=False, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert set(report["results"]) == {"torch-loop", "local b1", "local b2"}
+    for name, r in report["results"].items():
+        assert r["audio_s_per_s"] > 0 and r["start_s"] > 0 and r["wall_s"] > 0
+        assert ("per_file_ms" in r) == (name != "torch-loop")
+        assert r["vs_torch_loop"] == r["audio_s_per_s"] / report["results"]["torch-loop"]["audio_s_per_s"]
+    assert "local b2" in proc.stdout and "vs torch" in proc.stdout

@@ -59,7 +59,7 @@ def test_private_cluster_sigkilled_midway_then_resumed(tmp_path, smoke_exports):
     # windows; Mimi's padded clips and its streamed long ones). test_tokenize runs every codec.
     folder = smoke_exports[CODECS[-1]]
     corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 32, seed=6)
+    files = make_corpus(corpus, 20, seed=6, max_s=0.5)
     bad = add_bad_files(corpus)
     out = tmp_path / "out"
     before = _ray_processes()
@@ -133,7 +133,7 @@ def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path, smoke_exports,
     address, auth = cluster
     folder = smoke_exports[CODECS[0]]
     corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 40, seed=7)
+    files = make_corpus(corpus, 24, seed=7)
     out = tmp_path / "out"
     proc = _start([corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address,
                    "--workers", "1", "--shard-rows", "1"], env=auth)

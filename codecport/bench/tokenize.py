@@ -7,8 +7,8 @@ of mixed lengths, rates and channels), so that a slow spell of the machine falls
 - `local`: `codec-run tokenize --engine local`, at batch 1 and batch B;
 - `ray-1`, `ray-2`: `codec-run tokenize --engine ray` with 1 and 2 actors, at batch 1 and B.
 Each is also run once on a single short clip: that wall time is what the engine costs to start
-(Python, sessions, workers or a Ray cluster), reported beside the rates; and on `MANY` short
-clips, which gives what a file costs beyond its audio (reading, resampling, scheduling, and the
+(Python, sessions, workers or a Ray cluster), reported beside the rates; and on `--short-clips`
+clips of 0.2 s, which gives what a file costs beyond its audio (reading, resampling, scheduling, and the
 padding of a short clip to the fixed graph).
 """
 
@@ -28,7 +28,6 @@ from .. import registry
 from ..atomic import atomic_path
 
 BIN = Path(sys.executable).parent
-MANY = 40  # short clips (0.2 s) whose wall time, less the start and their audio, is per-file cost
 
 
 def make_corpus(root: Path, clips: int, min_s: float, max_s: float, seed: int = 0) -> float:
@@ -108,10 +107,13 @@ def _contenders(batch: int, with_ray: bool) -> dict[str, dict]:
 @click.option("--max-seconds", type=float, default=20.0)
 @click.option("--slices", type=click.IntRange(min=1), default=2,
               help="Corpus slices the contenders take turns over (order reversed every other slice).")
+@click.option("--short-clips", "many", type=click.IntRange(min=1), default=40,
+              help="Clips of 0.2 s whose wall time, less the start and their audio, gives the cost "
+                   "per file.")
 @click.option("--ray/--no-ray", "with_ray", default=True, help="Include the Ray engine.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None)
-def tokenize_cmd(codec, variant, length, batch, frames, clips, min_seconds, max_seconds, slices, with_ray,
-                 json_out) -> None:
+def tokenize_cmd(codec, variant, length, batch, frames, clips, min_seconds, max_seconds, slices, many,
+                 with_ray, json_out) -> None:
     """Corpus tokenizing: our engines against a torch loop, audio seconds per wall second."""
     from .cli import _prepare
 
@@ -131,9 +133,9 @@ def tokenize_cmd(codec, variant, length, batch, frames, clips, min_seconds, max_
         one = work / "one"
         one.mkdir()
         make_corpus(one, 1, 0.5, 0.5)
-        many = work / "many"
-        many.mkdir()
-        make_corpus(many, MANY, 0.2, 0.2, seed=9)
+        shorts = work / "short"
+        shorts.mkdir()
+        make_corpus(shorts, many, 0.2, 0.2, seed=9)
         contenders = _contenders(batch, with_ray)
         k = registry.get(codec).runtime.default_codebooks
         results = {name: {"wall_s": 0.0} for name in contenders}
@@ -161,14 +163,14 @@ def tokenize_cmd(codec, variant, length, batch, frames, clips, min_seconds, max_
                 click.echo(f"  slice {i + 1}/{slices} {name:<12} {audio[i] / wall:7.1f} audio s per s", err=True)
         for name in contenders:
             if contenders[name]:
-                wall = _run(command(name, many, work / f"out-many-{runs}"))
+                wall = _run(command(name, shorts, work / f"out-short-{runs}"))
                 runs += 1
                 results[name]["many_wall_s"] = wall
     total = sum(audio)
     for r in results.values():
         r["audio_s_per_s"] = total / r["wall_s"]
         if "many_wall_s" in r:  # beyond its start and its audio at the corpus's rate
-            r["per_file_ms"] = 1000 * ((r["many_wall_s"] - r["start_s"]) / MANY - 0.2 / r["audio_s_per_s"])
+            r["per_file_ms"] = 1000 * ((r["many_wall_s"] - r["start_s"]) / many - 0.2 / r["audio_s_per_s"])
     report = {"codec": codec, "variant": variant, "len_s": length, "batch": batch, "frames": frames,
               "clips": clips,
               "audio_s": total, "seconds": [min_seconds, max_seconds], "slices": slices, "results": results}
