@@ -1,5 +1,6 @@
 """Offline demo of the main job, for every registered codec: export it, then encode and decode a
-generated clip through `codecport.load`, and check the fixed graphs against torch.
+generated clip through `codecport.load`, tokenize a small folder into Parquet, and check the
+fixed graphs against torch.
 
 Runs without network access, so the weights are seeded random ones (clearly not a trained
 codec: the decoded audio is noise). With real weights, pass `--weights NAME` to codec-export.
@@ -90,6 +91,8 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
         click.echo(f"live stream, {1000 * step / codec.sample_rate:g} ms a call (encode + decode): "
                    f"median {1e3 * np.median(lat):.1f} ms, p95 {1e3 * np.percentile(lat, 95):.1f} ms")
 
+    tokens_ok = _tokenize(codec, out_dir)
+
     # One call of the fixed graphs against the torch reference.
     one = clip[:, :length]
     fixed = codec.encode(one, codec.sample_rate, mode="fixed").data
@@ -101,7 +104,30 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
     n = min(onnx_audio.shape[1], want_audio.shape[1])
     click.echo(f"fixed graphs, {call_seconds:g} s: codes {'identical to' if same else 'DIFFER from'} torch, "
                f"decoded audio max abs error vs torch {np.abs(onnx_audio[:, :n] - want_audio[:, :n]).max():.2e}")
-    return same
+    return same and tokens_ok
+
+
+def _tokenize(codec, out_dir: Path) -> bool:
+    """The corpus job: a folder of clips (mixed rates, a stereo one, a corrupt one) through
+    `codec-run tokenize`'s local engine into a Parquet dataset, a row checked against encode."""
+    import codecport
+    from codecport.runtime.tokenize import tokenize
+
+    corpus = out_dir / "corpus"
+    corpus.mkdir(parents=True, exist_ok=True)
+    for i, (rate, seconds) in enumerate([(16000, 1.0), (22050, 1.5), (44100, 0.7), (48000, 2.0), (24000, 1.2)]):
+        clip = _clip(rate, seconds)
+        codecport.write_audio(corpus / f"clip{i}.wav", np.concatenate([clip, clip]) if i == 2 else clip, rate)
+    (corpus / "broken.wav").write_bytes(b"RIFF not really a wav")
+    summary = tokenize([str(corpus)], codec.dir, out_dir / "tokens", workers=2)
+    import pyarrow.dataset as pads
+
+    rows = {r["id"]: r for r in pads.dataset(out_dir / "tokens", format="parquet").to_table().to_pylist()}
+    same = np.array_equal(np.array(rows["clip3.wav"]["codes"]), codec.encode_file(corpus / "clip3.wav").data)
+    click.echo(f"tokenize (a folder of 6 files, 2 workers): {summary.line()}; {out_dir / 'tokens'} "
+               f"holds {len(rows)} rows, clip3's codes {'equal' if same else 'DIFFER from'} encode's, "
+               f"and the broken file is in __errors__/errors.parquet")
+    return same and len(rows) == 5 and summary.failed == 1
 
 
 if __name__ == "__main__":
