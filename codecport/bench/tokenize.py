@@ -93,7 +93,7 @@ def _contenders(batch: int, with_ray: bool) -> dict[str, dict]:
 
 
 @click.command("tokenize", context_settings={"show_default": True})
-@click.option("--codec", type=click.Choice(registry.names()), default="mimi")
+@click.option("--codec", type=click.Choice(registry.names()), required=True, help="The codec to export and run.")
 @click.option("--variant", default=None, help="Preset [default: the codec's default].")
 @click.option("--len", "length", type=float, default=5.0,
               help="Seconds per call of the fixed graphs and of DAC's windows. Mimi batches the clips "
