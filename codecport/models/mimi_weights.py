@@ -107,7 +107,8 @@ def config_from_transformers(conf: dict, source: str) -> MimiConfig:
                    "pad_mode": "constant", "audio_channels": 1, "trim_right_ratio": 1.0,
                    "num_key_value_heads": heads, "hidden_act": "gelu", "norm_eps": 1e-5}
     for key, want in unsupported.items():
-        if conf.get(key, want) != want:
+        # Only what the file says: a default taken from a bad field (heads NaN) is not the file's.
+        if key in conf and conf[key] != want:
             raise CheckpointError(f"{source}: config {key}={conf[key]!r} is not supported "
                                   f"(Mimi uses {want!r})")
     try:
