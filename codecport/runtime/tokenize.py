@@ -67,8 +67,7 @@ class Worker:
         self.codec = settings.open()
         self.k = self.codec.codebooks(settings.codebooks)
         self.reader = ParquetRows()
-        self.batcher = Batcher(self.codec, settings.batch)
-        self.batcher.check()
+        self.batcher = Batcher(self.codec, settings.batch)  # its graphs checked by the driver
 
     def __call__(self, items: list[Item]):
         results: dict[str, object] = {}
