@@ -48,11 +48,25 @@ class CodeFormat:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """Another arrangement of a codec's codes in a file (`codec-run encode/decode --layout
+    NAME`), e.g. the flat sequence a TTS model's tokens follow."""
+
+    name: str
+    suffix: str
+    load: Callable  # (path) -> Codes
+    save: Callable  # (codes, path) -> None
+    help: str = ""
+
+
+@dataclass(frozen=True)
 class CodecSpec:
     runtime: type  # the `Codec` subclass; its `name` and `label` name the codec
     default_variant: str  # the preset used when none is named
     export_options: tuple[Option, ...] = ()
     formats: tuple[CodeFormat, ...] = ()
+    layouts: tuple[Layout, ...] = ()
+    level_arrays: bool = False  # one codebook per time scale: `.npz` holds each as [channels, frames]
     smoke: tuple[str, ...] = ()  # codec-export arguments for a small export with every graph
     # The codec's other layers, by module path; left empty, the layout's own names for `name`:
     config: str = ""  # models/<name>_config.py: `PRESETS` (name -> config), `CONFIG` (the config
@@ -137,6 +151,23 @@ def code_format(suffix: str, codec: str | None) -> CodeFormat | None:
     """The codec-declared format for `suffix`, of `codec` (any codec when None)."""
     return next((f for c in codecs() if codec in (None, c.name) for f in c.formats if f.suffix == suffix),
                 None)
+
+
+def layout(name: str, codec: str) -> Layout:
+    """`codec`'s layout `name`, or `CodesError` naming the codecs that have it."""
+    from .errors import CodesError
+
+    spec = get(codec)
+    found = next((lay for lay in spec.layouts if lay.name == name), None)
+    if found is None:
+        have = [c.name for c in codecs() if any(lay.name == name for lay in c.layouts)]
+        raise CodesError(f"the {name} layout is for {', '.join(have) or 'no codec'} codes; this "
+                         f"folder holds {spec.label}")
+    return found
+
+
+def layout_names() -> list[str]:
+    return sorted({lay.name for c in codecs() for lay in c.layouts})
 
 
 def code_suffixes() -> list[str]:

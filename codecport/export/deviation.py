@@ -24,7 +24,8 @@ class CodecHooks:
     `open(dir)` builds the runtime codec for an export folder. `encode(codec, name, clip)` gives
     codes for a clip `[1, N]` at the model rate through encoder graph `name` (the clip cut to
     what that graph's path takes); `decode(codec, name, codes)` gives audio through decoder
-    graph `name`. `pairs` maps each encoder to the decoder its codes go back through.
+    graph `name`. `pairs` maps each encoder to the decoder its codes go back through (or to
+    several, as a tuple: a codec with two decoders for one encoder's codes).
     `clip_samples` is a clip length that reaches every graph (chunked/step ones included), and
     `specs` the graphs' GraphSpecs, for the .mlpackage conversion.
     """
@@ -32,7 +33,11 @@ class CodecHooks:
     open: Callable[..., object]  # (dir, options=None) -> DacCodec | MimiCodec
     encode: Callable[[object, str, np.ndarray], np.ndarray]
     decode: Callable[[object, str, np.ndarray], np.ndarray]
-    pairs: dict[str, str]
+    pairs: dict[str, str | tuple[str, ...]]
+
+    def decoders(self, encoder: str) -> tuple[str, ...]:
+        d = self.pairs[encoder]
+        return (d,) if isinstance(d, str) else d
     sample_rate: int
     clip_samples: int
     specs: dict
@@ -46,12 +51,13 @@ def exercise(hooks: CodecHooks, codec, clip: np.ndarray,
     decode the same codes), else this codec's own codes.
     """
     out = {}
-    for enc, dec in hooks.pairs.items():
+    for enc in hooks.pairs:
         if enc in codec.present:
             out[enc] = hooks.encode(codec, enc, clip)
         src = (codes or out).get(enc)
-        if dec in codec.present and src is not None:
-            out[dec] = hooks.decode(codec, dec, src)
+        for dec in hooks.decoders(enc):
+            if dec in codec.present and src is not None:
+                out[dec] = hooks.decode(codec, dec, src)
     return out
 
 
@@ -138,18 +144,20 @@ def deviation(ref_dir: Path, var_dir: Path, hooks: CodecHooks, clips: list[np.nd
     for clip in clips:
         want = exercise(hooks, ref, clip)
         got = exercise(hooks, var, clip, codes=want)
-        for enc, dec in hooks.pairs.items():
+        for enc in hooks.pairs:
+            decs = hooks.decoders(enc)
             if enc in got:
                 a = acc.setdefault(enc, {"agree": [], "first": [], "ref": [], "got": []})
                 a["agree"].append((got[enc] == want[enc]).ravel())
                 a["first"].append((got[enc][:, 0] == want[enc][:, 0]).ravel())
-                if dec in want:
+                if decs[0] in want:  # the encoder's audio through the first decoder
+                    a["ref"].append(want[decs[0]].ravel())
+                    a["got"].append(hooks.decode(ref, decs[0], got[enc]).ravel())
+            for dec in decs:
+                if dec in got:
+                    a = acc.setdefault(dec, {"agree": [], "first": [], "ref": [], "got": []})
                     a["ref"].append(want[dec].ravel())
-                    a["got"].append(hooks.decode(ref, dec, got[enc]).ravel())
-            if dec in got:
-                a = acc.setdefault(dec, {"agree": [], "first": [], "ref": [], "got": []})
-                a["ref"].append(want[dec].ravel())
-                a["got"].append(got[dec].ravel())
+                    a["got"].append(got[dec].ravel())
     out = {}
     for name, a in acc.items():
         d = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import torch
@@ -57,3 +58,76 @@ def transformers_folder(path: Path) -> tuple[dict, list[Path]]:
     if not isinstance(conf, dict):
         raise CheckpointError(f"{folder}/config.json: not a config (a JSON object of settings)")
     return conf, files
+
+
+def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Replace (g, v) pairs by `w = g * v / ||v||` (norm over every dim but 0), once.
+
+    Handles both spellings: `weight_g`/`weight_v` (torch.nn.utils.weight_norm) and
+    `parametrizations.weight.original0`/`original1` (torch.nn.utils.parametrizations).
+    """
+    out: dict[str, torch.Tensor] = {}
+    pairs = {".weight_g": ".weight_v", ".parametrizations.weight.original0":
+             ".parametrizations.weight.original1"}
+    for key, value in sd.items():
+        for g_suffix, v_suffix in pairs.items():
+            if key.endswith(v_suffix):
+                break
+            if key.endswith(g_suffix):
+                stem = key[: -len(g_suffix)]
+                v = sd.get(stem + v_suffix)
+                if v is None:
+                    raise CheckpointError(f"{key} has no matching {stem + v_suffix}; "
+                                          "the checkpoint is incomplete")
+                norm = v.float().flatten(1).norm(dim=1).reshape(-1, *([1] * (v.dim() - 1)))
+                out[stem + ".weight"] = (value.float() * v.float() / norm).to(v.dtype)
+                break
+        else:
+            out[key] = value
+    return out
+
+
+def unfold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The official checkpoint's spelling of a folded state dict: each conv weight `w` as
+    `weight_g = ||w||` (norm over every dim but 0) and `weight_v = w`, which the official
+    weight-normed layers (and `fold_weight_norm`) turn back into `w`."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        if key.endswith(".weight") and value.dim() == 3:  # convs; codebooks are 2-D embeddings
+            stem = key[: -len(".weight")]
+            out[stem + ".weight_g"] = value.flatten(1).norm(dim=1).reshape(-1, 1, 1).clone()
+            out[stem + ".weight_v"] = value.clone()
+        else:
+            out[key] = value
+    return out
+
+
+def sniff_torch_file(path: Path, hint: str) -> None:
+    """`CheckpointError` unless `path` starts like a torch checkpoint (a zip archive, or a legacy
+    pickle): a WAV or a text file passed as --weights is named as what it is."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read it ({e.strerror or e})") from e
+    if head.startswith(b"PK\x03\x04") or (len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5):
+        return
+    what = {b"RIFF": "a WAV file", b"fLaC": "a FLAC file", b"OggS": "an OGG file", b"\x93NUM": "a numpy .npy file"}
+    kind = next((v for k, v in what.items() if head.startswith(k)), f"it starts with {head[:8]!r}")
+    raise CheckpointError(f"{path}: not a torch checkpoint ({kind}); {hint}")
+
+def load_torch(path: Path, hint: str):
+    """`torch.load(path, weights_only=True)`: plain tensors and data only, never code. A file
+    that is not a checkpoint, is damaged, or would unpickle objects is one `CheckpointError`
+    (`hint` says what to pass instead)."""
+    sniff_torch_file(path, hint)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: refused to unpickle it: it holds objects other than "
+                              f"tensors and plain data ({reason}); only load files you trust, "
+                              "re-saved as a plain state dict") from e
+    except (RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({e}); "
+                              "re-download it") from e

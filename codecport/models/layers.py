@@ -4,6 +4,11 @@ Every conv keeps the official padding as data (`pad`) and applies it explicitly,
 zeros, so the exported `Conv` nodes carry zero `pads`: execution providers disagree on how they
 pad (CoreML, DirectML, MLX), and CoreML's ML Program takes Concat but not Pad.
 `set_padding(model, False)` reproduces the official "padding off" chunked mode.
+
+`set_mask(model, mask)` makes the same convs compute what the official model computes on a
+shorter clip placed inside the graph's window: the input of every padding conv is multiplied by
+the window's valid positions, so the zeros a conv pads with at the clip's edges are there even
+when the clip does not reach the window's edges (see `FrameMask`).
 """
 
 from __future__ import annotations
@@ -34,16 +39,40 @@ class Snake(nn.Module):
         return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
 
 
+class FrameMask:
+    """Valid positions of a window at every resolution of a graph, from its valid latent frames
+    `[1, 1, frames]` (1.0 valid, 0.0 outside the clip). A resolution of `r` positions per frame
+    repeats each frame's value `r` times: the clip's edges must fall on frame boundaries."""
+
+    def __init__(self, frames: torch.Tensor):
+        self.frames = frames
+        self._at: dict[int, torch.Tensor] = {}
+
+    def __call__(self, length: int) -> torch.Tensor:
+        f = self.frames.shape[-1]
+        if length not in self._at:
+            r = length // f
+            if r * f != length:
+                raise ValueError(f"a resolution of {length} positions is not a whole number per "
+                                 f"frame of {f} frames")
+            m = self.frames
+            self._at[length] = m if r == 1 else m[..., None].expand(*m.shape, r).reshape(*m.shape[:-1], length)
+        return self._at[length]
+
+
 class PaddedConv1d(nn.Conv1d):
     """Conv1d whose symmetric zero padding `pad` is an explicit op before a pad-free conv."""
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, dilation: int = 1,
-                 pad: int = 0, bias: bool = True):
-        super().__init__(c_in, c_out, kernel, stride=stride, dilation=dilation, bias=bias)
+                 pad: int = 0, bias: bool = True, groups: int = 1):
+        super().__init__(c_in, c_out, kernel, stride=stride, dilation=dilation, bias=bias, groups=groups)
         self.pad = pad
         self.use_padding = True
+        self.mask: FrameMask | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mask is not None and self.kernel_size[0] > 1:
+            x = x * self.mask(x.shape[-1])
         if self.use_padding and self.pad:
             x = zero_pad(x, self.pad, self.pad)
         return super().forward(x)
@@ -59,11 +88,13 @@ class UpConv1d(nn.ConvTranspose1d):
     reaches the graph (DirectML, CoreML NeuralNetwork and mobile GPU delegates reject it).
     """
 
-    def __init__(self, c_in: int, c_out: int, stride: int, pad: int, polyphase: bool = True):
-        super().__init__(c_in, c_out, 2 * stride, stride=stride)
+    def __init__(self, c_in: int, c_out: int, stride: int, pad: int, polyphase: bool = True,
+                 output_padding: int = 0):
+        super().__init__(c_in, c_out, 2 * stride, stride=stride, output_padding=output_padding)
         self.pad = pad
         self.polyphase = polyphase
         self.use_padding = True
+        self.mask: FrameMask | None = None
 
     def phase_weight(self) -> torch.Tensor:
         """`[C_out * s, C_in, 2]`: row `oc*s + p` holds taps (w[..., p+s], w[..., p])."""
@@ -71,27 +102,30 @@ class UpConv1d(nn.ConvTranspose1d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pad = self.pad if self.use_padding else 0
-        s = self.stride[0]
+        s, extra = self.stride[0], self.output_padding[0]
+        if self.mask is not None:
+            x = x * self.mask(x.shape[-1])
         if not self.polyphase:
-            return F.conv_transpose1d(x, self.weight, self.bias, stride=s, padding=pad)
+            return F.conv_transpose1d(x, self.weight, self.bias, stride=s, padding=pad, output_padding=extra)
         b, _, t = x.shape
         y = F.conv1d(zero_pad(x, 1, 1), self.phase_weight(), self.bias.repeat_interleave(s))
         # [B, C_out*s, T+1] -> [B, C_out, T+1, s] -> [B, C_out, (T+1)*s]: index j*s + p.
         y = y.reshape(b, self.out_channels, s, t + 1).transpose(2, 3)
         y = y.reshape(b, self.out_channels, (t + 1) * s)
-        if pad:
-            y = y[..., pad:(t + 1) * s - pad]
+        if pad or extra:  # output_padding: samples kept past the right crop
+            y = y[..., pad:(t + 1) * s - pad + extra]
         return y
 
 
 class ResidualUnit(nn.Module):
-    """Snake -> Conv(k7, dilation d) -> Snake -> Conv(k1), plus a centre-cropped skip."""
+    """Snake -> Conv(k7, dilation d) -> Snake -> Conv(k1), plus a centre-cropped skip; the k7
+    conv grouped `groups` ways (SNAC's depthwise units)."""
 
-    def __init__(self, dim: int, dilation: int):
+    def __init__(self, dim: int, dilation: int, groups: int = 1):
         super().__init__()
         # Sequential indices mirror the official module, so checkpoint keys map one to one.
         self.block = nn.Sequential(
-            Snake(dim), PaddedConv1d(dim, dim, 7, dilation=dilation, pad=3 * dilation),
+            Snake(dim), PaddedConv1d(dim, dim, 7, dilation=dilation, pad=3 * dilation, groups=groups),
             Snake(dim), PaddedConv1d(dim, dim, 1),
         )
 
@@ -108,6 +142,13 @@ def set_padding(module: nn.Module, value: bool) -> None:
     for m in module.modules():
         if isinstance(m, (PaddedConv1d, UpConv1d)):
             m.use_padding = value
+
+
+def set_mask(module: nn.Module, mask: FrameMask | None) -> None:
+    """Mask the input of every padding conv in `module` (None: the whole window is the clip)."""
+    for m in module.modules():
+        if isinstance(m, (PaddedConv1d, UpConv1d)):
+            m.mask = mask
 
 
 # ---- causal convs with explicit streaming state (Mimi) -----------------------------------

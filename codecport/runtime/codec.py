@@ -43,6 +43,7 @@ class Codec(GraphFolder):
 
     default_codebooks: int | None = None  # codebooks `encode` uses unless told (None: all)
     levels: int = 1  # time scales of its codes: arrays in `Codes` (a multi-scale codec has more)
+    draws_noise: bool = False  # its decoder adds noise (`decode(..., noise=...)` says which)
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
                  options: dict[str, str] | None = None):
@@ -129,42 +130,52 @@ class Codec(GraphFolder):
 
     # ---- decoding ------------------------------------------------------------------------
     def decode(self, codes: Codes | np.ndarray, *, mode: str | None = None,
-               progress: bool = False) -> tuple[np.ndarray, int]:
+               progress: bool = False, noise=None) -> tuple[np.ndarray, int]:
         """(audio `[channels, samples]` float32, sample rate): the original rate and length when
         `codes` carry them, else the model's rate and the frames' full length. A bare array
-        `[channels, codebooks, frames]` (or `[codebooks, frames]`) is taken as codes."""
-        pieces, sr, _ = self.decode_pieces(codes, mode=mode, progress=progress)
+        `[channels, codebooks, frames]` (or `[codebooks, frames]`) is taken as codes. `noise`
+        is for decoders that draw noise (`draws_noise`): None random, an int seed, "zero"."""
+        pieces, sr, _ = self.decode_pieces(codes, mode=mode, progress=progress, noise=noise)
         return np.concatenate(list(pieces), axis=1), sr
 
     def decode_to_file(self, codes: Codes | np.ndarray, path: str | Path, *, mode: str | None = None,
-                       progress: bool = False) -> tuple[int, int, int]:
+                       progress: bool = False, noise=None) -> tuple[int, int, int]:
         """`decode` into an audio file (format by suffix), piece by piece and atomically;
         returns (channels, samples, sample rate)."""
         path = Path(path)
         audio_format(path)
         path.parent.mkdir(parents=True, exist_ok=True)  # the loudness pass spills beside it
-        pieces, sr, total = self.decode_pieces(codes, mode=mode, progress=progress, spill=path.parent)
+        pieces, sr, total = self.decode_pieces(codes, mode=mode, progress=progress, spill=path.parent,
+                                               noise=noise)
         channels, samples = write_audio_pieces(path, pieces, sr, total)
         return channels, samples, sr
 
     def decode_pieces(self, codes: Codes | np.ndarray, *, mode: str | None = None, progress: bool = False,
-                      spill: Path | None = None) -> tuple[Iterator[np.ndarray], int, int | None]:
+                      spill: Path | None = None, noise=None) -> tuple[Iterator[np.ndarray], int, int | None]:
         """(pieces `[channels, n]`, sample rate, total samples when known) of `decode`. Where the
         loudness is restored the whole decode is measured first: `spill` is a folder to hold it
         meanwhile on disk (else memory)."""
         codes = self.check_codes(codes)
-        pieces = self.raw_pieces(codes, self.check_mode(mode), progress)
+        if noise is not None and not self.draws_noise:
+            raise CodesError(f"{self.label}'s decoder draws no noise; leave out the noise setting")
+        extra = {"noise": noise} if self.draws_noise else {}
+        pieces = self.raw_pieces(codes, self.check_mode(mode), progress, **extra)
         if codes.loudness_db is not None:
             pieces = self._restore_loudness(pieces, codes.loudness_db, codes.channels, spill)
         if codes.sample_rate is None:  # the total is at most every frame's samples
-            return pieces, self.sample_rate, codes.n_frames[0] * self.frame_size
+            return pieces, self.sample_rate, self.bare_samples(codes)
         pieces = resampled(pieces, self.sample_rate, codes.sample_rate, codes.channels)
         return _exactly(pieces, codes.num_samples, codes.channels), codes.sample_rate, codes.num_samples
 
     def raw_pieces(self, codes: Codes, mode: str | None, progress: bool) -> Iterator[np.ndarray]:
         """Audio `[channels, n]` at the model rate for every frame of `codes`, piece by piece;
-        `mode` is the caller's (None: the codec picks, from `codes.mode` where that matters)."""
+        `mode` is the caller's (None: the codec picks, from `codes.mode` where that matters).
+        A codec that `draws_noise` takes `noise` too."""
         raise NotImplementedError
+
+    def bare_samples(self, codes: Codes) -> int:
+        """Samples at the model rate of codes that carry no original length: every frame's."""
+        return codes.n_frames[0] * self.frame_size
 
     def expected_frames(self, n: int, mode: str | None) -> int | None:
         """Frames `encode` gives for `n` samples at the model rate in `mode` (None: any)."""

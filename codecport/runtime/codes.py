@@ -25,7 +25,7 @@ from ..errors import CodesError
 from .audio import RATES
 from .npyfile import read_npy, read_npz
 
-MODES = ("fixed", "chunked", "step")  # how the audio went through the graphs (see Codec.modes)
+MODES = ("fixed", "chunked", "step", "whole")  # how the audio went through the graphs (see Codec.modes)
 MAX_SAMPLES = 1 << 40  # an original length past this (25 years at 1 MHz) is a lying file
 
 
@@ -38,8 +38,9 @@ class Codes:
     sample_rate, num_samples: the original audio's rate (Hz) and length (samples at that rate);
         None for bare codes, which decode to the model's rate and full frames.
     loudness_db: the input's loudness (dB LUFS) where the codec restores it on decoding (DAC).
-    mode: "fixed", "chunked" or "step": which graphs made them (DAC's chunked codes must be
-        decoded chunk by chunk); chunk_frames: frames per chunk in chunked mode.
+    mode: "fixed", "chunked", "step" or "whole": which graphs made them (DAC's chunked codes must
+        be decoded chunk by chunk; "whole" codes are the official whole-clip codes, made in
+        overlapping windows); chunk_frames: frames per chunk in chunked mode.
     """
 
     arrays: tuple[np.ndarray, ...]
@@ -128,8 +129,17 @@ class Codes:
             _codec_format(path, self.codec).save(self, path)
 
 
+def _level_arrays(codec: str | None) -> bool:
+    """Whether `codec` keeps one codebook per time scale, written `[channels, frames]` (SNAC's
+    official shape) rather than `[channels, codebooks, frames]`."""
+    from .. import registry
+
+    return codec in registry.names() and registry.get(codec).level_arrays
+
+
 def _npz_fields(codes: Codes) -> dict[str, np.ndarray]:
-    out = {f"codes_{i}": a for i, a in enumerate(codes.arrays)}
+    flat = _level_arrays(codes.codec) and all(a.shape[1] == 1 for a in codes.arrays)
+    out = {f"codes_{i}": a[:, 0] if flat else a for i, a in enumerate(codes.arrays)}
     for f in fields(codes):
         value = getattr(codes, f.name)
         if f.name != "arrays" and value is not None:
@@ -168,8 +178,11 @@ def _codes_from_npz(path: Path, z: dict[str, np.ndarray]) -> Codes:
             if v.dtype.kind != "f" or not math.isfinite(float(v)):
                 raise CodesError(f"{path}: {key} must be a finite number, got {v}")
             kw[key] = float(v)
+    arrays = [z[n] for n in names]
+    if _level_arrays(kw.get("codec")):  # [channels, frames] per time scale
+        arrays = [a[:, None] if a.ndim == 2 else a for a in arrays]
     try:
-        return Codes(tuple(z[n] for n in names), **kw)
+        return Codes(tuple(arrays), **kw)
     except CodesError as e:
         raise CodesError(f"{path}: {e}") from None
 

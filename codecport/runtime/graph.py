@@ -31,6 +31,7 @@ INT_RANGES = {
     "samples": (1, 1 << 31), "frames": (1, 1 << 31), "window": (1, 1 << 31),
     "chunk_step": (1, 1 << 31), "chunk_frames": (1, 1 << 31), "delay": (0, 1 << 31),
     "positions_per_step": (1, 1 << 20), "batch": (1, 4096), "context": (1, 1 << 20), "n_semantic": (0, 1024),
+    "unit_frames": (1, 1 << 16), "margin": (0, 1 << 20), "vq_strides": (1, 4096), "decoder_rates": (1, 64),
 }
 RERUN = "re-export it with this version of codec-export"
 
@@ -77,6 +78,20 @@ class Graph:
             raise ModelFileError(f"{self.path}: metadata {key}={value} is outside [{lo}, {hi}]; "
                                  f"the file is damaged, {RERUN}")
         return value
+
+    def ints(self, key: str) -> list[int]:
+        """Metadata `key`, a comma-separated list of integers each within `INT_RANGES[key]`."""
+        raw = self.text(key)
+        lo, hi = INT_RANGES.get(key, (0, 1 << 62))
+        try:
+            values = [int(v) for v in raw.split(",")]
+        except ValueError:
+            raise ModelFileError(f"{self.path}: metadata {key}={raw!r} is not a list of integers; "
+                                 f"{RERUN}") from None
+        if not 1 <= len(values) <= 64 or not all(lo <= v <= hi for v in values):
+            raise ModelFileError(f"{self.path}: metadata {key}={raw!r} is outside [{lo}, {hi}]; "
+                                 f"the file is damaged, {RERUN}")
+        return values
 
     @property
     def batch(self) -> int:

@@ -1,0 +1,228 @@
+"""SNAC -> fixed-shape ONNX graphs, validated against torch before anything is written.
+
+Three graphs, all static, no ConvTranspose, no Conv pads:
+- `encoder.onnx`: audio `[1, 1, frames * hop]` and `mask` `[1, 1, frames]` -> latent
+  `[1, latent, frames]` (the RVQ runs in numpy, `rvq.npz`);
+- `decoder.onnx`: latent, `mask` and the noise of each decoder block (`noise_i`
+  `[1, 1, frames * prod(rates[:i+1])]`) -> audio `[1, 1, frames * hop]`;
+- `decoder_stream.onnx`: the decoder on a short window (the receptive field either side of a
+  few coarse frames), for decoding codes as a language model emits them.
+
+`mask` marks the window's frames that belong to the clip: the graph then computes exactly what
+the official model computes on that clip alone (layers.FrameMask), so one window serves a short
+clip, and windows that overlap by the receptive field (`margin`, in the metadata, from the
+config) give the official whole-clip codes and audio for any length.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import ExportError
+from ..models.snac import SNAC
+from ..runtime.rvq import SnacRvq
+from .deviation import CodecHooks
+from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx
+from .validate import AUDIO_ATOL, check_close, check_codes, run
+from .variants import Shaping, finish_export
+
+log = logging.getLogger(__name__)
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, snac: SNAC):
+        super().__init__()
+        self.snac = snac
+
+    def forward(self, audio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.snac.encode_latent(audio, mask)
+
+
+class DecoderGraph(nn.Module):
+    def __init__(self, snac: SNAC):
+        super().__init__()
+        self.snac = snac
+
+    def forward(self, latent: torch.Tensor, mask: torch.Tensor, *noise: torch.Tensor) -> torch.Tensor:
+        return self.snac.decode_latent(latent, list(noise), mask)
+
+
+@dataclass
+class Geometry:
+    frames: int  # latent frames of the encoder/decoder window
+    samples: int  # its audio samples
+    unit_frames: int  # latent frames of a coarse frame (windows start and end on these)
+    encoder_margin: int  # latent frames kept clear of a window's edges (receptive field)
+    decoder_margin: int
+    stream_frames: int  # latent frames the stream decoder gives audio for per call
+    stream_window: int  # latent frames of its window
+
+    @classmethod
+    def of(cls, snac: SNAC, samples: int, stream_coarse: int) -> Geometry:
+        cfg = snac.cfg
+        hop, unit = cfg.hop_length, cfg.unit_frames
+        enc, dec = cfg.margins()
+        frames = unit * -(-samples // (hop * unit))
+        least = 2 * max(enc, dec) + unit
+        if frames < least:
+            raise ExportError(f"--len {samples} is too short for windows that keep their receptive "
+                              f"field: pass at least {least * hop} samples ({least * hop / cfg.sample_rate:.2f} s)")
+        stream = stream_coarse * unit
+        return cls(frames, frames * hop, unit, enc, dec, stream, stream + 2 * dec)
+
+
+def rvq_of(snac: SNAC) -> SnacRvq:
+    qs = snac.quantizer.quantizers
+    stack = lambda f: np.stack([f(q).detach().numpy() for q in qs]).astype(np.float32)
+    return SnacRvq({
+        "in_proj_weight": stack(lambda q: q.in_proj.weight[..., 0]),
+        "in_proj_bias": stack(lambda q: q.in_proj.bias),
+        "out_proj_weight": stack(lambda q: q.out_proj.weight[..., 0]),
+        "out_proj_bias": stack(lambda q: q.out_proj.bias),
+        "codebook": stack(lambda q: q.codebook.weight),
+        "strides": np.array(snac.cfg.vq_strides, np.int64),
+    })
+
+
+def graph_specs(snac: SNAC, geo: Geometry, meta: dict[str, str]) -> list[GraphSpec]:
+    cfg = snac.cfg
+    hop = cfg.hop_length
+
+    def dec(name: str, frames: int, mode: str, extra: dict) -> GraphSpec:
+        noise = [Tensor(f"noise_{i}", s, "float32") for i, s in enumerate(snac.noise_shapes(frames))]
+        return GraphSpec(name, DecoderGraph(snac),
+                         [Tensor("latent", (1, cfg.latent, frames), "float32"),
+                          Tensor("mask", (1, 1, frames), "float32"), *noise],
+                         [Tensor("audio", (1, 1, frames * hop), "float32")],
+                         {**meta, "role": "decoder", "mode": mode, "frames": str(frames),
+                          "samples": str(frames * hop), "margin": str(geo.decoder_margin), **extra})
+
+    return [
+        GraphSpec("encoder", EncoderGraph(snac),
+                  [Tensor("audio", (1, 1, geo.samples), "float32"), Tensor("mask", (1, 1, geo.frames), "float32")],
+                  [Tensor("latent", (1, cfg.latent, geo.frames), "float32")],
+                  {**meta, "role": "encoder", "mode": "whole", "frames": str(geo.frames),
+                   "samples": str(geo.samples), "margin": str(geo.encoder_margin)}),
+        dec("decoder", geo.frames, "whole", {}),
+        dec("decoder_stream", geo.stream_window, "step", {"stream_frames": str(geo.stream_frames)}),
+    ]
+
+
+def _mask(frames: int, unit: int) -> np.ndarray:
+    """A window whose clip starts a coarse frame in and stops a coarse frame short (when the
+    window has room): both edges of the mask are exercised."""
+    m = np.zeros((1, 1, frames), np.float32)
+    lo, hi = (unit, frames - unit) if frames > 2 * unit else (0, frames)
+    m[..., lo:hi] = 1.0
+    return m
+
+
+def validate(spec: GraphSpec, model, snac: SNAC, rvq: SnacRvq, seed: int = 1) -> dict[str, float]:
+    """ONNX Runtime against torch on inputs other than the export dummy, a masked window: the
+    encoder's codes through the numpy RVQ identical, the decoder's audio within `AUDIO_ATOL`."""
+    rng = np.random.default_rng(seed)
+    frames = spec.inputs[1].shape[-1]
+    mask = _mask(frames, snac.cfg.unit_frames)
+    if spec.metadata["role"] == "encoder":
+        x = (rng.standard_normal(spec.inputs[0].shape) * 0.3).astype(np.float32)
+        feeds = {"audio": x, "mask": mask}
+    else:
+        codes = [rng.integers(0, snac.cfg.codebook_size, frames // s) for s in rvq.strides]
+        feeds = {"latent": rvq.decode_levels(codes)[None], "mask": mask}
+        for t in spec.inputs[2:]:
+            feeds[t.name] = rng.standard_normal(t.shape).astype(np.float32)
+    with torch.no_grad():
+        want = spec.module(*(torch.from_numpy(feeds[t.name]) for t in spec.inputs)).numpy()
+    got = run(model, feeds)[0]
+    if spec.metadata["role"] == "decoder":
+        return {"audio_max_abs_err": check_close(spec.name, got, want, AUDIO_ATOL)}
+    valid = slice(*np.flatnonzero(mask[0, 0])[[0, -1]] + [0, 1])
+    for level, (g, w) in enumerate(zip(rvq.encode_levels(got[0][:, valid]), rvq.encode_levels(want[0][:, valid]))):
+        check_codes(f"{spec.name} level {level}", g[None, None], w[None, None])
+    return {"codes_identical": 1.0}
+
+
+def export_snac(snac: SNAC, out_dir: Path, samples: int, stream_coarse: int = 1, *, variant: str,
+                weights: str, weights_sha256: str, in_graph_codebooks: int | None = None,
+                shaping: Shaping | None = None, batch: int | None = None) -> dict:
+    """Export, check and validate every graph, then write them all; returns the report."""
+    shaping = shaping or Shaping()
+    shaping.check()
+    if in_graph_codebooks is not None:
+        raise ExportError("SNAC's quantizer runs in numpy beside the graphs (rvq.npz); leave out "
+                          "--in-graph-quantizer")
+    if batch is not None:
+        raise ExportError("SNAC has no batched encoder yet (its window graph takes a mask beside the "
+                          "audio); tokenize SNAC without --batch")
+    cfg = snac.cfg
+    geo = Geometry.of(snac.eval(), samples, stream_coarse)
+    meta = {"codec": "snac", "variant": variant, "sample_rate": str(cfg.sample_rate),
+            "frame_size": str(cfg.hop_length), "latent_dim": str(cfg.latent),
+            "codebook_size": str(cfg.codebook_size), "codebook_dim": str(cfg.codebook_dim),
+            "n_codebooks": str(cfg.n_codebooks), "quantizer": "numpy",
+            "vq_strides": ",".join(map(str, cfg.vq_strides)), "unit_frames": str(cfg.unit_frames),
+            "decoder_rates": ",".join(map(str, cfg.decoder_rates)), "noise": "1" if cfg.noise else "0",
+            "weights": weights, "weights_sha256": weights_sha256}
+    meta["export_id"] = export_id(meta, asdict(geo))
+    rvq = rvq_of(snac)
+    models, report = {}, {"files": {}, "validation": {}, "geometry": asdict(geo)}
+    specs = graph_specs(snac, geo, meta)
+    for spec in specs:
+        t0 = time.perf_counter()
+        model = to_onnx(spec)
+        static_check(model, spec)
+        report["validation"][spec.name] = validate(spec, model, snac, rvq)
+        models[spec.name] = model
+        log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
+    manifest = {**meta, **report}
+    report.update(finish_export(out_dir, models, rvq.arrays(), manifest, shaping, hooks(manifest, specs)))
+    return report
+
+
+def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
+    """How the variant step runs the graphs: a clip of a few windows encoded whole, its codes
+    decoded whole and streamed, without noise (so fp32 and the variant are compared on the same
+    decode). Codes travel as `[1, levels, frames]`, each level repeated up to the finest rate."""
+    from ..runtime.snac import SnacCodec
+
+    geo, sr = manifest["geometry"], int(manifest["sample_rate"])
+    strides = [int(s) for s in manifest["vq_strides"].split(",")]
+
+    def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
+        codes = codec.encode(clip, sr)
+        return np.concatenate([np.repeat(a, s, axis=-1) for a, s in zip(codes.arrays, strides)], axis=1)
+
+    def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
+        levels = tuple(codes[:, i:i + 1, ::s] for i, s in enumerate(strides))
+        mode = "step" if name == "decoder_stream" else "whole"
+        return codec.decode(levels, mode=mode, noise=0)[0]
+
+    return CodecHooks(open=SnacCodec, encode=encode, decode=decode,
+                      pairs={"encoder": ("decoder", "decoder_stream")}, sample_rate=sr,
+                      clip_samples=2 * geo["samples"], specs={s.name: s for s in specs})
+
+
+def export(model: SNAC, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
+    """`codec-export snac`: the window graphs for `--len`, the stream decoder for `--stream-frames`."""
+    if length is None:
+        raise ExportError("pass --len N: the samples of the window graphs (longer audio goes through "
+                          "overlapping windows of it)")
+    return export_snac(model, out_dir, length, options.get("stream_frames") or 1, **common)
+
+
+def describe(report: dict) -> list[str]:
+    geo = report["geometry"]
+    hop = geo["samples"] // geo["frames"]
+    keep = geo["frames"] - 2 * geo["encoder_margin"]
+    return [(f"  window graphs : {geo['samples']} samples <-> {geo['frames']} frames; receptive field "
+             f"{geo['encoder_margin']} frames (encoder) / {geo['decoder_margin']} (decoder) either side, "
+             f"so long audio keeps {keep} of every {geo['frames']} frames a window"),
+            (f"  stream decoder: {geo['stream_window']} frames in, {geo['stream_frames'] * hop} samples "
+             f"out per call; latency {geo['decoder_margin']} frames past the last one pushed")]

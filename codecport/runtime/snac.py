@@ -1,0 +1,398 @@
+"""SNAC on ONNX Runtime: window graphs plus the numpy multi-scale RVQ, any length, the official
+whole-clip codes and audio.
+
+SNAC is not causal: cutting a clip into windows that do not overlap changes the codes near the
+cuts. Here a clip goes through the fixed window graph in windows that overlap by the receptive
+field (`margin` frames, in the metadata, computed from the config): each window keeps only the
+frames whose every input lies inside it, and the graph's `mask` input makes the clip's own edges
+behave as in one call on the whole clip. The codes then equal the official `SNAC.encode` of the
+whole clip, and the audio its `decode` (fed the same noise), with memory bounded by the window.
+
+Codes are multi-scale: level `l` is `[channels, 1, frames_l]`, coarse first, as the official
+`encode` returns them (one codebook per level). The decoder's noise is an input: drawn per
+position from a seed (`noise=SEED`), random (`None`, as the official decode), zero (`"zero"`), or
+given (one array per decoder block over the whole clip).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+import numpy as np
+from tqdm import tqdm
+
+from ..errors import AudioError, CodecportError, CodesError, ModelFileError
+from ..registry import CodecSpec, Layout, Option, register
+from .audio import Counted
+from .codec import Codec
+from .codes import Codes
+from .graph import Graph
+from .npyfile import read_npy
+from .rvq import SnacRvq
+
+log = logging.getLogger(__name__)
+NOISE_HELP = "None (random, as the official decode), an int seed, 'zero', or one array per block"
+
+
+def windows(n: int, window: int, margin: int) -> Iterator[tuple[int, int, int]]:
+    """(start, keep_from, keep_to) latent frames of the windows over a clip of `n` frames: the
+    first window starts at the clip, each next one `margin` before the frames still to do, and
+    each keeps what lies `margin` inside its edges (all of it up to a clip edge)."""
+    pos = 0
+    while pos < n:
+        start = 0 if pos == 0 else pos - margin
+        end = start + window
+        keep = n if end >= n else end - margin
+        yield start, pos, keep
+        pos = keep
+
+
+class Noise:
+    """The decoder's noise at every position of a clip, so that any window of it (the whole
+    decode's, the stream's) sees the same values. A seed draws each coarse frame's noise of each
+    block and channel from its own generator, keyed by its position."""
+
+    def __init__(self, noise, rates: Sequence[int], unit: int, channels: int):
+        self.up = list(np.cumprod(rates))  # positions per latent frame at each block
+        self.unit, self.arrays, self.zero, self.seed = unit, None, False, None
+        if noise is None:
+            self.seed = int(np.random.SeedSequence().entropy % (1 << 63))
+        elif isinstance(noise, str):
+            if noise != "zero":
+                raise CodecportError(f"noise {noise!r}: pass {NOISE_HELP}")
+            self.zero = True
+        elif isinstance(noise, (int, np.integer)) and not isinstance(noise, bool):
+            if noise < 0:
+                raise CodecportError(f"noise seed {noise} must be >= 0")
+            self.seed = int(noise)
+        elif isinstance(noise, (list, tuple)) and len(noise) == len(rates):
+            self.arrays = [np.asarray(a, np.float32).reshape(channels, -1) if np.size(a) else None
+                           for a in noise]
+        else:
+            raise CodecportError(f"noise must be {NOISE_HELP} ({len(rates)} blocks)")
+
+    def window(self, channel: int, block: int, start: int, frames: int, n: int) -> np.ndarray:
+        """`[1, 1, frames * up]` noise of `block` for latent frames [start, start + frames);
+        zeros outside the clip's `n` frames (masked there anyway)."""
+        up = self.up[block]
+        out = np.zeros((1, 1, frames * up), np.float32)
+        lo, hi = max(start, 0), min(start + frames, n)
+        if self.zero or hi <= lo:
+            return out
+        if self.arrays is not None:
+            a = self.arrays[block]
+            if a is None or a.shape[1] < hi * up:
+                raise CodesError(f"noise for block {block} must hold {n * up} values a channel")
+            out[0, 0, (lo - start) * up:(hi - start) * up] = a[channel, lo * up:hi * up]
+            return out
+        per = self.unit * up
+        for u in range(lo // self.unit, -(-hi // self.unit)):
+            rng = np.random.default_rng([self.seed, channel, block, u])
+            chunk = rng.standard_normal(per, dtype=np.float32)
+            a, b = max(u * self.unit, lo), min((u + 1) * self.unit, hi)
+            out[0, 0, (a - start) * up:(b - start) * up] = chunk[(a - u * self.unit) * up:(b - u * self.unit) * up]
+        return out
+
+
+class SnacCodec(Codec):
+    """The graphs of one `codec-export snac` folder, opened lazily on one provider."""
+
+    name, label = "snac", "SNAC"
+    graphs: ClassVar = {"encoder": ("encoder", "whole"), "decoder": ("decoder", "whole"),
+                        "decoder_stream": ("decoder", "step")}
+    shared = (*Codec.shared, "vq_strides", "unit_frames", "decoder_rates", "noise", "latent_dim")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        g = self.first
+        self.strides, self.rates = g.ints("vq_strides"), g.ints("decoder_rates")
+        self.unit = g.int("unit_frames")
+        self.levels = len(self.strides)
+        self.draws_noise = g.choice("noise", ("0", "1")) == "1"
+        if len(self.strides) != self.n_codebooks or math.prod(self.rates) != self.frame_size or \
+                any(self.unit % s for s in self.strides):
+            raise ModelFileError(f"{g.path}: its strides, rates and frame size disagree; the file is "
+                                 "damaged, re-export the folder")
+
+    def load_rvq(self) -> SnacRvq:
+        return SnacRvq.load(self.dir / "rvq.npz", self.first)
+
+    def check_graph(self, name: str, g: Graph) -> None:
+        frames, latent, hop = g.int("frames"), g.int("latent_dim"), g.int("frame_size")
+        unit, margin = g.int("unit_frames"), g.int("margin")
+        if frames % unit or margin % unit or frames <= 2 * margin or g.int("samples") != frames * hop:
+            raise ModelFileError(f"{g.path}: its frames, margin and samples do not make windows; the "
+                                 "file is damaged, re-export the folder")
+        mask = (1, 1, frames)
+        if name == "encoder":
+            want = ([(1, 1, frames * hop), mask], [(1, latent, frames)])
+        else:
+            noise = [(1, 1, frames * int(u)) for u in np.cumprod(g.ints("decoder_rates"))] \
+                if g.meta.get("noise") == "1" else []
+            want = ([(1, latent, frames), mask, *noise], [(1, 1, frames * hop)])
+        if g.shapes() != want:
+            raise ModelFileError(f"{g.path}: its inputs/outputs are {g.shapes()}, its metadata says "
+                                 f"{want}; the file is damaged, re-export the folder")
+
+    # ---- encoding ----------------------------------------------------------------------
+    def codebooks(self, n_codebooks: int | None) -> int:
+        if n_codebooks not in (None, self.n_codebooks):
+            raise CodesError(f"{self.label} codes have one codebook per time scale and its decoder "
+                             f"needs all {self.n_codebooks}; leave out --codebooks")
+        return self.n_codebooks
+
+    def padded_frames(self, n: int) -> int:
+        """Latent frames of `n` samples at the model rate, padded as the official `preprocess`."""
+        return self.unit * max(1, -(-n // (self.frame_size * self.unit)))
+
+    def expected_frames(self, n: int, mode: str | None) -> int:
+        return self.padded_frames(n) // self.strides[0]
+
+    def encode_source(self, source, n_codebooks, mode, progress) -> Codes:
+        self.codebooks(n_codebooks)
+        if mode not in (None, "whole"):
+            raise CodesError(f"{self.label} encodes in the whole mode only (overlapping windows)")
+        g = self.graph("encoder")
+        window, margin, hop = g.int("frames"), g.int("margin"), self.frame_size
+        counted = Counted(source)
+        blocks = self.model_rate(counted)
+        channels = source.channels
+        buf, at, total = np.zeros((channels, 0), np.float32), 0, None  # buf holds samples from `at`
+        levels: list[list[list[np.ndarray]]] = [[[] for _ in self.strides] for _ in range(channels)]
+        pos = 0
+        bar = tqdm(desc="encode", unit="window", disable=None if progress else True)
+        while total is None or pos < self.padded_frames(total):
+            start = 0 if pos == 0 else pos - margin
+            end = start + window
+            while total is None and at + buf.shape[1] < end * hop:
+                block = next(blocks, None)
+                if block is None:
+                    total = at + buf.shape[1]
+                    if total == 0:
+                        raise AudioError("the audio holds no samples; pass a non-empty recording")
+                else:
+                    buf = np.concatenate([buf, block], axis=1)
+            n = None if total is None else self.padded_frames(total)
+            keep = n if n is not None and end >= n else end - margin
+            x = np.zeros((channels, window * hop), np.float32)
+            piece = buf[:, start * hop - at:end * hop - at]
+            x[:, :piece.shape[1]] = piece
+            mask = np.zeros((1, 1, window), np.float32)
+            mask[..., :(window if n is None else min(window, n - start))] = 1.0
+            for c in range(channels):
+                latent = g.run({"audio": x[c][None, None], "mask": mask})[0][0]
+                for lv, codes in enumerate(self.rvq.encode_levels(latent[:, pos - start:keep - start])):
+                    levels[c][lv].append(codes)
+            bar.update()
+            pos = keep
+            drop = max(0, (pos - margin) * hop - at)
+            buf, at = buf[:, drop:], at + drop
+        bar.close()
+        arrays = [np.stack([np.concatenate(levels[c][lv]) for c in range(channels)])[:, None]
+                  for lv in range(self.levels)]
+        return self.codes(arrays, source, counted.counted, mode="whole")
+
+    # ---- decoding ----------------------------------------------------------------------
+    def check_codes(self, codes) -> Codes:
+        if isinstance(codes, (tuple, list)):
+            codes = Codes(tuple(codes))
+        codes = super().check_codes(codes)
+        if len(codes.arrays) != self.levels or any(a.shape[1] != 1 for a in codes.arrays):
+            raise CodesError(f"{self.label} codes are {self.levels} time scales of [channels, 1, frames] "
+                             f"(coarse first), got {[list(a.shape) for a in codes.arrays]}")
+        n = codes.arrays[0].shape[2] * self.strides[0]
+        if [a.shape[2] * s for a, s in zip(codes.arrays, self.strides)] != [n] * self.levels:
+            raise CodesError(f"the time scales' frames {list(codes.n_frames)} do not nest as strides "
+                             f"{self.strides} need; the codes are damaged or of another model")
+        if n % self.unit:
+            raise CodesError(f"{codes.n_frames[0]} coarse frames cannot be decoded: {self.label} "
+                             f"decodes whole groups of {self.unit // self.strides[0]}")
+        return codes
+
+    def bare_samples(self, codes: Codes) -> int:
+        return codes.arrays[0].shape[2] * self.strides[0] * self.frame_size
+
+    def noise_of(self, noise, channels: int) -> Noise:
+        return Noise(noise, self.rates if self.draws_noise else [], self.unit, channels)
+
+    def raw_pieces(self, codes: Codes, mode: str | None, progress: bool, noise=None) -> Iterator[np.ndarray]:
+        name = "decoder_stream" if mode == "step" else "decoder"
+        if mode not in (None, "whole", "step"):
+            raise CodesError(f"{self.label} decodes in the whole or step mode, not {mode}")
+        g = self.graph(name)
+        window, margin = g.int("frames"), g.int("margin")
+        n = codes.arrays[0].shape[2] * self.strides[0]
+        source = self.noise_of(noise, codes.channels)
+        plan = list(windows(n, window, margin))
+        for start, lo, hi in tqdm(plan, desc="decode", unit="window", disable=None if progress else True):
+            yield np.stack([self._decode_window(g, [a[c, 0] for a in codes.arrays], 0, n, start, source, c)
+                            [(lo - start) * self.frame_size:(hi - start) * self.frame_size]
+                            for c in range(codes.channels)])
+
+    def _decode_window(self, g: Graph, levels: list[np.ndarray], offset: int, n: int, start: int,
+                       noise: Noise, channel: int) -> np.ndarray:
+        """Audio `[window * hop]` of the window at latent frame `start` of a clip of `n` frames;
+        `levels` hold its codes from latent frame `offset` on."""
+        window = g.int("frames")
+        lo, hi = max(start, 0), min(start + window, n)
+        latent = np.zeros((self.rvq.latent_dim, window), np.float32)
+        latent[:, lo - start:hi - start] = self.rvq.decode_levels(
+            [lv[(lo - offset) // s:(hi - offset) // s] for lv, s in zip(levels, self.strides)])
+        mask = np.zeros((1, 1, window), np.float32)
+        mask[..., lo - start:hi - start] = 1.0
+        feeds = {"latent": latent[None], "mask": mask}
+        for b in range(len(self.rates) if self.draws_noise else 0):
+            feeds[f"noise_{b}"] = noise.window(channel, b, start, window, n)
+        return g.run(feeds)[0][0, 0]
+
+    def decode_stream(self, noise=None) -> SnacStream:
+        """A decoder for codes that arrive a coarse frame at a time (mono): see `SnacStream`."""
+        return SnacStream(self, noise)
+
+
+class SnacStream:
+    """Decodes coarse frames as a language model emits them, through `decoder_stream.onnx`.
+
+    `push(levels)` takes the next coarse frame(s): one array per time scale, coarse first, each
+    with `strides[0] // strides[l]` codes a coarse frame (one Orpheus group of 7 codes is
+    `[c0], [c1, c1'], [c2 x4]`), and returns the audio now final (possibly none). `finish()`
+    returns the rest. Together they give the audio `decode` gives for the whole sequence with the
+    same noise: each call's window holds the receptive field on both sides of what it keeps, so
+    audio comes out `latency_frames` coarse frames after the frame it belongs to.
+    """
+
+    def __init__(self, codec: SnacCodec, noise=None):
+        self.codec, self.g = codec, codec.graph("decoder_stream")
+        self.window, self.margin = self.g.int("frames"), self.g.int("margin")
+        self.noise = codec.noise_of(noise, 1)
+        self.levels: list[np.ndarray] = [np.zeros(0, np.int64) for _ in codec.strides]
+        self.offset = 0  # latent frame of levels[...][0] (older codes are dropped)
+        self.done = 0  # latent frames whose audio has been returned
+        self.received = 0  # latent frames pushed
+
+    @property
+    def latency_frames(self) -> float:
+        """Coarse frames that must follow a frame before its audio is final."""
+        return self.margin / self.codec.strides[0]
+
+    @property
+    def frame_samples(self) -> int:
+        """Audio samples per coarse frame."""
+        return self.codec.strides[0] * self.codec.frame_size
+
+    def push(self, levels: Sequence) -> np.ndarray:
+        coarse = self.codec.strides[0]
+        arrays = [np.asarray(a, np.int64).reshape(-1) for a in levels]
+        if len(arrays) != len(self.levels):
+            raise CodesError(f"push one array per time scale ({len(self.levels)}), got {len(arrays)}")
+        frames = arrays[0].shape[0]
+        for a, s in zip(arrays, self.codec.strides):
+            if a.shape[0] != frames * coarse // s:
+                raise CodesError(f"each coarse frame holds {[coarse // s for s in self.codec.strides]} "
+                                 f"codes of its time scales, got {[len(a) for a in arrays]}")
+            if a.size and (a.min() < 0 or a.max() >= self.codec.codebook_size):
+                raise CodesError(f"codes must be in [0, {self.codec.codebook_size})")
+        self.levels = [np.concatenate([old, a]) for old, a in zip(self.levels, arrays)]
+        self.received += frames * coarse
+        return self._run(final=False)
+
+    def finish(self) -> np.ndarray:
+        """The audio of every frame not returned yet (the sequence has ended)."""
+        if self.received % self.codec.unit:
+            raise CodesError(f"the stream ended after {self.received // self.codec.strides[0]} coarse "
+                             f"frames; {self.codec.label} decodes whole groups of "
+                             f"{self.codec.unit // self.codec.strides[0]}")
+        return self._run(final=True)
+
+    def _run(self, final: bool) -> np.ndarray:
+        out, hop, n = [], self.codec.frame_size, self.received
+        while self.done < n:
+            start = 0 if self.done == 0 else self.done - self.margin
+            end = start + self.window
+            if end > n and not final:
+                break  # its right margin has not arrived yet
+            keep = n if final and end >= n else end - self.margin
+            audio = self.codec._decode_window(self.g, self.levels, self.offset, n if final else end, start,
+                                              self.noise, 0)
+            out.append(audio[(self.done - start) * hop:(keep - start) * hop])
+            self.done = keep
+            self._drop(max(0, self.done - self.margin))
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def _drop(self, frame: int) -> None:
+        """Forget the codes before latent frame `frame` (a whole coarse frame): memory stays flat."""
+        frame -= frame % self.codec.unit
+        if frame > self.offset:
+            self.levels = [lv[(frame - self.offset) // s:] for lv, s in zip(self.levels, self.codec.strides)]
+            self.offset = frame
+
+
+# ---- Orpheus TTS's flat layout ---------------------------------------------------------------
+ORPHEUS_STRIDES = [4, 2, 1]
+
+
+def _orpheus_check(strides: Sequence[int]) -> None:
+    if list(strides) != ORPHEUS_STRIDES:
+        raise CodesError(f"the Orpheus layout is for 3 time scales of strides 4, 2, 1 (snac 24khz); "
+                         f"these codes have strides {list(strides)}")
+
+
+def to_orpheus(codes: Codes) -> np.ndarray:
+    """`[channels, 7 * coarse frames]`: per coarse frame j, c0[j], c1[2j], c2[4j], c2[4j+1],
+    c1[2j+1], c2[4j+2], c2[4j+3], as Orpheus orders them (without its token offsets)."""
+    if len(codes.arrays) != 3:
+        raise CodesError(f"the Orpheus layout is for 3 time scales, these codes have {len(codes.arrays)}")
+    c0, c1, c2 = (a[:, 0] for a in codes.arrays)
+    j = c0.shape[1]
+    if c1.shape[1] != 2 * j or c2.shape[1] != 4 * j:
+        raise CodesError("the Orpheus layout needs 1, 2 and 4 codes a coarse frame")
+    flat = np.stack([c0, c1[:, 0::2], c2[:, 0::4], c2[:, 1::4], c1[:, 1::2], c2[:, 2::4], c2[:, 3::4]], axis=-1)
+    return flat.reshape(c0.shape[0], 7 * j)
+
+
+def from_orpheus(flat: np.ndarray) -> Codes:
+    """`Codes` of an Orpheus sequence `[7 * frames]` (mono) or `[channels, 7 * frames]`."""
+    flat = np.asarray(flat)
+    if flat.dtype.kind not in "ui":
+        raise CodesError(f"an Orpheus sequence holds integer codes, got {flat.dtype}")
+    flat = flat[None] if flat.ndim == 1 else flat
+    if flat.ndim != 2 or flat.shape[1] == 0 or flat.shape[1] % 7:
+        raise CodesError(f"an Orpheus sequence is 7 codes a coarse frame, [channels, 7 * frames]; got "
+                         f"shape {list(flat.shape)}")
+    g = flat.reshape(flat.shape[0], -1, 7).astype(np.int64)
+    c0 = g[..., 0]
+    c1 = np.stack([g[..., 1], g[..., 4]], axis=-1).reshape(flat.shape[0], -1)
+    c2 = np.stack([g[..., 2], g[..., 3], g[..., 5], g[..., 6]], axis=-1).reshape(flat.shape[0], -1)
+    return Codes((c0[:, None], c1[:, None], c2[:, None]), codec="snac")
+
+
+def save_orpheus(codes: Codes, path) -> None:
+    from ..atomic import atomic_path
+
+    flat = to_orpheus(codes)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, flat[0] if flat.shape[0] == 1 else flat)
+
+
+def load_orpheus(path) -> Codes:
+    try:
+        return from_orpheus(read_npy(path, CodesError))
+    except CodesError as e:
+        raise CodesError(f"{path}: {e}") from None
+
+
+register(CodecSpec(
+    runtime=SnacCodec,
+    default_variant="24khz",
+    export_options=(
+        Option("--stream-frames", int, 1, "Coarse frames the stream decoder gives audio for per "
+                                          "call (decoder_stream.onnx).", minimum=1),
+    ),
+    layouts=(Layout("orpheus", ".npy", load_orpheus, save_orpheus,
+                    "the flat sequence Orpheus TTS uses, 7 codes a coarse frame"),),
+    level_arrays=True,
+    smoke=("--variant", "tiny", "--len", "4800"),
+))
