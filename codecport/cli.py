@@ -28,7 +28,7 @@ from .errors import CodecportError, CodesError
 TARGET_CHOICES = ("cpu", "cuda", "dml", "coreml", "nnapi", "mobile")
 PRECISION_CHOICES = ("fp32", "fp16", "int8")
 PROVIDER_CHOICES = ("cpu", "cuda", "dml", "coreml", "auto")
-MODE_CHOICES = ("auto", "fixed", "chunked", "step")
+MODE_CHOICES = ("auto", "fixed", "chunked", "step", "whole")
 _state = {"verbose": False}
 
 
@@ -257,7 +257,9 @@ def _run_options(fn):
                      help="Folder written by codec-export."),
         click.option("--mode", type=click.Choice(MODE_CHOICES), default="auto",
                      help="Way through the graphs: fixed (one call of the fixed-length pair), "
-                          "chunked (DAC's windows), step (Mimi's streaming steps), or auto (by length)."),
+                          "chunked (DAC's windows, as the official compress), step (streaming steps), "
+                          "whole (windows overlapping by the receptive field: the official codes of "
+                          "the whole clip), or auto (the codec's choice by length)."),
         click.option("--provider", type=click.Choice(PROVIDER_CHOICES), default="cpu",
                      help="ONNX Runtime execution provider."),
         click.option("--fallback", type=click.Choice(["cpu"]), default=None,
@@ -279,7 +281,11 @@ def run_cli() -> None:
 
 
 MODE_LABELS = {"fixed": "fixed graph", "chunked": "chunked, {chunk} frames a chunk",
-               "step": "streaming step graphs"}
+               "step": "streaming step graphs", "whole": "whole clip, overlapping windows"}
+_layout_option = click.option(
+    "--layout", type=click.Choice(registry.layout_names()) if registry.layout_names() else None,
+    default=None, help="Another arrangement of the codes in the file: " + "; ".join(
+        f"{lay.name} ({c.label}, {lay.suffix}): {lay.help}" for c in registry.codecs() for lay in c.layouts))
 
 
 @run_cli.command("encode")
@@ -290,24 +296,34 @@ MODE_LABELS = {"fixed": "fixed graph", "chunked": "chunked, {chunk} frames a chu
 @click.option("--codebooks", type=click.IntRange(min=1), default=None,
               help="Use the first K codebooks (lower bitrate) [default: all for DAC, 8 for Mimi "
                    "as Moshi uses].")
+@_layout_option
 @_run_options
 @_guard
-def encode_cmd(audio_in, out, codebooks, model_dir, mode, provider, fallback, options, verbose) -> None:
+def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fallback, options, verbose) -> None:
     """Encode an audio file of any length and sample rate to codes (read block by block)."""
     from .runtime.audio import FileSource
+    from .runtime.codes import check_npy
 
     _logging(verbose)
     spec = registry.codec_of_folder(model_dir)
+    lay = None if layout is None else registry.layout(layout, spec.name)
+    if lay is not None and out.suffix != lay.suffix:
+        raise CodesError(f"{out}: the {lay.name} layout is written as {lay.suffix}")
     if out.suffix not in spec.suffixes:
         raise CodesError(f"{out}: {spec.label} codes are written as {', '.join(spec.suffixes)}")
     source = FileSource(audio_in)
     codec = spec.runtime(model_dir, provider, fallback, options)
+    if lay is None and out.suffix == ".npy":  # refused before the work, not after
+        check_npy(out, codec.levels)
     if source.sample_rate != codec.sample_rate:
         _note(f"resampling {source.sample_rate} Hz -> {codec.sample_rate} Hz (soxr)")
     t0 = time.perf_counter()
     codes = codec.encode_source(source, codebooks, codec.check_mode(None if mode == "auto" else mode), True)
     took = time.perf_counter() - t0
-    codes.save(out)
+    if lay is not None:
+        lay.save(codes, out)
+    else:
+        codes.save(out)
     label = MODE_LABELS[codes.mode].format(chunk=codes.chunk_frames)
     shapes = " + ".join(str(list(a.shape)) for a in codes.arrays)
     click.echo(f"{audio_in}: {codes.channels} ch x {codes.num_samples} samples @ {codes.sample_rate} Hz "
@@ -366,24 +382,39 @@ def tokenize_cmd(inputs, model_dir, out_dir, engine, address, workers, batch, co
 @click.argument("codes_in", type=click.Path(path_type=Path))
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True,
               help="Output audio (.wav, written as RF64 past 4 GiB, or .flac).")
+@_layout_option
+@click.option("--noise-seed", type=click.IntRange(min=0), default=None,
+              help="Decoders that add noise (SNAC): draw it from this seed, the same audio every "
+                   "time [default: fresh noise each decode, as the official decode].")
+@click.option("--no-noise", is_flag=True, help="Decoders that add noise: add none (zero noise).")
 @_run_options
 @_guard
-def decode_cmd(codes_in, out, model_dir, mode, provider, fallback, options, verbose) -> None:
+def decode_cmd(codes_in, out, layout, noise_seed, no_noise, model_dir, mode, provider, fallback, options,
+               verbose) -> None:
     """Decode codes (.npy, .npz, or the codec's own format) to audio, piece by piece."""
     from .runtime.audio import audio_format
     from .runtime.codes import load_codes
 
     _logging(verbose)
+    if no_noise and noise_seed is not None:
+        raise click.UsageError("--noise-seed and --no-noise exclude each other")
     spec = registry.codec_of_folder(model_dir)
     audio_format(out)
-    codes = load_codes(codes_in)
+    if layout is not None:
+        lay = registry.layout(layout, spec.name)
+        if not codes_in.is_file():
+            raise CodesError(f"{codes_in}: no such codes file")
+        codes = lay.load(codes_in)
+    else:
+        codes = load_codes(codes_in)
     if codes.codec not in (None, spec.name):
         raise CodesError(f"{codes_in}: holds {codes.codec} codes, not {spec.name}; decode them with "
                          f"a {codes.codec} export")
     codec = spec.runtime(model_dir, provider, fallback, options)
     t0 = time.perf_counter()
+    noise = "zero" if no_noise else noise_seed
     channels, samples, sr = codec.decode_to_file(codes, out, mode=None if mode == "auto" else mode,
-                                                 progress=True)
+                                                 progress=True, noise=noise)
     click.echo(f"{codes_in} -> {channels} ch x {samples} samples @ {sr} Hz in "
                f"{time.perf_counter() - t0:.2f} s on {codec.provider}")
     click.echo(f"wrote {out}")

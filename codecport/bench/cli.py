@@ -75,7 +75,8 @@ def _speedups(results: dict, ours: str) -> dict:
               for d in _directions(r) if d in results[ours]}
         if "streaming" in r and "streaming" in results[ours]:
             for d in ("encode_step", "decode_step"):
-                sp[f"{d} p95"] = r["streaming"][d]["p95_ms"] / results[ours]["streaming"][d]["p95_ms"]
+                if d in r["streaming"] and d in results[ours]["streaming"]:
+                    sp[f"{d} p95"] = r["streaming"][d]["p95_ms"] / results[ours]["streaming"][d]["p95_ms"]
         out[f"{ours} vs {name}"] = sp
     return out
 
@@ -143,7 +144,7 @@ def _table(report: dict) -> list[str]:
     for name, r in report["contenders"].items():
         if "streaming" in r:
             st = r["streaming"]
-            for d in ("encode_step", "decode_step"):
+            for d in [d for d in ("encode_step", "decode_step") if d in st]:
                 p = st[d]
                 f = st["frames_per_step"]
                 line = (f"{name} streaming {d} ({f} × {st['frame_ms']:g} ms frame{'s' if f > 1 else ''} a step, "
@@ -153,6 +154,9 @@ def _table(report: dict) -> list[str]:
                     line += f"; per frame p50 {p['p50_ms'] / f:.1f} ms, p95 {p['p95_ms'] / f:.1f} ms"
                 if len(p.get("round_p50_ms", ())) > 1:
                     line += "; p50 by round " + " / ".join(f"{x:.1f}" for x in p["round_p50_ms"]) + " ms"
+                if "latency_frames" in st:
+                    line += (f"; audio final {st['latency_frames']:g} frames "
+                             f"({st['latency_frames'] * st['frame_ms']:.0f} ms) after its frame")
                 lines.append(line)
     return lines
 

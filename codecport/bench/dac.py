@@ -11,6 +11,8 @@ from .measure import clip, summary, timings
 
 FRAMES = False  # no step graphs: --frames does not apply
 LONG = True  # chunked windows: --long times long audio through them
+MODE = "fixed"  # one call of the fixed-length graphs
+NOISE: dict = {}  # its decoder adds no noise
 # `--contender official`: (its name in the report, module to look for, why it may not run). It runs
 # in an interpreter of its own (`--official-python`), so no module is looked for here.
 OFFICIAL = ("descript-audio-codec", None,
@@ -61,6 +63,24 @@ def prepare_official(work: Path) -> None:
 
 def torch_encode(model, x, k):
     return model.encode(x, k)
+
+
+def torch_codes(model, x, k) -> list:
+    return [model.encode(x, k).numpy()]
+
+
+def torch_decode(model, arrays):
+    import torch
+
+    return model.decode(torch.from_numpy(arrays[0]))[:, 0].numpy()
+
+
+def stream_bench(codec, job: dict) -> None:
+    return None  # no streaming graphs
+
+
+def demo_stream(codec, clip_audio) -> None:
+    return None
 
 
 def torch_long(model, job: dict, meta: dict) -> dict:

@@ -150,3 +150,12 @@ def _gemm_rate(seconds: float, n: int) -> float:
         sess.run(None, feeds)
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best / 1e9
+
+
+def flat_codes(arrays) -> np.ndarray:
+    """The codes of one clip as one `[B, K, frames]` array to compare: a multi-scale codec's
+    time scales laid end to end as `[B, 1, total]`."""
+    arrays = [np.asarray(a) for a in arrays]
+    if len(arrays) == 1:
+        return arrays[0]
+    return np.concatenate([a.reshape(a.shape[0], 1, -1) for a in arrays], axis=-1)

@@ -13,6 +13,8 @@ from .measure import clip, summary, timings
 
 FRAMES = True  # step graphs: --frames sets the code frames a step
 LONG = False
+MODE = "fixed"  # one call of the fixed-length graphs
+NOISE: dict = {}
 OFFICIAL = ("moshi", "moshi", ("pip install moshi, in an environment of its own (it pins torch<2.10 "
             "and numpy<2.3), or pip install --no-deps moshi sentencepiece einops"))
 OFFICIAL_SCRIPT = None
@@ -47,6 +49,38 @@ def skip(contender: str, variant: str) -> str | None:
 
 def torch_encode(model, x, k):
     return model.encode(model.pad(x), k)
+
+
+def torch_codes(model, x, k) -> list:
+    return [torch_encode(model, x, k).numpy()]
+
+
+def torch_decode(model, arrays):
+    import torch
+
+    return model.decode(torch.from_numpy(arrays[0]))[:, 0].numpy()
+
+
+def stream_bench(codec, job: dict) -> dict:
+    """Latency of one live step, encode and decode."""
+    from .worker import stream_steps
+
+    stream = codec.stream()
+    return stream_steps(stream, stream.step_frames, stream.step_samples, codec.sample_rate, job["steps"])
+
+
+def demo_stream(codec, clip_audio) -> str:
+    """The demo's live loop: the clip a step at a time through encode and decode."""
+    import time
+
+    stream, lat = codec.stream(), []
+    step = stream.step_samples
+    for i in range(0, clip_audio.shape[1] - step + 1, step):
+        t0 = time.perf_counter()
+        stream.decode_step(stream.encode_step(clip_audio[0, i:i + step]))
+        lat.append(time.perf_counter() - t0)
+    return (f"live stream, {1000 * step / codec.sample_rate:g} ms a call (encode + decode): "
+            f"median {1e3 * np.median(lat):.1f} ms, p95 {1e3 * np.percentile(lat, 95):.1f} ms")
 
 
 def transformers_model(conf: dict):

@@ -19,29 +19,29 @@ from pathlib import Path
 import numpy as np
 
 from .. import registry
-from .measure import clip, peak_rss_mb, percentiles, summary, timings
+from .measure import clip, flat_codes, peak_rss_mb, percentiles, summary, timings
 
 
 def run_onnx(job: dict) -> dict:
     """Our graphs through the public API: one fixed call each way, then the long-audio mode
     (windows, when the codec has them) and the streaming steps (when it has those)."""
     from .. import load
+    from ..runtime.codes import Codes
 
     folder, runs = Path(job["dir"]) / job.get("model", "model"), job["runs"]
-    codec = load(folder, job["provider"])
-    sr = codec.sample_rate
+    codec, hooks = load(folder, job["provider"]), registry.get(job["codec"]).module("bench")
+    sr, mode = codec.sample_rate, hooks.MODE
     x = clip(codec.graph("encoder").int("samples"))
-    codes = codec.encode(x, sr, mode="fixed").data
-    enc = timings(lambda: codec.encode(x, sr, mode="fixed"), runs)
-    dec = timings(lambda: codec.decode(codes, mode="fixed"), runs)
+    codes = Codes(codec.encode(x, sr, mode=mode).arrays)  # bare: no resampling or loudness on the way back
+    enc = timings(lambda: codec.encode(x, sr, mode=mode), runs)
+    dec = timings(lambda: codec.decode(codes, mode=mode), runs)
     out = {}
     if "chunked" in codec.modes and job.get("long"):
         out = _long(codec, job)
-    if "step" in codec.modes:
-        stream = codec.stream()
-        out["streaming"] = stream_steps(stream, stream.step_frames, stream.step_samples, sr, job["steps"])
+    if (streaming := hooks.stream_bench(codec, job)) is not None:
+        out["streaming"] = streaming
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
-            "provider": codec.provider, "codes": np.asarray(codes).tolist()}
+            "provider": codec.provider, "codes": flat_codes(codes.arrays).tolist()}
 
 
 def _long(codec, job: dict) -> dict:
@@ -101,8 +101,9 @@ def run_torch(job: dict) -> dict:
         enc = timings(lambda: hooks.torch_encode(model, x, k), runs)
         dec = timings(lambda: model.decode(codes), runs)
         out = hooks.torch_long(model, job, meta) if hooks.LONG and job.get("long") else {}
+        arrays = hooks.torch_codes(model, x, k)
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
-            "threads": torch.get_num_threads(), "codes": codes.numpy().tolist()}
+            "threads": torch.get_num_threads(), "codes": flat_codes(arrays).tolist()}
 
 
 def run_transformers(job: dict) -> dict:
@@ -154,10 +155,13 @@ def run_memory(job: dict) -> dict:
         rate = int(meta["sample_rate"])
         n = round(job["minutes"] * 60 * rate)
         hooks = spec.module("bench")
-        k = min(8, int(meta["n_codebooks"]))
-        codes = np.random.default_rng(0).integers(0, int(meta["codebook_size"]), (1, k, hooks.long_frames(meta, n)))
+        # One array of the first codebooks, or one codebook per time scale (`vq_strides`).
+        strides = [int(s) for s in meta.get("vq_strides", "1").split(",")]
+        k = min(8, int(meta["n_codebooks"])) if len(strides) == 1 else 1
+        frames, rng = hooks.long_frames(meta, n), np.random.default_rng(0)
+        codes = tuple(rng.integers(0, int(meta["codebook_size"]), (1, k, frames * strides[0] // s)) for s in strides)
         source = out / f"codes{spec.suffixes[-1]}"
-        Codes((codes,), codec=spec.name, sample_rate=rate, num_samples=n, **hooks.long_fields(meta)).save(source)
+        Codes(codes, codec=spec.name, sample_rate=rate, num_samples=n, **hooks.long_fields(meta)).save(source)
         del codes
         args = ["decode", str(source), "-m", str(folder / "model"), "-o", str(out / "decoded.wav")]
         written = out / "decoded.wav"

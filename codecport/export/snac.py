@@ -220,9 +220,11 @@ def export(model: SNAC, out_dir: Path, length: int | None, *, options: dict, **c
 def describe(report: dict) -> list[str]:
     geo = report["geometry"]
     hop = geo["samples"] // geo["frames"]
+    sr = int(report["sample_rate"])
     keep = geo["frames"] - 2 * geo["encoder_margin"]
     return [(f"  window graphs : {geo['samples']} samples <-> {geo['frames']} frames; receptive field "
              f"{geo['encoder_margin']} frames (encoder) / {geo['decoder_margin']} (decoder) either side, "
              f"so long audio keeps {keep} of every {geo['frames']} frames a window"),
             (f"  stream decoder: {geo['stream_window']} frames in, {geo['stream_frames'] * hop} samples "
-             f"out per call; latency {geo['decoder_margin']} frames past the last one pushed")]
+             f"out per call; its audio is final {geo['decoder_margin']} frames "
+             f"({1000 * geo['decoder_margin'] * hop / sr:.0f} ms) after the frame it belongs to")]

@@ -120,6 +120,7 @@ class Codes:
         """Write to `path` (atomically) in the format its suffix names; see the module doc."""
         path = Path(path)
         if path.suffix == ".npy":
+            check_npy(path, len(self.arrays))
             with atomic_path(path) as tmp, open(tmp, "wb") as f:
                 np.save(f, self.data)
         elif path.suffix == ".npz":
@@ -127,6 +128,16 @@ class Codes:
                 np.savez(f, **_npz_fields(self))
         else:
             _codec_format(path, self.codec).save(self, path)
+
+
+def check_npy(path: Path, levels: int) -> None:
+    """A bare `.npy` holds one array: codes of several time scales need `.npz` or a layout."""
+    if levels > 1:
+        from .. import registry
+
+        names = registry.layout_names()
+        hint = f" (or a flat layout: --layout {' / '.join(names)})" if names else ""
+        raise CodesError(f"{path}: codes of {levels} time scales do not fit one .npy; write .npz{hint}")
 
 
 def _level_arrays(codec: str | None) -> bool:
