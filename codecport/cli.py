@@ -140,6 +140,9 @@ def _export_command(spec) -> click.Command:
 def _export(spec, *, variant, length, weights, revision, random_init, seed, in_graph_quantizer,
             codebooks, batch, out_dir, target, precision, calibration, verbose, **own) -> None:
     _logging(verbose)
+    if in_graph_quantizer and not spec.runtime.in_graph_quantizer:
+        raise click.UsageError(f"{spec.label}'s quantizer runs in numpy beside the graphs (rvq.npz); "
+                               "leave out --in-graph-quantizer")
     if codebooks is not None and not in_graph_quantizer:
         raise click.UsageError("--codebooks only applies with --in-graph-quantizer; the numpy "
                                "quantizer takes --codebooks at codec-run time")

@@ -74,8 +74,8 @@ SMOKE_BATCH = 4  # rows of the smoke exports' batched encoders
 @pytest.fixture(scope="session")
 def smoke_exports(tmp_path_factory) -> dict:
     """Every registered codec exported through the real `codec-export`, with its registration's
-    small `smoke` arguments, batched encoders (`--batch 4`) and seeded random weights:
-    name -> folder."""
+    small `smoke` arguments, batched encoders (`--batch 4`, for codecs that have them) and seeded
+    random weights: name -> folder."""
     import subprocess
     import sys
     from pathlib import Path
@@ -86,8 +86,9 @@ def smoke_exports(tmp_path_factory) -> dict:
     out = {}
     for spec in registry.codecs():
         folder = root / spec.name
+        batch = ["--batch", str(SMOKE_BATCH)] if spec.runtime.batchable else []
         proc = subprocess.run([str(Path(sys.executable).parent / "codec-export"), spec.name, *spec.smoke,
-                               "--batch", str(SMOKE_BATCH), "--random-init", "-o", str(folder)],
+                               *batch, "--random-init", "-o", str(folder)],
                               capture_output=True, text=True,
                               timeout=600, check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -20,7 +20,8 @@ TESTS = Path(__file__).parent
 NAMES = registry.names()
 # Test files every codec has, and a test each must hold (a name prefix, or any test).
 KINDS = {
-    "model": "test_transformers_parity",  # numbers against an independent reference
+    # numbers against an independent reference: transformers' port, or the official package
+    "model": ("test_transformers_parity", "test_official_parity"),
     "export": None,
     "runtime": None,
     "cli": None,
@@ -29,7 +30,7 @@ KINDS = {
 
 
 def test_the_codecs_are_found():
-    assert NAMES == ["dac", "mimi"]
+    assert NAMES == ["dac", "mimi", "snac"]
     assert [c.name for c in registry.codecs()] == NAMES
 
 
@@ -43,7 +44,7 @@ def test_every_codec_has_every_kind_of_test(codec, kind):
     prefix = KINDS[kind]
     assert names, f"{path.name} holds no test"
     if prefix:
-        assert any(n.startswith(prefix) for n in names), f"{path.name} has no {prefix}* test"
+        assert any(n.startswith(prefix) for n in names), f"{path.name} has no {' or '.join(prefix)}* test"
 
 
 @pytest.mark.parametrize("codec", NAMES)
@@ -56,11 +57,12 @@ def test_the_declaration_matches_the_layers(codec):
     assert callable(model.init_random) and issubclass(model.MODEL, object) and callable(weights.load)
     for hook in ("export", "describe", "hooks"):
         assert callable(getattr(exporter, hook)), f"export/{codec}.py has no {hook}()"
-    for hook in ("clip_samples", "export_options", "skip", "torch_encode", "transformers_model", "long_frames",
-                 "long_fields"):
+    for hook in ("clip_samples", "export_options", "skip", "torch_encode", "torch_codes", "torch_decode",
+                 "transformers_model", "long_frames", "long_fields", "stream_bench", "demo_stream"):
         assert callable(getattr(bench, hook)), f"bench/{codec}.py has no {hook}()"
     assert spec.runtime.spec is spec and spec.runtime.name == codec
     assert spec.smoke and spec.suffixes[:2] == (".npy", ".npz")
+    assert bench.MODE in {m for _, m in spec.runtime.graphs.values()} and isinstance(bench.NOISE, dict)
     cmd = export_cli.commands[codec]
     params = {p.name for p in cmd.params}
     assert {o.dest for o in spec.export_options} <= params and {"variant", "length", "weights"} <= params
@@ -88,5 +90,5 @@ def test_no_import_cycle_between_export_modules():
 
 
 def test_unknown_codec_says_which_there_are():
-    with pytest.raises(registry.CodecportError, match="codecport has dac, mimi"):
-        registry.get("snac")
+    with pytest.raises(registry.CodecportError, match="codecport has dac, mimi, snac"):
+        registry.get("encodec")

@@ -63,6 +63,7 @@ class Geometry:
     decoder_margin: int
     stream_frames: int  # latent frames the stream decoder gives audio for per call
     stream_window: int  # latent frames of its window
+    sample_rate: int
 
     @classmethod
     def of(cls, snac: SNAC, samples: int, stream_coarse: int) -> Geometry:
@@ -75,7 +76,7 @@ class Geometry:
             raise ExportError(f"--len {samples} is too short for windows that keep their receptive "
                               f"field: pass at least {least * hop} samples ({least * hop / cfg.sample_rate:.2f} s)")
         stream = stream_coarse * unit
-        return cls(frames, frames * hop, unit, enc, dec, stream, stream + 2 * dec)
+        return cls(frames, frames * hop, unit, enc, dec, stream, stream + 2 * dec, cfg.sample_rate)
 
 
 def rvq_of(snac: SNAC) -> SnacRvq:
@@ -181,7 +182,7 @@ def export_snac(snac: SNAC, out_dir: Path, samples: int, stream_coarse: int = 1,
         report["validation"][spec.name] = validate(spec, model, snac, rvq)
         models[spec.name] = model
         log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
-    manifest = {**meta, **report}
+    manifest = {**meta, "n_codebooks": cfg.n_codebooks, **report}
     report.update(finish_export(out_dir, models, rvq.arrays(), manifest, shaping, hooks(manifest, specs)))
     return report
 
@@ -220,7 +221,7 @@ def export(model: SNAC, out_dir: Path, length: int | None, *, options: dict, **c
 def describe(report: dict) -> list[str]:
     geo = report["geometry"]
     hop = geo["samples"] // geo["frames"]
-    sr = int(report["sample_rate"])
+    sr = geo["sample_rate"]
     keep = geo["frames"] - 2 * geo["encoder_margin"]
     return [(f"  window graphs : {geo['samples']} samples <-> {geo['frames']} frames; receptive field "
              f"{geo['encoder_margin']} frames (encoder) / {geo['decoder_margin']} (decoder) either side, "

@@ -44,6 +44,7 @@ class Codec(GraphFolder):
     default_codebooks: int | None = None  # codebooks `encode` uses unless told (None: all)
     levels: int = 1  # time scales of its codes: arrays in `Codes` (a multi-scale codec has more)
     draws_noise: bool = False  # its decoder adds noise (`decode(..., noise=...)` says which)
+    in_graph_quantizer: bool = True  # `codec-export --in-graph-quantizer` can put its RVQ in the graphs
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
                  options: dict[str, str] | None = None):
@@ -183,7 +184,9 @@ class Codec(GraphFolder):
 
     def check_codes(self, codes: Codes | np.ndarray) -> Codes:
         """`codes` as `Codes` this model can decode, or `CodesError` saying what is wrong."""
-        if not isinstance(codes, Codes):
+        if isinstance(codes, (tuple, list)):  # the arrays of a multi-scale codec
+            codes = Codes(tuple(codes))
+        elif not isinstance(codes, Codes):
             codes = Codes((codes,))
         if codes.codec not in (None, self.name):
             raise CodesError(f"these are {codes.codec} codes; this folder holds {self.name}")

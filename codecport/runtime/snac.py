@@ -104,6 +104,7 @@ class SnacCodec(Codec):
     graphs: ClassVar = {"encoder": ("encoder", "whole"), "decoder": ("decoder", "whole"),
                         "decoder_stream": ("decoder", "step")}
     shared = (*Codec.shared, "vq_strides", "unit_frames", "decoder_rates", "noise", "latent_dim")
+    in_graph_quantizer = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -197,8 +198,6 @@ class SnacCodec(Codec):
 
     # ---- decoding ----------------------------------------------------------------------
     def check_codes(self, codes) -> Codes:
-        if isinstance(codes, (tuple, list)):
-            codes = Codes(tuple(codes))
         codes = super().check_codes(codes)
         if len(codes.arrays) != self.levels or any(a.shape[1] != 1 for a in codes.arrays):
             raise CodesError(f"{self.label} codes are {self.levels} time scales of [channels, 1, frames] "
@@ -247,6 +246,10 @@ class SnacCodec(Codec):
         for b in range(len(self.rates) if self.draws_noise else 0):
             feeds[f"noise_{b}"] = noise.window(channel, b, start, window, n)
         return g.run(feeds)[0][0, 0]
+
+    def stream(self, n_codebooks: int | None = None):
+        raise CodecportError(f"{self.label} streams decoding only (its encoder is not causal): use "
+                             "decode_stream() for codes that arrive a frame at a time")
 
     def decode_stream(self, noise=None) -> SnacStream:
         """A decoder for codes that arrive a coarse frame at a time (mono): see `SnacStream`."""
