@@ -94,3 +94,42 @@ def smoke_exports(tmp_path_factory) -> dict:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         out[spec.name] = folder
     return out
+
+
+SNAC_TINY_LEN = 720  # samples of the tiny SNAC window graphs: 120 frames, 64 kept a window
+
+
+@pytest.fixture(scope="session")
+def tiny_snac():
+    from codecport.models.snac import PRESETS as SNAC_PRESETS
+    from codecport.models.snac import SNAC
+    from codecport.models.snac import init_random as snac_init_random
+
+    return snac_init_random(SNAC(SNAC_PRESETS["tiny"]), seed=0).eval()
+
+
+def official_snac(model):
+    """The official `snac.SNAC` of `model`'s config holding `model`'s weights (weight norm
+    unfolded back into the official parametrisation)."""
+    from snac import SNAC as Official
+
+    from codecport.models.checkpoint import unfold_weight_norm
+
+    official = Official(**model.cfg.to_kwargs()).eval()
+    official.load_state_dict(unfold_weight_norm(model.state_dict()))
+    return official
+
+
+@pytest.fixture(scope="session")
+def tiny_snac_official(tiny_snac):
+    return official_snac(tiny_snac)
+
+
+@pytest.fixture(scope="session")
+def tiny_snac_export(tmp_path_factory, tiny_snac):
+    from codecport.export.snac import export_snac
+
+    out = tmp_path_factory.mktemp("tiny_snac_export")
+    export_snac(tiny_snac, out, SNAC_TINY_LEN, variant="tiny", weights="random-init seed 0",
+                weights_sha256="none")
+    return out

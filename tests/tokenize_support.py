@@ -69,18 +69,27 @@ def rows(out: Path) -> dict[str, dict]:
 
 
 def reference(folder: Path, files: dict[str, Path]) -> dict[str, np.ndarray]:
-    """id -> the codes `codecport.load(folder).encode_file` gives, file by file."""
+    """id -> the codes `codecport.load(folder).encode_file` gives, file by file (the first time
+    scale; `reference_levels` has them all)."""
+    return {ident: levels[0] for ident, levels in reference_levels(folder, files).items()}
+
+
+def reference_levels(folder: Path, files: dict[str, Path]) -> dict[str, tuple[np.ndarray, ...]]:
     codec = codecport.load(folder)
-    return {ident: codec.encode_file(path).data for ident, path in files.items()}
+    return {ident: codec.encode_file(path).arrays for ident, path in files.items()}
 
 
-def assert_codes(got: dict[str, dict], want: dict[str, np.ndarray]) -> None:
+def assert_codes(got: dict[str, dict], want: dict) -> None:
+    """Rows against `reference` (the first time scale) or `reference_levels` (every one, in
+    the columns codes, codes_1, ...)."""
     assert set(got) == set(want)
     for ident, codes in want.items():
-        row = np.array(got[ident]["codes"])
-        assert row.shape == codes.shape, (ident, row.shape, codes.shape)
-        assert np.array_equal(row, codes), ident
-        assert got[ident]["n_frames"] == codes.shape[-1]
+        levels = codes if isinstance(codes, tuple) else (codes,)
+        for i, level in enumerate(levels):
+            row = np.array(got[ident]["codes" if i == 0 else f"codes_{i}"])
+            assert row.shape == level.shape, (ident, i, row.shape, level.shape)
+            assert np.array_equal(row, level), (ident, i)
+        assert got[ident]["n_frames"] == levels[0].shape[-1]
 
 
 def kill_when(proc: subprocess.Popen, ready, timeout: float = 120) -> None:

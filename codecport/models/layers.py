@@ -55,8 +55,10 @@ class FrameMask:
             if r * f != length:
                 raise ValueError(f"a resolution of {length} positions is not a whole number per "
                                  f"frame of {f} frames")
+            # Tile, not Expand: CoreML's ML Program has no Expand. (A nearest Resize, which NNAPI
+            # would take too, carries an empty input ORT's CoreML partitioner cannot see as fixed.)
             m = self.frames
-            self._at[length] = m if r == 1 else m[..., None].expand(*m.shape, r).reshape(*m.shape[:-1], length)
+            self._at[length] = m if r == 1 else m[..., None].repeat(1, 1, 1, r).reshape(*m.shape[:-1], length)
         return self._at[length]
 
 

@@ -65,7 +65,7 @@ class _Rotary(nn.Module):
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+    return torch.cat([x2 * -1.0, x1], dim=-1)  # a Mul: CoreML's ML Program has no Neg
 
 
 class EncoderBlock(nn.Module):

@@ -1,0 +1,94 @@
+"""SNAC export: static, portable graphs validated against torch, the receptive field in the
+metadata, what is refused, precision variants with their measured deviation, and EP verdicts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import SNAC_TINY_LEN, noise
+
+import codecport
+from codecport.models.snac import PRESETS
+
+BIN = Path(sys.executable).parent
+
+
+def test_graphs_are_static_plain_convs_with_the_receptive_field_in_the_metadata(tiny_snac_export):
+    manifest = json.loads((tiny_snac_export / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"encoder", "decoder", "decoder_stream", "rvq", "manifest"}
+    enc_margin, dec_margin = PRESETS["tiny"].margins()
+    for name in ("encoder", "decoder", "decoder_stream"):
+        model = onnx.load(str(tiny_snac_export / f"{name}.onnx"))
+        ops = {n.op_type for n in model.graph.node}
+        assert "ConvTranspose" not in ops and "Pad" not in ops and "Conv" in ops
+        for node in model.graph.node:
+            if node.op_type == "Conv":
+                pads = [a for a in node.attribute if a.name == "pads"]
+                assert not pads or not any(onnx.helper.get_attribute_value(pads[0]))
+        for value in [*model.graph.input, *model.graph.output]:
+            assert all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim)
+        meta = {p.key: p.value for p in model.metadata_props}
+        assert int(meta["margin"]) == (enc_margin if name == "encoder" else dec_margin)
+        assert meta["vq_strides"] == "4,2,1" and meta["unit_frames"] == "4"
+    inputs = [i.name for i in onnx.load(str(tiny_snac_export / "decoder.onnx")).graph.input]
+    assert inputs == ["latent", "mask", "noise_0", "noise_1"]  # the noise is an input
+    geo = manifest["geometry"]
+    assert geo["frames"] * 6 == geo["samples"] >= SNAC_TINY_LEN
+    assert geo["stream_window"] == geo["stream_frames"] + 2 * dec_margin
+    assert manifest["validation"]["encoder"] == {"codes_identical": 1.0}
+    assert manifest["validation"]["decoder"]["audio_max_abs_err"] <= 1e-4
+
+
+def _export(*args, timeout=600):
+    return subprocess.run([str(BIN / "codec-export"), "snac", "--variant", "tiny", "--random-init", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--len", "100"], "too short for windows that keep their receptive field: pass at least 360 samples"),
+    (["--len", "720", "--in-graph-quantizer"], "quantizer runs in numpy"),
+    (["--len", "720", "--batch", "4"], "no batched encoder"),
+    (["--len", "720", "--stream-frames", "0"], "0 is not in the range"),
+    ([], "pass --len N"),
+])
+def test_what_cannot_be_exported_is_one_line(tmp_path, args, match):
+    proc = _export(*args, "-o", tmp_path / "out")
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr
+    assert match in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_precision_variants_carry_their_measured_deviation(tmp_path, precision):
+    out = tmp_path / precision
+    proc = _export("--len", "720", "--precision", precision, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "deviation from fp32" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    dev = manifest["deviation"]
+    assert set(dev) == {"encoder", "decoder", "decoder_stream"}
+    assert 0 <= dev["encoder"]["code_agreement_pct"] <= 100 and np.isfinite(dev["decoder"]["snr_db"])
+    assert np.isfinite(dev["decoder_stream"]["snr_db"])
+    codec = codecport.load(out)
+    codes = codec.encode(noise(2000), 16000)
+    audio, _ = codec.decode(codes, noise="zero")
+    assert audio.shape == (1, 2000) and np.isfinite(audio).all()
+    if precision == "fp16":  # fp16 keeps most codes of a random model
+        assert dev["encoder"]["code_agreement_pct"] > 50 and dev["decoder"]["snr_db"] > 20
+
+
+def test_check_gives_every_graph_a_verdict(tiny_snac_export, tmp_path):
+    proc = subprocess.run([str(BIN / "codec-export"), "check", str(tiny_snac_export), "--json", str(tmp_path / "c.json")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    reports = {Path(r["file"]).stem: r for r in json.loads((tmp_path / "c.json").read_text())}
+    assert set(reports) == {"encoder", "decoder", "decoder_stream"}
+    for r in reports.values():
+        assert r["eps"]["directml"]["full"], r["eps"]["directml"]  # no ConvTranspose, no Conv pads
+        assert set(r["eps"]) >= {"coreml-mlprogram", "nnapi", "directml"}
