@@ -33,29 +33,30 @@ COMMITS = {"main": "a" * 40, "v1": "b" * 40}
 @dataclass
 class Hub:
     url: str
-    files: dict[str, bytes]  # revision -> the file's bytes
+    files: dict[str, dict[str, bytes]]  # revision -> file name -> its bytes
     gets: list[str] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
     drop: bool = False  # stop the body halfway
 
 
 @contextmanager
-def hub(files: dict[str, bytes]) -> Iterator[Hub]:
-    """`/{repo}/resolve/{revision}/{file}` for `REPO`/`FILE` as the Hub answers it: HEAD with the
-    commit, ETag and size, GET with the bytes; anything else 404."""
-    state = Hub("", files)
+def hub(files: dict, repo: str = REPO) -> Iterator[Hub]:
+    """`/{repo}/resolve/{revision}/{file}` as the Hub answers it: HEAD with the commit, ETag and
+    size, GET with the bytes; anything else 404. `files`: revision -> the bytes of `FILE`, or
+    revision -> {file name: bytes} (a repo of several files)."""
+    state = Hub("", {rev: f if isinstance(f, dict) else {FILE: f} for rev, f in files.items()})
 
     class Handler(BaseHTTPRequestHandler):
         def _answer(self, body: bool) -> None:
             state.auth.append(self.headers.get("Authorization"))
             parts = self.path.split("?")[0].split("/resolve/")
             rev, _, name = parts[1].partition("/") if len(parts) == 2 else ("", "", "")
-            if parts[0] != f"/{REPO}" or name != FILE or rev not in state.files:
+            if parts[0] != f"/{repo}" or rev not in state.files or name not in state.files[rev]:
                 self.send_response(404)
                 self.send_header("X-Error-Code", "EntryNotFound")
                 self.end_headers()
                 return
-            data = state.files[rev]
+            data = state.files[rev][name]
             self.send_response(200)
             self.send_header("X-Repo-Commit", COMMITS[rev])
             self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')

@@ -100,7 +100,7 @@ def result_table(codec, items, results: dict):
         cols["duration_s"].append(r.num_samples / r.sample_rate if ok else 0.0)
         cols["codec"].append(codec.name)
         cols["variant"].append(codec.variant)
-        cols["n_codebooks"].append(a.shape[1] if ok else 0)
+        cols["n_codebooks"].append(r.n_codebooks if ok else 0)  # over every time scale
         cols["export_id"].append(codec.export_id)
         cols["input_key"].append(item.key)
         cols["error"].append(None if ok else _one_line(r))
