@@ -201,3 +201,60 @@ def test_map_windows_keeps_order_bounds_memory_and_raises(tiny_export):
     assert len(started) <= 5 + 2 + 1  # never more than `windows` + 1 ahead of the caller
     with pytest.raises(ValueError, match="window 7"):
         list(results)
+
+
+@pytest.mark.parametrize("n", [TINY_LEN, TINY_LEN + 1, 5 * TINY_LEN + 3, 40 * TINY_LEN + 7])
+def test_whole_mode_gives_the_official_encode_and_decode_of_the_whole_clip(codec, tiny_dac, n):
+    """The fixed graphs in windows overlapping by their receptive field (metadata `margin`):
+    a clip of up to 40 windows has the codes `DAC.encode` gives the whole clip at once, and
+    decodes to its `DAC.decode`, the chunked mode's seams gone."""
+    x = noise(n, seed=n)
+    codes = codec.encode(x, 16000, mode="whole")
+    with torch.no_grad():
+        want = tiny_dac.encode(torch.from_numpy(x)[None]).numpy()
+        want_audio = tiny_dac.decode(torch.from_numpy(want))[:, 0].numpy()
+    assert codes.mode == "whole" and codes.data.shape == want.shape
+    np.testing.assert_array_equal(codes.data, want)
+    audio = codec.decode(codes.replace(loudness_db=None, sample_rate=None, num_samples=None))[0]
+    assert audio.shape == want_audio.shape and float(np.abs(audio - want_audio).max()) <= 1e-5
+    if n > 5 * TINY_LEN:  # the chunked mode cuts the clip: its codes are not these
+        chunked = codec.encode(x, 16000, mode="chunked").data
+        assert chunked.shape != want.shape or not np.array_equal(chunked, want)
+
+
+def test_whole_codes_round_trip_through_npz_and_dac(codec, tmp_path):
+    x = noise(7 * TINY_LEN, seed=3)
+    codes = codec.encode(x, 16000, mode="whole")
+    want = codec.decode(codes)[0]
+    for suffix in (".npz", ".dac"):
+        codes.save(tmp_path / f"c{suffix}")
+        got = load_codes(tmp_path / f"c{suffix}")
+        np.testing.assert_array_equal(got.data, codes.data)
+        # A .dac holds them as the official one-call decode (padding on, one chunk of every frame).
+        np.testing.assert_allclose(codec.decode(got)[0], want, atol=1e-5)
+
+
+def test_whole_mode_says_what_it_needs(codec, tiny_export, tiny_dac, tmp_path):
+    from codecport.errors import CodesError, ModelFileError
+    from codecport.export.dac import export_dac
+
+    with pytest.raises(CodesError, match="shorter than the fixed graph"):
+        codec.encode(noise(TINY_LEN - 7), 16000, mode="whole")
+    odd = tmp_path / "odd"
+    export_dac(tiny_dac, odd, TINY_LEN + 1, TINY_CHUNK, variant="tiny", weights="r", weights_sha256="none")
+    with pytest.raises(CodesError, match="--len a multiple of 6"):
+        DacCodec(odd).encode(noise(3000), 16000, mode="whole")
+    old = tmp_path / "old"
+    import shutil
+
+    import onnx
+
+    shutil.copytree(tiny_export, old)
+    for name in ("encoder", "decoder"):
+        m = onnx.load(str(old / f"{name}.onnx"))
+        keep = [p for p in m.metadata_props if p.key != "margin"]
+        del m.metadata_props[:]
+        m.metadata_props.extend(keep)
+        onnx.save(m, str(old / f"{name}.onnx"))
+    with pytest.raises(ModelFileError, match="exported before the whole mode"):
+        DacCodec(old).encode(noise(3000), 16000, mode="whole")

@@ -10,7 +10,8 @@ import torch
 from conftest import SNAC_TINY_LEN, noise
 
 from codecport.runtime.codes import Codes
-from codecport.runtime.snac import SnacCodec, from_orpheus, to_orpheus, windows
+from codecport.runtime.overlap import windows
+from codecport.runtime.snac import SnacCodec, from_orpheus, to_orpheus
 
 SR = 16000  # the tiny preset's rate
 HOP = 6
@@ -47,6 +48,11 @@ def test_windows_cover_the_clip_once_with_their_margins():
         assert kept == list(range(n))
         for start, lo, hi in plan:
             assert start >= 0 and (lo == 0 or lo - start == 28) and (hi == n or start + 120 - hi == 28)
+        if n >= 120:  # a graph that cannot mask: the last window ends at the clip
+            aligned = list(windows(n, 120, 28, end_aligned=True))
+            assert [p[1:] for p in aligned] == [p[1:] for p in plan]
+            start, lo, hi = aligned[-1]
+            assert start + 120 == n and (lo == 0 or lo - start >= 28)
 
 
 @pytest.mark.parametrize("seconds", [0.01, SNAC_TINY_LEN / SR, 0.2, 0.61])

@@ -123,9 +123,11 @@ def graph_specs(dac: DAC, geo: Geometry, meta: dict[str, str],
 
     chunk = {"chunk_step": str(geo.chunk_step), "delay": str(geo.delay),
              "window": str(geo.window), "chunk_frames": str(geo.chunk_frames)}
+    # The receptive fields, for the whole-clip mode (runtime/overlap.py) over the fixed pair.
+    enc_margin, dec_margin = cfg.margins()
     return [
-        enc("encoder", geo.samples, geo.frames, True, {}),
-        dec("decoder", geo.frames, geo.samples_out, True, {}),
+        enc("encoder", geo.samples, geo.frames, True, {"margin": str(enc_margin)}),
+        dec("decoder", geo.frames, geo.samples_out, True, {"margin": str(dec_margin)}),
         enc("encoder_chunked", geo.window, geo.chunk_frames, False, chunk),
         dec("decoder_chunked", geo.chunk_frames, geo.chunk_step, False, chunk),
     ]

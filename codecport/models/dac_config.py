@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .geometry import Conv, UpConv, decoder_margin, encoder_margin, residual_units, strided
 from .limits import MAX_PARAMS, check_int, check_ints
 
 
@@ -47,6 +48,16 @@ class DacConfig:
     def hop_length(self) -> int:
         """Audio samples per code frame."""
         return math.prod(self.encoder_rates)
+
+    def margins(self) -> tuple[int, int]:
+        """(encoder, decoder) frames a window of the fixed graphs keeps clear of its edges for its
+        codes and audio to be those of the whole clip (their receptive fields, geometry.py)."""
+        enc = [Conv(7, pad=3), *[c for s in self.encoder_rates for c in (*residual_units(), strided(s))],
+               Conv(3, pad=1)]
+        dec = [Conv(7, pad=3), *[c for s in self.decoder_rates
+                                 for c in (UpConv(s, math.ceil(s / 2)), *residual_units())], Conv(7, pad=3)]
+        return (encoder_margin(enc, self.hop_length, 1),
+                decoder_margin(dec, math.prod(self.decoder_rates), 1))
 
     def approx_params(self) -> int:
         """Parameters of the convs and codebooks, within a few percent."""

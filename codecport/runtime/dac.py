@@ -5,7 +5,10 @@ Two ways through the graphs (`mode`), both from the official package:
   in one call, giving the codes of the official `DAC.encode`;
 - chunked: anything else follows the official `compress`: padding off, the signal zero-padded by
   `delay` on both sides, fixed windows stepping by the valid output (`chunk_step`). Codes equal
-  `compress(win_duration=window/sample_rate, normalize_db=None)`.
+  `compress(win_duration=window/sample_rate, normalize_db=None)`, and `.dac` files hold them;
+- whole (asked for by name): the fixed graphs in windows that overlap by their receptive field
+  (runtime/overlap.py), so that codes equal the official `DAC.encode` of the whole clip, and
+  audio its `decode` of them, however long the clip (at least one fixed call long).
 
 Like `compress`, encoding first measures the whole input (its loudness, stored with the codes,
 and its peak, scaled down to 1 when above it), then encodes: a file is read twice, block by
@@ -30,6 +33,7 @@ from .codes import Codes
 from .dacfile import load_dac, save_dac
 from .graph import Graph
 from .loudness import LoudnessMeter
+from .overlap import windows as overlap_windows
 from .rvq import DacRvq
 
 
@@ -44,6 +48,27 @@ class DacCodec(Codec):
 
     def load_rvq(self) -> DacRvq:
         return DacRvq.load(self.dir / "rvq.npz", self.first)
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        fixed = ("whole",) if {"encoder", "decoder"} & set(self.present) else ()
+        return (*super().modes, *fixed)
+
+    def whole_geometry(self, name: str) -> tuple[int, int]:
+        """(frames, margin) of fixed graph `name` for the whole mode, or why it cannot serve it."""
+        g = self.graph(name)
+        frames = g.int("frames")
+        if "margin" not in g.meta:
+            raise ModelFileError(f"{g.path}: exported before the whole mode (no receptive field in its "
+                                 "metadata); re-export it with this version of codec-export")
+        margin = g.int("margin")
+        if name == "encoder" and g.int("samples") != frames * self.frame_size:
+            raise CodesError(f"the whole mode needs fixed graphs of whole frames; export with --len a "
+                             f"multiple of {self.frame_size} (e.g. {frames * self.frame_size})")
+        if frames <= 2 * margin:
+            raise CodesError(f"the fixed graphs' {frames} frames are too short for windows that keep "
+                             f"their receptive field ({margin} frames a side); export a longer --len")
+        return frames, margin
 
     def check_graph(self, name: str, g: Graph) -> None:
         role, mode = self.graphs[name]
@@ -85,6 +110,8 @@ class DacCodec(Codec):
         # The official `ensure_max_of_audio`: a channel peaking above 1 is scaled down to 1.
         gain = (1.0 / np.maximum(peak, 1.0)).astype(np.float32)[:, None]
         blocks = (b * gain for b in self.model_rate(source))
+        if mode == "whole":
+            return self._whole_plan(source, blocks, n, k, counted, meter.result())
         fits = "encoder" in self.present and self.fits_fixed(n)
         if mode == "fixed" and not fits:
             raise CodesError(f"{n} samples do not fit the fixed graph of "
@@ -102,7 +129,7 @@ class DacCodec(Codec):
         g = self.graph("encoder_chunked")
         window, step, delay, frames = g.int("window"), g.int("chunk_step"), g.int("delay"), g.int("chunk_frames")
         starts = range(0, n, step)
-        windows = (row for w in _windows(blocks, starts, window, step, delay) for row in w)
+        windows = (row for w in _windows(blocks, starts, window, delay) for row in w)
 
         def finish(codes: list[np.ndarray]) -> Codes:
             # Window-major, channel-minor -> [C, K, windows * chunk_frames]
@@ -111,6 +138,27 @@ class DacCodec(Codec):
                               loudness_db=loudness, mode="chunked", chunk_frames=frames)
 
         return WindowPlan("encoder_chunked", windows, k, finish)
+
+    def _whole_plan(self, source, blocks, n: int, k: int, counted, loudness: float) -> WindowPlan:
+        """The fixed encoder in windows overlapping by its receptive field, the last one ending at
+        the clip's end (a multiple of the frame, as the official `preprocess` pads it)."""
+        frames, margin = self.whole_geometry("encoder")
+        total = -(-n // self.frame_size)
+        if total < frames:
+            raise CodesError(f"{n} samples are shorter than the fixed graph ({frames * self.frame_size}): "
+                             "the whole mode needs at least one fixed call; export a shorter --len, or "
+                             "encode it in the fixed or chunked mode")
+        plan = list(overlap_windows(total, frames, margin, end_aligned=True))
+        hop, channels = self.frame_size, source.channels
+        rows = (row for w in _windows(blocks, [s * hop for s, _, _ in plan], frames * hop, 0) for row in w)
+
+        def finish(codes: list[np.ndarray]) -> Codes:
+            parts = [[codes[i * channels + c][:, lo - s:hi - s] for i, (s, lo, hi) in enumerate(plan)]
+                     for c in range(channels)]
+            return self.codes([np.stack([np.concatenate(p, axis=1) for p in parts])], source,
+                              counted.counted, loudness_db=loudness, mode="whole")
+
+        return WindowPlan("encoder", rows, k, finish)
 
     # ---- decoding ----------------------------------------------------------------------
     def _decode_window(self, name: str, codes: np.ndarray) -> np.ndarray:
@@ -127,7 +175,7 @@ class DacCodec(Codec):
                           else "encoder_chunked").int("chunk_frames")
 
     def expected_frames(self, n: int, mode: str | None) -> int | None:
-        if mode == "fixed":
+        if mode in ("fixed", "whole"):
             return math.ceil(n / self.frame_size)
         if mode == "chunked":
             step = self.graph("decoder_chunked" if "decoder_chunked" in self.present
@@ -138,7 +186,12 @@ class DacCodec(Codec):
     def raw_pieces(self, codes: Codes, mode: str | None, progress: bool) -> Iterator[np.ndarray]:
         data, frames = codes.data, self.fixed_frames()
         t = data.shape[-1]
-        mode = mode or codes.mode or ("fixed" if t == frames else "chunked")
+        asked, mode = mode, mode or codes.mode or ("fixed" if t == frames else "chunked")
+        if mode == "fixed" and t != frames and asked is None:
+            mode = "whole"  # the official decode of every frame at once (a .dac of padded codes)
+        if mode == "whole":
+            yield from self._whole_pieces(data, progress)
+            return
         if mode == "fixed":
             if t != frames:
                 raise CodesError(f"{t} frames given; the fixed-length decoder takes exactly {frames}")
@@ -158,18 +211,33 @@ class DacCodec(Codec):
         yield from tqdm(pieces, total=t // chunk, desc="decode", unit="chunk",
                         disable=None if progress else True)
 
+    def _whole_pieces(self, data: np.ndarray, progress: bool) -> Iterator[np.ndarray]:
+        """The fixed decoder in windows overlapping by its receptive field: the audio of the
+        official `decode` of all the frames at once."""
+        frames, margin = self.whole_geometry("decoder")
+        t, hop = data.shape[-1], self.frame_size
+        if t < frames:
+            raise CodesError(f"{t} frames are fewer than the fixed decoder's {frames}: the whole mode "
+                             "decodes at least one fixed call; decode them in the fixed mode")
+        plan = list(overlap_windows(t, frames, margin, end_aligned=True))
+        pieces = (np.stack([self._decode_window("decoder", c[:, s:s + frames]) for c in data]) for s, _, _ in plan)
+        for (s, lo, hi), audio in tqdm(zip(plan, pieces), total=len(plan), desc="decode", unit="window",
+                                       disable=None if progress else True):
+            # The last window ends at the clip: its audio runs to the decode's end.
+            yield audio[:, (lo - s) * hop:(hi - s) * hop if hi < t else None]
+
 
 def raise_shape(g: Graph, why: str) -> None:
     raise ModelFileError(f"{g.path}: {why}; the file is damaged, re-export the folder")
 
 
-def _windows(blocks: Iterator[np.ndarray], starts: range, window: int, step: int,
-             delay: int) -> Iterator[np.ndarray]:
-    """Windows `[C, window]` at `starts` of the signal zero-padded by `delay` on the left and with
-    zeros past its end, holding no more than a window and a block at a time."""
+def _windows(blocks: Iterator[np.ndarray], starts, window: int, delay: int) -> Iterator[np.ndarray]:
+    """Windows `[C, window]` at `starts` (rising) of the signal zero-padded by `delay` on the left
+    and with zeros past its end, holding no more than a window and a block at a time."""
     buf, pos = None, 0  # buf holds the padded signal from index pos on
     it = iter(blocks)
-    for s in starts:
+    starts = list(starts)
+    for i, s in enumerate(starts):
         while buf is None or pos + buf.shape[1] < s + window:
             block = next(it, None)
             if buf is None:
@@ -179,7 +247,7 @@ def _windows(blocks: Iterator[np.ndarray], starts: range, window: int, step: int
                 block = np.zeros((buf.shape[0], s + window - pos - buf.shape[1]), np.float32)
             buf = np.concatenate([buf, block], axis=1)
         yield buf[:, s - pos:s - pos + window]
-        drop = min(step, buf.shape[1])
+        drop = min((starts[i + 1] if i + 1 < len(starts) else s + window) - pos, buf.shape[1])
         buf, pos = buf[:, drop:], pos + drop
 
 

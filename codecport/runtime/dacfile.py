@@ -107,12 +107,13 @@ def save_dac(codes: Codes, path: Path) -> None:
         raise CodesError(f"{path}: a .dac file needs the original length, rate and loudness, which "
                          f"these codes lack ({', '.join(missing)}); encode the audio itself, or "
                          "write .npy")
-    if codes.mode not in ("fixed", "chunked") or codes.data.max() > np.iinfo(np.uint16).max:
+    if codes.mode not in ("fixed", "chunked", "whole") or codes.data.max() > np.iinfo(np.uint16).max:
         raise CodesError(f"{path}: these codes do not fit the .dac format (DAC codes, uint16)")
+    # Whole-clip codes are what `decompress` decodes in one call: padding on, one chunk of all.
     chunk = codes.chunk_frames if codes.mode == "chunked" else codes.data.shape[-1]
     DacFile(codes=codes.data, chunk_length=chunk, original_length=codes.num_samples,
             input_db=codes.loudness_db, channels=codes.channels, sample_rate=codes.sample_rate,
-            padding=codes.mode == "fixed").save(path)
+            padding=codes.mode != "chunked").save(path)
 
 
 def load_dac(path: Path) -> Codes:

@@ -31,23 +31,11 @@ from .codec import Codec
 from .codes import Codes
 from .graph import Graph
 from .npyfile import read_npy
+from .overlap import windows
 from .rvq import SnacRvq
 
 log = logging.getLogger(__name__)
 NOISE_HELP = "None (random, as the official decode), an int seed, 'zero', or one array per block"
-
-
-def windows(n: int, window: int, margin: int) -> Iterator[tuple[int, int, int]]:
-    """(start, keep_from, keep_to) latent frames of the windows over a clip of `n` frames: the
-    first window starts at the clip, each next one `margin` before the frames still to do, and
-    each keeps what lies `margin` inside its edges (all of it up to a clip edge)."""
-    pos = 0
-    while pos < n:
-        start = 0 if pos == 0 else pos - margin
-        end = start + window
-        keep = n if end >= n else end - margin
-        yield start, pos, keep
-        pos = keep
 
 
 class Noise:
