@@ -295,24 +295,51 @@ def graph_timing(graph, feed: np.ndarray, runs: int, seconds: float) -> dict:
 def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, precision: str) -> dict:
     """Every way through the folder's graphs, on the device against the reference: the fixed
     pair, then the long-audio modes the codec has (chunked windows, streaming steps)."""
+    from codecport import registry
+    from codecport.bench.measure import flat_codes
+    from codecport.runtime.codes import Codes
+
     sr, keep = dev.sample_rate, {}
     par, timing = {}, {"device": {}, "reference": {}}
-    fixed_enc = lambda codec, clip: codec.encode(clip, sr, mode="fixed").data
+    # One call of the fixed graphs, the way the codec's bench takes it (SNAC: its window graph,
+    # decoded without noise so that both sides decode alike).
+    hooks = registry.get(dev.name).module("bench")
+    mode, noise = hooks.MODE, hooks.NOISE
+    fixed_enc = lambda codec, clip: codec.encode(clip, sr, mode=mode).arrays
+    fixed_dec = lambda codec, arrays: codec.decode(Codes(arrays), mode=mode, **noise)[0]
     if "encoder" in dev.present and "decoder" in dev.present:
         clip = make_clip(dev.graph("encoder").int("samples"), sr)
         secs = clip.shape[1] / sr
         out["audio_seconds"] = secs
         codes_ref, t_ref_enc = timed(lambda: fixed_enc(ref, clip), args.reference_runs, secs)
         codes_dev, t_dev_enc = timed(lambda: fixed_enc(dev, clip), args.runs, secs)
-        audio_ref, t_ref_dec = timed(lambda: ref.decode(codes_ref, mode="fixed")[0], args.reference_runs, secs)
-        audio_dev, t_dev_dec = timed(lambda: dev.decode(codes_ref, mode="fixed")[0], args.runs, secs)
-        par["encode"], par["decode"] = agreement(codes_ref, codes_dev), closeness(audio_ref, audio_dev)
+        audio_ref, t_ref_dec = timed(lambda: fixed_dec(ref, codes_ref), args.reference_runs, secs)
+        audio_dev, t_dev_dec = timed(lambda: fixed_dec(dev, codes_ref), args.runs, secs)
+        par["encode"] = agreement(flat_codes(codes_ref), flat_codes(codes_dev))
+        par["decode"] = closeness(audio_ref, audio_dev)
         timing["device"].update(encode=t_dev_enc, decode=t_dev_dec)
         timing["reference"].update(encode=t_ref_enc, decode=t_ref_dec)
         for name in ("encoder", "decoder"):
-            feed = graph_feed(dev, name, clip, codes_ref)
-            timing["device"][f"{name}_graph"] = graph_timing(dev.graph(name), feed, args.runs, secs)
+            if len(dev.graph(name).session.get_inputs()) == 1:  # graphs of one input: alone too
+                feed = graph_feed(dev, name, clip, codes_ref[0])
+                timing["device"][f"{name}_graph"] = graph_timing(dev.graph(name), feed, args.runs, secs)
         keep = {"clip": clip, "codes_ref": codes_ref, "audio_ref": audio_ref}
+    if "decoder_stream" in dev.present and keep:
+        # SNAC's stream decoder: the fixed codes a coarse frame a push, against the reference's
+        # whole decode with the same noise, and the time of a push.
+        coarse = dev.strides[0]
+        streamed, push_ms = [], []
+        stream = dev.decode_stream(noise=0)
+        for j in range(codes_ref[0].shape[-1]):
+            frame = [a[0, 0, j * coarse // s:(j + 1) * coarse // s] for a, s in zip(codes_ref, dev.strides)]
+            t0 = time.perf_counter()
+            streamed.append(stream.push(frame))
+            push_ms.append(1e3 * (time.perf_counter() - t0))
+        streamed.append(stream.finish())
+        whole = ref.decode(Codes(codes_ref), noise=0)[0][0]
+        par["stream_decode"] = closeness(whole, np.concatenate(streamed))
+        timing["device"]["stream"] = {"frame_ms": round(1e3 * stream.frame_samples / sr, 3),
+                                      "push": percentiles(push_ms[3:] or push_ms)}
     if {"encoder_chunked", "decoder_chunked"} <= set(dev.present):
         step = dev.graph("encoder_chunked").int("chunk_step")
         long = make_clip(2 * step + step // 2, sr, seed=1)  # three windows, the last one partial
@@ -415,9 +442,14 @@ def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_re
     if precision == "fp32" and keep:
         fp32_refs[manifest.get("export_id")] = keep
     elif base is not None and keep and base["clip"].shape == keep["clip"].shape:
-        dec = dev.decode(base["codes_ref"], mode="fixed")[0]
-        codes = dev.encode(base["clip"], dev.sample_rate, mode="fixed").data
-        out["device_vs_fp32_reference"] = {"encode": agreement(base["codes_ref"], codes),
+        from codecport import registry
+        from codecport.bench.measure import flat_codes
+        from codecport.runtime.codes import Codes
+
+        hooks = registry.get(dev.name).module("bench")
+        dec = dev.decode(Codes(base["codes_ref"]), mode=hooks.MODE, **hooks.NOISE)[0]
+        codes = dev.encode(base["clip"], dev.sample_rate, mode=hooks.MODE).arrays
+        out["device_vs_fp32_reference"] = {"encode": agreement(flat_codes(base["codes_ref"]), flat_codes(codes)),
                                            "decode": closeness(base["audio_ref"], dec)}
     return out
 

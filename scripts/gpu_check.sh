@@ -57,8 +57,10 @@ print(" ".join(registry.get(sys.argv[1]).smoke))' "$codec")"
     rm -rf "$out"
     # --precision fp16: fp16 graphs with fp32 inputs/outputs, built from the validated fp32 ones.
     # fp32 adds batch-8 encoders (corpus tokenizing): each row is checked against batch 1.
-    local batch=()
-    [ "$precision" = fp32 ] && batch=(--batch 8)
+    local batch=() batchable
+    batchable=$(python3 -c 'import sys; from codecport import registry
+print(1 if registry.get(sys.argv[1]).runtime.batchable else "")' "$codec")
+    [ "$precision" = fp32 ] && [ -n "$batchable" ] && batch=(--batch 8)
     codec-export "$codec" "${args[@]}" "${batch[@]}" --random-init --target cuda --precision "$precision" -o "$out"
 }
 

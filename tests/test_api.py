@@ -49,7 +49,7 @@ def test_load_gives_the_codec_and_its_facts(codecs, smoke_exports, name):
     assert codec.sample_rate == int(manifest["sample_rate"]) and codec.provider == "CPUExecutionProvider"
     assert codec.frame_rate == pytest.approx(codec.sample_rate / codec.frame_size)
     assert codec.n_codebooks == manifest["n_codebooks"] and codec.codebook_size == int(manifest["codebook_size"])
-    assert registry.get(name).module("bench").MODE in codec.modes and len(codec.modes) == 2
+    assert registry.get(name).module("bench").MODE in codec.modes and len(codec.modes) >= 2
 
 
 @pytest.mark.parametrize("name", NAMES)
