@@ -497,7 +497,11 @@ def table(report: dict) -> list[str]:
         for g in ("encoder_graph", "decoder_graph"):
             if g in td:
                 lines.append(f"{name:<28} {g:<15} {'':<22} {_fmt_t(td[g]):<24}")
-        if "stream" in td:
+        if "stream" in td and "push" in td["stream"]:
+            s = td["stream"]
+            lines.append(f"{name:<28} {'stream decode':<15} a coarse frame ({s['frame_ms']:g} ms) a push: "
+                         f"p50 {s['push']['p50_ms']:.2f} / p95 {s['push']['p95_ms']:.2f} ms")
+        elif "stream" in td:
             s = td["stream"]
             enc, dec, both = s["encode_step"], s["decode_step"], s["encode_plus_decode"]
             lines.append(f"{name:<28} {'stream step':<15} {s['step_ms']:g} ms of audio per step, "
