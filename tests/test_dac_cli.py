@@ -102,3 +102,20 @@ def test_npy_codes_equal_torch_encode(tmp_path, model_dir, tiny_dac):
         want = tiny_dac.encode(torch.from_numpy(x)[None]).numpy()
     assert want.shape == (1, 4, 100)
     np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), want)
+
+
+def test_whole_mode_gives_the_official_codes_of_the_whole_file(tmp_path, model_dir, tiny_dac):
+    """`--mode whole`: a file of 9 windows, its codes those of `DAC.encode` on all of it, and
+    `codec-run decode` back to the original length through the same windows."""
+    x = noise(9 * TINY_LEN + 11, seed=21)
+    wav = write_wav(tmp_path / "in.wav", x, 16000)
+    enc = cli("codec-run", "encode", wav, "-m", model_dir, "-o", tmp_path / "c.npz", "--mode", "whole")
+    assert "whole clip, overlapping windows" in enc.stdout
+    with torch.no_grad():
+        want = tiny_dac.encode(torch.from_numpy(x)[None]).numpy()
+    z = np.load(tmp_path / "c.npz")
+    assert str(z["mode"]) == "whole"
+    np.testing.assert_array_equal(z["codes_0"], want)
+    cli("codec-run", "decode", tmp_path / "c.npz", "-m", model_dir, "-o", tmp_path / "o.wav")
+    y, sr = sf.read(tmp_path / "o.wav", dtype="float32")
+    assert sr == 16000 and y.shape == (x.shape[1],)

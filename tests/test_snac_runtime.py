@@ -172,3 +172,17 @@ def test_the_orpheus_layout_is_orpheus_order(codec):
         np.testing.assert_array_equal(a, b)
     audio = codec.decode(back, noise=2)[0]
     np.testing.assert_array_equal(audio, codec.decode(codes.replace(sample_rate=None, num_samples=None), noise=2)[0])
+
+
+def test_windows_side_by_side_give_the_same_bits(tiny_snac_export):
+    """Long audio runs two windows at once on the CPU (each on its share of the cores, a session
+    of its own beside the one single calls use); one at a time gives the same codes and audio."""
+    x = noise(int(0.3 * SR), channels=2, seed=14)
+    one, two = SnacCodec(tiny_snac_export, options={"windows": "1"}), SnacCodec(tiny_snac_export, options={"windows": "2"})
+    a, b = one.encode(x, SR), two.encode(x, SR)
+    for p, q in zip(a.arrays, b.arrays):
+        np.testing.assert_array_equal(p, q)
+    np.testing.assert_array_equal(one.decode(a, noise=1)[0], two.decode(a, noise=1)[0])
+    assert "encoder@windows" in two._graphs and "decoder@windows" in two._graphs
+    assert two._graphs["encoder@windows"].session is not two.graph("encoder").session
+    assert "encoder@windows" not in one._graphs

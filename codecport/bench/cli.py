@@ -119,10 +119,10 @@ def _table(report: dict) -> list[str]:
                          f"{d['size_bytes'] / 1e6:.0f} MB (fp32 {d['fp32_size_bytes'] / 1e6:.0f} MB)")
     if "long" in report:
         lines.append(f"-long: {report['long']['windows']} windows ({report['long']['seconds']:g} s of audio) "
-                     "through the chunked graphs; ours run "
+                     f"{report['long'].get('through', 'through the chunked graphs')}; ours run "
                      + ", ".join(f"{r['windows_at_once']} at once ({n})" for n, r in report["contenders"].items()
                                  if "windows_at_once" in r)
-                     + ("; torch one after another" if "encode-long" in report["contenders"].get("torch-eager", {})
+                     + (f"; torch {report['long'].get('torch', 'one after another')}" if "encode-long" in report["contenders"].get("torch-eager", {})
                         else ""))
     for name, r in report["contenders"].items():
         if "codes_equal_pct" in r:
@@ -200,10 +200,12 @@ def _plot(report: dict, path: Path) -> None:
                    "export and their measured deviation is reported next to their speed.")
 @click.option("--steps", type=click.IntRange(min=1), default=50, help="Mimi streaming steps timed.")
 @click.option("--frames", type=click.IntRange(min=1), default=1,
-              help="Mimi: 80 ms code frames per streaming step. A step reads all the weights once, "
-                   "so more frames cost less per frame, at that many frames of latency.")
+              help="Mimi: 80 ms code frames per streaming step; SNAC: coarse frames per call of its "
+                   "stream decoder. A step reads all the weights once, so more frames cost less per "
+                   "frame, at that many frames of latency.")
 @click.option("--long", "long_windows", type=click.IntRange(min=0), default=4,
-              help="DAC: also time this many windows of long audio through the chunked graphs, as "
+              help="DAC and SNAC: also time long audio of this many windows (DAC's chunked graphs, "
+                   "SNAC's window graphs overlapping), as "
                    "codec-run slides them (our runtime runs windows at once, see the `windows` "
                    "option), against the same windows through torch; 0 for none.")
 @click.option("--contender", "contenders", multiple=True, default=["torch", "transformers", "official", "rustymimi"],
@@ -358,11 +360,10 @@ def _bench(spec, variant, seconds, runs, rounds, providers, precisions, steps, f
                           "onnxruntime": onnxruntime.__version__, "torch": torch.__version__},
               "gemm_peak": gemm_peak(), "flops": flops, "contenders": {}}
     if long_windows:
-        geo = manifest["geometry"]
-        for d, g in (("encode-long", "encoder_chunked"), ("decode-long", "decoder_chunked")):
+        for d, g in zip(("encode-long", "decode-long"), hooks.LONG_GRAPHS):
             flops[d] = long_windows * graph_flops(model / f"{g}.onnx")
-        report["long"] = {"windows": long_windows,
-                          "seconds": long_windows * geo["chunk_step"] / int(manifest["sample_rate"])}
+        report["long"] = {"windows": long_windows, "through": hooks.LONG_LABEL, "torch": hooks.LONG_TORCH,
+                          "seconds": hooks.long_samples(manifest, long_windows) / int(manifest["sample_rate"])}
     base = {"codec": codec, "dir": str(work), "seconds": audio_s, "runs": runs, "steps": steps,
             "frames": frames, "long": long_windows}
     t0 = time.perf_counter()

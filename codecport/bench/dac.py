@@ -11,6 +11,8 @@ from .measure import clip, summary, timings
 
 FRAMES = False  # no step graphs: --frames does not apply
 LONG = True  # chunked windows: --long times long audio through them
+LONG_MODE, LONG_GRAPHS = "chunked", ("encoder_chunked", "decoder_chunked")
+LONG_LABEL, LONG_TORCH = "through the chunked graphs", "one window after another"
 MODE = "fixed"  # one call of the fixed-length graphs
 NOISE: dict = {}  # its decoder adds no noise
 # `--contender official`: (its name in the report, module to look for, why it may not run). It runs
@@ -33,6 +35,11 @@ def long_frames(manifest: dict, n: int) -> int:
     """Frames of `n` samples of long audio, as the chunked mode codes them."""
     geo = manifest["geometry"]
     return -(-n // geo["chunk_step"]) * geo["chunk_frames"]
+
+
+def long_samples(manifest: dict, windows: int) -> int:
+    """Samples of long audio that take `windows` windows of the chunked graphs."""
+    return windows * manifest["geometry"]["chunk_step"]
 
 
 def long_fields(manifest: dict) -> dict:

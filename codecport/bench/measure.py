@@ -57,7 +57,7 @@ def pool(results: list[dict]) -> dict:
                         "round_rtf_medians": [r[key]["rtf_median"] for r in results]}
         elif key == "streaming":
             out[key] = {**first, "steps": sum(r[key]["steps"] for r in results)}
-            for d in ("encode_step", "decode_step"):
+            for d in [d for d in ("encode_step", "decode_step") if d in first]:
                 out[key][d] = {**percentiles([x for r in results for x in r[key][d]["seconds"]]),
                                "round_p50_ms": [r[key][d]["p50_ms"] for r in results]}
     out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in results)

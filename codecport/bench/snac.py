@@ -11,8 +11,11 @@ import numpy as np
 
 from .measure import clip, flat_codes, percentiles, summary, timings
 
-FRAMES = False
-LONG = False  # long audio is the same window graph, overlapped: `encode`/`decode` time it
+FRAMES = True  # --frames: coarse frames per call of the stream decoder (--stream-frames)
+LONG = True  # --long: audio of several windows, overlapping by the receptive field
+LONG_MODE, LONG_GRAPHS = "whole", ("encoder", "decoder")
+LONG_LABEL = "through the window graphs, overlapping by the receptive field"
+LONG_TORCH = "on the whole clip at once"
 MODE = "whole"  # one call of the window graph
 NOISE = {"noise": "zero"}  # the demo compares its decode with torch's, so both add none
 OFFICIAL = ("snac", "snac", "pip install snac (it installs beside codecport's torch)")
@@ -31,12 +34,35 @@ def long_frames(manifest: dict, n: int) -> int:
     return -(-n // unit) * int(manifest["unit_frames"]) // int(manifest["vq_strides"].split(",")[0])
 
 
+def long_samples(manifest: dict, windows: int) -> int:
+    """Samples of audio that take `windows` windows (the first and last keep all but one margin,
+    the others all but two)."""
+    geo = manifest["geometry"]
+    f, m = geo["frames"], max(geo["encoder_margin"], geo["decoder_margin"])
+    frames = f if windows < 2 else 2 * (f - m) + (windows - 2) * (f - 2 * m)
+    return frames * (geo["samples"] // geo["frames"])
+
+
+def torch_long(model, job: dict, meta: dict) -> dict:
+    """The torch reference on the same long clip at once, as the official package runs it
+    (memory grows with the clip); its decode draws its own noise."""
+    import torch
+
+    n = long_samples(meta, job["long"])
+    x = torch.from_numpy(clip(n))[:, None]
+    codes = model.encode(x)
+    enc = timings(lambda: model.encode(x), job["runs"])
+    dec = timings(lambda: model.decode(codes), job["runs"])
+    seconds = n / int(meta["sample_rate"])
+    return {"encode-long": summary(enc, seconds), "decode-long": summary(dec, seconds)}
+
+
 def long_fields(manifest: dict) -> dict:
     return {"mode": "whole"}
 
 
 def export_options(frames: int) -> dict:
-    return {}
+    return {"stream_frames": frames}
 
 
 def skip(contender: str, variant: str) -> str | None:
@@ -69,19 +95,21 @@ def transformers_model(conf: dict):
 
 
 def stream_bench(codec, job: dict) -> dict:
-    """Latency of the stream decoder per coarse frame pushed, as a TTS server would push them."""
+    """Latency of the stream decoder per push of the coarse frames one call decodes (`--frames`),
+    as a TTS server would push them."""
     stream = codec.decode_stream(noise=0)
     coarse = codec.strides[0]
+    per = codec.graph("decoder_stream").int("stream_frames") // coarse  # coarse frames a call
     rng = np.random.default_rng(0)
     steps, lat = job["steps"] + 5, []
     for i in range(steps):
-        frame = [rng.integers(0, codec.codebook_size, coarse // s) for s in codec.strides]
+        frame = [rng.integers(0, codec.codebook_size, per * coarse // s) for s in codec.strides]
         t0 = time.perf_counter()
         stream.push(frame)
         if i >= 5:
             lat.append(time.perf_counter() - t0)
     frame_ms = 1000 * stream.frame_samples / codec.sample_rate
-    return {"decode_step": percentiles(lat), "steps": job["steps"], "frames_per_step": 1,
+    return {"decode_step": percentiles(lat), "steps": job["steps"], "frames_per_step": per,
             "frame_ms": frame_ms, "latency_frames": stream.latency_frames}
 
 
@@ -128,7 +156,8 @@ def run_official(job: dict) -> dict:
         codes = model.encode(x)
         enc = timings(lambda: model.encode(x), job["runs"])
         dec = timings(lambda: model.decode(codes), job["runs"])
-    return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
+        out = torch_long(model, job, meta) if job.get("long") else {}
+    return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "threads": torch.get_num_threads(), "version": version("snac"),
             "codes": flat_codes([c.numpy()[:, None] for c in codes]).tolist()}
 

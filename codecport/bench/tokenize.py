@@ -82,12 +82,13 @@ def _run(cmd: list[str]) -> float:
     return wall
 
 
-def _contenders(batch: int, with_ray: bool) -> dict[str, dict]:
-    out = {"torch-loop": {}, "local b1": {"engine": "local", "batch": 1},
-           f"local b{batch}": {"engine": "local", "batch": batch}}
+def _contenders(batch: int | None, with_ray: bool) -> dict[str, dict]:
+    """The engines at batch 1 and `batch` (None: a codec without batched encoders, batch 1 only)."""
+    batches = (1,) if batch is None else (1, batch)
+    out = {"torch-loop": {}, **{f"local b{b}": {"engine": "local", "batch": b} for b in batches}}
     if with_ray:
         for actors in (1, 2):
-            for b in (1, batch):
+            for b in batches:
                 out[f"ray-{actors} b{b}"] = {"engine": "ray", "batch": b, "workers": actors}
     return out
 
@@ -119,6 +120,9 @@ def tokenize_cmd(codec, variant, length, batch, frames, clips, min_seconds, max_
 
     spec = registry.get(codec)
     variant = variant or spec.default_variant
+    if not spec.runtime.batchable:
+        click.echo(f"{spec.label} has no batched encoders: its engines run at batch 1", err=True)
+        batch = None
     with tempfile.TemporaryDirectory(prefix="codec-bench-tokenize-") as tmp:
         work = Path(tmp)
         click.echo(f"exporting {codec} {variant} (random weights, --len {length} s, --batch {batch}, "
@@ -176,7 +180,7 @@ def tokenize_cmd(codec, variant, length, batch, frames, clips, min_seconds, max_
               "audio_s": total, "seconds": [min_seconds, max_seconds], "slices": slices, "results": results}
     base = results["torch-loop"]["audio_s_per_s"]
     click.echo(f"{codec} {variant}: {clips} clips, {total / 3600:.2f} h of audio ({min_seconds:g}-"
-               f"{max_seconds:g} s, rates 16-48 kHz, mono and stereo), batch {batch}")
+               f"{max_seconds:g} s, rates 16-48 kHz, mono and stereo), batch {batch or 1}")
     click.echo(f"{'contender':<14}{'audio s/s':>10}{'vs torch':>10}{'vs local':>10}{'start s':>9}{'ms/file':>9}")
     click.echo("  (vs local: against the local engine at the same batch)")
     for name, r in results.items():

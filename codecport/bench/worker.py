@@ -36,22 +36,24 @@ def run_onnx(job: dict) -> dict:
     enc = timings(lambda: codec.encode(x, sr, mode=mode), runs)
     dec = timings(lambda: codec.decode(codes, mode=mode), runs)
     out = {}
-    if "chunked" in codec.modes and job.get("long"):
-        out = _long(codec, job)
+    if hooks.LONG and job.get("long"):
+        out = _long(codec, hooks, job)
     if (streaming := hooks.stream_bench(codec, job)) is not None:
         out["streaming"] = streaming
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "provider": codec.provider, "codes": flat_codes(codes.arrays).tolist()}
 
 
-def _long(codec, job: dict) -> dict:
-    """Long audio through the chunked graphs, as `codec-run` slides them: `long` windows."""
-    g = codec.graph("encoder_chunked")
-    n = job["long"] * g.int("chunk_step")
+def _long(codec, hooks, job: dict) -> dict:
+    """Long audio of `long` windows, as `codec-run` runs it (the codec's `LONG_MODE`)."""
+    from ..runtime.codes import Codes
+
+    manifest = json.loads((codec.dir / "manifest.json").read_text())
+    n, mode = hooks.long_samples(manifest, job["long"]), hooks.LONG_MODE
     x, sr = clip(n), codec.sample_rate
-    codes = codec.encode(x, sr, mode="chunked").data
-    enc = timings(lambda: codec.encode(x, sr, mode="chunked"), job["runs"])
-    dec = timings(lambda: codec.decode(codes, mode="chunked"), job["runs"])
+    codes = Codes(codec.encode(x, sr, mode=mode).arrays)
+    enc = timings(lambda: codec.encode(x, sr, mode=mode), job["runs"])
+    dec = timings(lambda: codec.decode(codes, mode=mode), job["runs"])
     seconds = n / sr
     return {"encode-long": summary(enc, seconds), "decode-long": summary(dec, seconds),
             "windows_at_once": codec.windows}

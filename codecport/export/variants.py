@@ -113,8 +113,9 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
         calib = None
         if shaping.precision != "fp32":
             clips = calibration_clips(shaping.calibration, hooks)
-            # Without IO binding, every feed (state included) passes through session.run.
-            calib = record_feeds(hooks.open(ref_dir, options={"io_binding": "0"}), hooks, clips)
+            # Without IO binding, every feed (state included) passes through session.run; with one
+            # window at a time, through the sessions of `codec.present` (record_feeds' view).
+            calib = record_feeds(hooks.open(ref_dir, options={"io_binding": "0", "windows": "1"}), hooks, clips)
         variants = {}
         for name, model in models.items():
             m = nnapi_ops(conv_to_2d(model)) if target.layout_2d else copy_model(model)

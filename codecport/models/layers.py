@@ -36,7 +36,10 @@ class Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+        s = torch.sin(self.alpha * x)
+        # s * s, not s.pow(2): ORT's Pow is a slower kernel than its Mul (SNAC decoder: 44 ms of
+        # Pow against 1.1 s in all).
+        return x + (self.alpha + 1e-9).reciprocal() * (s * s)
 
 
 class FrameMask:

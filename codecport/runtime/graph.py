@@ -31,7 +31,7 @@ INT_RANGES = {
     "samples": (1, 1 << 31), "frames": (1, 1 << 31), "window": (1, 1 << 31),
     "chunk_step": (1, 1 << 31), "chunk_frames": (1, 1 << 31), "delay": (0, 1 << 31),
     "positions_per_step": (1, 1 << 20), "batch": (1, 4096), "context": (1, 1 << 20), "n_semantic": (0, 1024),
-    "unit_frames": (1, 1 << 16), "margin": (0, 1 << 20), "vq_strides": (1, 4096), "decoder_rates": (1, 64),
+    "unit_frames": (1, 1 << 16), "stream_frames": (1, 1 << 20), "margin": (0, 1 << 20), "vq_strides": (1, 4096), "decoder_rates": (1, 64),
 }
 RERUN = "re-export it with this version of codec-export"
 

@@ -16,6 +16,7 @@ given (one array per decoder block over the whole clip).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -145,14 +146,30 @@ class SnacCodec(Codec):
         if mode not in (None, "whole"):
             raise CodesError(f"{self.label} encodes in the whole mode only (overlapping windows)")
         g = self.graph("encoder")
-        window, margin, hop = g.int("frames"), g.int("margin"), self.frame_size
         counted = Counted(source)
-        blocks = self.model_rate(counted)
         channels = source.channels
-        buf, at, total = np.zeros((channels, 0), np.float32), 0, None  # buf holds samples from `at`
+        items = self._encoder_windows(self.model_rate(counted), channels, g.int("frames"), g.int("margin"))
+        first = next(items)
+        if first[-1]:  # one window: every core on it
+            results = [self._encode_window(g, first)]
+        else:  # windows side by side, each on its share of the cores
+            wg = self.window_graph("encoder")
+            results = self.map_windows(lambda item: self._encode_window(wg, item), itertools.chain([first], items))
         levels: list[list[list[np.ndarray]]] = [[[] for _ in self.strides] for _ in range(channels)]
+        for per_channel in tqdm(results, desc="encode", unit="window", disable=None if progress else True):
+            for c, codes in enumerate(per_channel):
+                for lv, a in enumerate(codes):
+                    levels[c][lv].append(a)
+        arrays = [np.stack([np.concatenate(levels[c][lv]) for c in range(channels)])[:, None]
+                  for lv in range(self.levels)]
+        return self.codes(arrays, source, counted.counted, mode="whole")
+
+    def _encoder_windows(self, blocks, channels: int, window: int, margin: int):
+        """(audio `[C, window * hop]`, mask, keep_from - start, keep_to - start, last) of each
+        window over the blocks, read as they are needed: no more than a window and a block held."""
+        hop = self.frame_size
+        buf, at, total = np.zeros((channels, 0), np.float32), 0, None  # buf holds samples from `at`
         pos = 0
-        bar = tqdm(desc="encode", unit="window", disable=None if progress else True)
         while total is None or pos < self.padded_frames(total):
             start = 0 if pos == 0 else pos - margin
             end = start + window
@@ -171,18 +188,16 @@ class SnacCodec(Codec):
             x[:, :piece.shape[1]] = piece
             mask = np.zeros((1, 1, window), np.float32)
             mask[..., :(window if n is None else min(window, n - start))] = 1.0
-            for c in range(channels):
-                latent = g.run({"audio": x[c][None, None], "mask": mask})[0][0]
-                for lv, codes in enumerate(self.rvq.encode_levels(latent[:, pos - start:keep - start])):
-                    levels[c][lv].append(codes)
-            bar.update()
+            yield x, mask, pos - start, keep - start, keep == n
             pos = keep
             drop = max(0, (pos - margin) * hop - at)
             buf, at = buf[:, drop:], at + drop
-        bar.close()
-        arrays = [np.stack([np.concatenate(levels[c][lv]) for c in range(channels)])[:, None]
-                  for lv in range(self.levels)]
-        return self.codes(arrays, source, counted.counted, mode="whole")
+
+    def _encode_window(self, g: Graph, item) -> list[list[np.ndarray]]:
+        """Every channel's codes (one array per time scale) of the frames a window keeps."""
+        x, mask, lo, hi, _ = item
+        return [self.rvq.encode_levels(g.run({"audio": row[None, None], "mask": mask})[0][0][:, lo:hi])
+                for row in x]
 
     # ---- decoding ----------------------------------------------------------------------
     def check_codes(self, codes) -> Codes:
@@ -214,10 +229,19 @@ class SnacCodec(Codec):
         n = codes.arrays[0].shape[2] * self.strides[0]
         source = self.noise_of(noise, codes.channels)
         plan = list(windows(n, window, margin))
-        for start, lo, hi in tqdm(plan, desc="decode", unit="window", disable=None if progress else True):
-            yield np.stack([self._decode_window(g, [a[c, 0] for a in codes.arrays], 0, n, start, source, c)
-                            [(lo - start) * self.frame_size:(hi - start) * self.frame_size]
-                            for c in range(codes.channels)])
+        hop = self.frame_size
+
+        def run(graph, w):
+            start, lo, hi = w
+            return np.stack([self._decode_window(graph, [a[c, 0] for a in codes.arrays], 0, n, start, source, c)
+                             [(lo - start) * hop:(hi - start) * hop] for c in range(codes.channels)])
+
+        if len(plan) == 1:  # one window: every core on it
+            pieces = (run(g, w) for w in plan)
+        else:  # windows side by side, each on its share of the cores
+            wg = self.window_graph(name)
+            pieces = self.map_windows(lambda w: run(wg, w), plan)
+        yield from tqdm(pieces, total=len(plan), desc="decode", unit="window", disable=None if progress else True)
 
     def _decode_window(self, g: Graph, levels: list[np.ndarray], offset: int, n: int, start: int,
                        noise: Noise, channel: int) -> np.ndarray:
@@ -266,8 +290,10 @@ class SnacStream:
 
     @property
     def latency_frames(self) -> float:
-        """Coarse frames that must follow a frame before its audio is final."""
-        return self.margin / self.codec.strides[0]
+        """Coarse frames that must follow a frame before its audio comes out: the receptive
+        field, and the rest of the frames one call decodes (`--stream-frames`)."""
+        per_call = self.window - 2 * self.margin
+        return (self.margin + per_call) / self.codec.strides[0] - 1
 
     @property
     def frame_samples(self) -> int:
