@@ -134,7 +134,7 @@ def test_bench_frames_is_for_mimi(tmp_path):
     proc = subprocess.run([str(BIN / "codec-bench"), "dac", "--variant", "tiny", "--frames", "2",
                            "--dir", str(tmp_path / "b")], capture_output=True, text=True, check=False,
                           timeout=120)
-    assert proc.returncode == 2 and "--frames is for codecs with streaming steps (mimi)" in proc.stderr
+    assert proc.returncode == 2 and "--frames is for codecs with streaming steps (mimi, snac)" in proc.stderr
     assert not (tmp_path / "b").exists()
 
 

@@ -186,3 +186,17 @@ def test_windows_side_by_side_give_the_same_bits(tiny_snac_export):
     assert "encoder@windows" in two._graphs and "decoder@windows" in two._graphs
     assert two._graphs["encoder@windows"].session is not two.graph("encoder").session
     assert "encoder@windows" not in one._graphs
+
+
+def test_a_clip_of_one_window_is_one_call(tiny_snac_export):
+    """Audio exactly as long as the window graph goes through it once, on every core (the
+    reader looks past the window's end before calling it the last)."""
+    codec = SnacCodec(tiny_snac_export, options={"windows": "2"})
+    g = codec.graph("encoder")
+    calls, run = [], g.run
+    g.run = lambda feeds: calls.append(1) or run(feeds)
+    codec.encode(noise(g.int("samples"), seed=15), SR)
+    assert len(calls) == 1
+    codec.encode(noise(g.int("samples") + 1, seed=15), SR)
+    assert len(calls) == 1  # two windows: through the side-by-side session, not this one
+    assert "encoder@windows" in codec._graphs

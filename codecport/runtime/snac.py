@@ -58,8 +58,11 @@ class Noise:
                 raise CodecportError(f"noise seed {noise} must be >= 0")
             self.seed = int(noise)
         elif isinstance(noise, (list, tuple)) and len(noise) == len(rates):
-            self.arrays = [np.asarray(a, np.float32).reshape(channels, -1) if np.size(a) else None
-                           for a in noise]
+            try:
+                self.arrays = [np.asarray(a, np.float32).reshape(channels, -1) if np.size(a) else None
+                               for a in noise]
+            except (TypeError, ValueError) as e:
+                raise CodecportError(f"noise arrays must be [channels, positions] per block ({e})") from None
         else:
             raise CodecportError(f"noise must be {NOISE_HELP} ({len(rates)} blocks)")
 
@@ -173,7 +176,9 @@ class SnacCodec(Codec):
         while total is None or pos < self.padded_frames(total):
             start = 0 if pos == 0 else pos - margin
             end = start + window
-            while total is None and at + buf.shape[1] < end * hop:
+            # Past the window's end, or to the end of the audio: whether this window is the last
+            # must be known (a clip of exactly one window is one call, not two).
+            while total is None and at + buf.shape[1] <= end * hop:
                 block = next(blocks, None)
                 if block is None:
                     total = at + buf.shape[1]
