@@ -24,7 +24,7 @@ from ..models.dac import DAC
 from ..runtime.rvq import DacRvq
 from .batch import export_batched
 from .deviation import CodecHooks
-from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx
+from .graph import GraphSpec, Tensor, export_id, factorised_rvq_arrays, static_check, to_onnx
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 from .variants import Shaping, finish_export
 
@@ -141,15 +141,7 @@ def _mode(padding: bool) -> str:
 
 def rvq_of(dac: DAC) -> DacRvq:
     """The quantizer's arrays for the numpy layer (no torch needed to read them back)."""
-    qs = dac.quantizer.quantizers
-    stack = lambda f: np.stack([f(q).detach().numpy() for q in qs]).astype(np.float32)
-    return DacRvq({
-        "in_proj_weight": stack(lambda q: q.in_proj.weight[..., 0]),
-        "in_proj_bias": stack(lambda q: q.in_proj.bias),
-        "out_proj_weight": stack(lambda q: q.out_proj.weight[..., 0]),
-        "out_proj_bias": stack(lambda q: q.out_proj.bias),
-        "codebook": stack(lambda q: q.codebook.weight),
-    })
+    return DacRvq(factorised_rvq_arrays(dac.quantizer.quantizers))
 
 
 def validate(spec: GraphSpec, model, dac: DAC, rvq: DacRvq, seed: int = 1) -> dict[str, float]:

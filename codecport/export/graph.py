@@ -203,3 +203,16 @@ def export_folder(out_dir: Path) -> Iterator[Path]:
         stage = scratch / out_dir.name
         stage.mkdir()
         yield stage
+
+
+def factorised_rvq_arrays(quantizers) -> dict[str, np.ndarray]:
+    """The arrays of DAC-style quantizer levels (1x1 `in_proj`/`out_proj` convs and a
+    `codebook` embedding each) as the numpy RVQ reads them (runtime/rvq.py `DacRvq`)."""
+    stack = lambda f: np.stack([f(q).detach().numpy() for q in quantizers]).astype(np.float32)
+    return {
+        "in_proj_weight": stack(lambda q: q.in_proj.weight[..., 0]),
+        "in_proj_bias": stack(lambda q: q.in_proj.bias),
+        "out_proj_weight": stack(lambda q: q.out_proj.weight[..., 0]),
+        "out_proj_bias": stack(lambda q: q.out_proj.bias),
+        "codebook": stack(lambda q: q.codebook.weight),
+    }

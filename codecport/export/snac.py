@@ -29,7 +29,7 @@ from ..errors import ExportError
 from ..models.snac import SNAC
 from ..runtime.rvq import SnacRvq
 from .deviation import CodecHooks
-from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx
+from .graph import GraphSpec, Tensor, export_id, factorised_rvq_arrays, static_check, to_onnx
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 from .variants import Shaping, finish_export
 
@@ -80,16 +80,8 @@ class Geometry:
 
 
 def rvq_of(snac: SNAC) -> SnacRvq:
-    qs = snac.quantizer.quantizers
-    stack = lambda f: np.stack([f(q).detach().numpy() for q in qs]).astype(np.float32)
-    return SnacRvq({
-        "in_proj_weight": stack(lambda q: q.in_proj.weight[..., 0]),
-        "in_proj_bias": stack(lambda q: q.in_proj.bias),
-        "out_proj_weight": stack(lambda q: q.out_proj.weight[..., 0]),
-        "out_proj_bias": stack(lambda q: q.out_proj.bias),
-        "codebook": stack(lambda q: q.codebook.weight),
-        "strides": np.array(snac.cfg.vq_strides, np.int64),
-    })
+    return SnacRvq({**factorised_rvq_arrays(snac.quantizer.quantizers),
+                    "strides": np.array(snac.cfg.vq_strides, np.int64)})
 
 
 def graph_specs(snac: SNAC, geo: Geometry, meta: dict[str, str]) -> list[GraphSpec]:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dac_config import PRESETS, DacConfig  # noqa: F401 (re-exported)
-from .layers import PaddedConv1d, ResidualUnit, Snake, UpConv1d, set_padding, zero_pad
+from .layers import PaddedConv1d, ResidualUnit, Snake, UpConv1d, init_fan_in, set_padding, zero_pad
 
 
 class EncoderBlock(nn.Module):
@@ -160,35 +160,10 @@ class DAC(nn.Module):
 
 
 def init_random(model: DAC, seed: int) -> DAC:
-    """Seeded random weights scaled so activations stay O(1): not a trained model.
-
-    Official init (trunc-normal std 0.02) makes the decoder output almost constant, which would
-    make parity checks meaningless; fan-in scaling keeps every layer's output informative.
-    """
-    g = torch.Generator().manual_seed(seed)
-
-    def randn(p: torch.Tensor, std: float) -> None:
-        p.copy_(torch.randn(p.shape, generator=g) * std)
-
+    """Seeded random weights scaled so activations stay O(1): not a trained model (layers.init_fan_in)."""
+    init_fan_in(model, torch.Generator().manual_seed(seed))
     with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, Snake):
-                m.alpha.copy_(0.5 + torch.rand(m.alpha.shape, generator=g) * 1.5)
-            elif isinstance(m, nn.Embedding):
-                randn(m.weight, 1.0)
-            elif isinstance(m, nn.Conv1d | nn.ConvTranspose1d):
-                # A transposed conv output sees 2 taps of each input channel (kernel = 2 stride).
-                fan_in = m.in_channels * (2 if isinstance(m, UpConv1d) else m.kernel_size[0])
-                randn(m.weight, fan_in ** -0.5)
-                if m.bias is not None:
-                    randn(m.bias, 0.01)
-        # Damp each residual branch so the three units per block do not blow activations up
-        # (the decoder would otherwise saturate its tanh).
-        for m in model.modules():
-            if isinstance(m, ResidualUnit):
-                m.block[3].weight.mul_(0.3)
-        # Keep the output tanh mostly linear, as in a trained model.
-        model.decoder.model[-2].weight.mul_(0.1)
+        model.decoder.model[-2].weight.mul_(0.1)  # keep the output tanh mostly linear, as trained
     return model
 
 

@@ -272,3 +272,31 @@ class CausalUpConv1d(nn.Module):
         b = y.shape[0]
         # [B, C_out*s, T] -> [B, C_out, T, s] -> [B, C_out, T*s]: sample j*s + p.
         return y.reshape(b, ct.out_channels, s, t).transpose(2, 3).reshape(b, ct.out_channels, t * s)
+
+
+def init_fan_in(model: nn.Module, g: torch.Generator, other=None) -> None:
+    """Seeded weights for DAC-style models, scaled so activations stay O(1) (the official init
+    makes the decoder output almost constant, which would make parity checks meaningless):
+    Snake's alpha in [0.5, 2), codebooks N(0, 1), convs N(0, 1/fan_in), small biases, residual
+    branches damped so three units a block do not blow activations up. `other(m, randn)`
+    initialises the modules these rules do not cover, in the same pass (the draws stay in order)."""
+    def randn(p: torch.Tensor, std: float) -> None:
+        p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, Snake):
+                m.alpha.copy_(0.5 + torch.rand(m.alpha.shape, generator=g) * 1.5)
+            elif isinstance(m, nn.Embedding):
+                randn(m.weight, 1.0)
+            elif isinstance(m, nn.Conv1d | nn.ConvTranspose1d):
+                # A transposed conv output sees 2 taps of each input channel (kernel = 2 stride).
+                fan_in = (m.in_channels // m.groups) * (2 if isinstance(m, UpConv1d) else m.kernel_size[0])
+                randn(m.weight, fan_in ** -0.5)
+                if m.bias is not None:
+                    randn(m.bias, 0.01)
+            elif other is not None:
+                other(m, randn)
+        for m in model.modules():
+            if isinstance(m, ResidualUnit):
+                m.block[3].weight.mul_(0.3)

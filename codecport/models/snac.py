@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import FrameMask, PaddedConv1d, ResidualUnit, Snake, UpConv1d, set_mask, zero_pad
+from .layers import FrameMask, PaddedConv1d, ResidualUnit, Snake, UpConv1d, init_fan_in, set_mask, zero_pad
 from .snac_config import PRESETS, SnacConfig  # noqa: F401 (re-exported)
 
 
@@ -254,32 +254,19 @@ class SNAC(nn.Module):
 
 def init_random(model: SNAC, seed: int = 0) -> SNAC:
     """Seeded random weights scaled so activations stay O(1) and codes spread over the
-    codebooks: not a trained model (the official init makes the output nearly constant)."""
+    codebooks: not a trained model (layers.init_fan_in, plus the attention's layers)."""
+    def other(m: nn.Module, randn) -> None:
+        if isinstance(m, nn.Linear):
+            randn(m.weight, m.in_features ** -0.5)
+        elif isinstance(m, nn.LayerNorm):
+            m.weight.copy_(1 + 0.1 * torch.randn(m.weight.shape, generator=g))
+            randn(m.bias, 0.05)
+
     g = torch.Generator().manual_seed(seed)
-
-    def randn(p: torch.Tensor, std: float) -> None:
-        p.copy_(torch.randn(p.shape, generator=g) * std)
-
+    init_fan_in(model, g, other)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, Snake):
-                m.alpha.copy_(0.5 + torch.rand(m.alpha.shape, generator=g) * 1.5)
-            elif isinstance(m, nn.Embedding):
-                randn(m.weight, 1.0)
-            elif isinstance(m, nn.Conv1d | nn.ConvTranspose1d):
-                fan_in = (m.in_channels // m.groups) * (2 if isinstance(m, UpConv1d) else m.kernel_size[0])
-                randn(m.weight, fan_in ** -0.5)
-                if m.bias is not None:
-                    randn(m.bias, 0.01)
-            elif isinstance(m, nn.Linear):
-                randn(m.weight, m.in_features ** -0.5)
-            elif isinstance(m, nn.LayerNorm):
-                m.weight.copy_(1 + 0.1 * torch.randn(m.weight.shape, generator=g))
-                randn(m.bias, 0.05)
-        for m in model.modules():
-            if isinstance(m, ResidualUnit):
-                m.block[3].weight.mul_(0.3)  # three units a block: keep the sum from blowing up
-            elif isinstance(m, NoiseBlock):
+            if isinstance(m, NoiseBlock):
                 m.linear.weight.mul_(0.3)
             elif isinstance(m, LocalMHA):
                 m.to_out.weight.mul_(0.3)
