@@ -147,3 +147,20 @@ def test_missing_coremltools_says_what_to_install(monkeypatch, tmp_path, tiny_da
     with pytest.raises(ExportError, match=r"pip install 'codecport\[coreml\]'"):
         to_mlpackage(_dac_spec(tiny_dac, "decoder"), tmp_path / "d.mlpackage")
     assert not list(tmp_path.iterdir())
+
+
+def test_snac_decoder_with_its_mask_and_noise_inputs(tiny_snac, tmp_path):
+    """SNAC's decoder, whose mask and per-block noise are inputs beside the latent: every input
+    kept by name and shape, attention and Snake inside, no transposed conv."""
+    from conftest import SNAC_TINY_LEN
+
+    from codecport.export import snac as snac_export
+
+    geo = snac_export.Geometry.of(tiny_snac, SNAC_TINY_LEN, 1)
+    spec = next(s for s in snac_export.graph_specs(tiny_snac, geo, META) if s.name == "decoder")
+    r = to_mlpackage(spec, tmp_path / "decoder.mlpackage", "fp32")
+    assert list(r["inputs"]) == ["latent", "mask", "noise_0", "noise_1"]
+    assert _shapes(r["inputs"]) == _io(spec.inputs) and _shapes(r["outputs"]) == _io(spec.outputs)
+    assert {"conv", "sin", "softmax", "layer_norm", "tile"} <= set(r["ops"])
+    assert not any("conv_transpose" in op for op in r["ops"])
+    assert r["metadata"]["margin"] == str(geo.decoder_margin)
