@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from ..models.dac import DAC
 from ..runtime.rvq import DacRvq
 from .batch import export_batched
 from .deviation import CodecHooks
-from .graph import GraphSpec, Tensor, export_id, factorised_rvq_arrays, static_check, to_onnx
+from .graph import GraphSpec, Tensor, export_id, export_validated, factorised_rvq_arrays
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 from .variants import Shaping, finish_export
 
@@ -199,14 +198,7 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
     models, report = {}, {"files": {}, "validation": {}, "geometry": vars(geo)}
     specs = graph_specs(dac.eval(), geo, meta, in_graph_codebooks)
     try:
-        for spec in specs:
-            t0 = time.perf_counter()
-            model = to_onnx(spec)
-            static_check(model, spec)
-            report["validation"][spec.name] = validate(spec, model, dac, rvq)
-            models[spec.name] = model
-            log.info("%s: exported, checked and validated in %.1f s", spec.name,
-                     time.perf_counter() - t0)
+        export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, dac, rvq))
         from ..runtime.dac import DacCodec
 
         export_batched(specs, models, batch, DacCodec.batchable, lambda s, y: _codes_of(s, y, rvq),

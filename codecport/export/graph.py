@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import logging
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -136,6 +137,19 @@ def static_check(model: onnx.ModelProto, spec: GraphSpec) -> None:
         if declared.get(vi.name) != shape:
             raise ExportError(f"{spec.name}: {vi.name} has shape {shape}, declared "
                               f"{declared.get(vi.name)}")
+
+
+def export_validated(specs: list[GraphSpec], models: dict[str, onnx.ModelProto], validation: dict,
+                     validate) -> None:
+    """Trace, check and validate each spec into `models` (by name); `validate(spec, model)`
+    raises past its bounds and returns the errors it measured, kept in `validation`."""
+    for spec in specs:
+        t0 = time.perf_counter()
+        model = to_onnx(spec)
+        static_check(model, spec)
+        validation[spec.name] = validate(spec, model)
+        models[spec.name] = model
+        log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
 
 
 def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:

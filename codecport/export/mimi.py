@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from ..models.mimi import MimiModel
 from ..runtime.rvq import MimiRvq
 from .batch import export_batched
 from .deviation import CodecHooks
-from .graph import GraphSpec, Tensor, export_id, static_check, to_onnx
+from .graph import GraphSpec, Tensor, export_id, export_validated
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 from .variants import Shaping, finish_export
 
@@ -273,13 +272,7 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
     model.set_context(context)
     specs = graph_specs(model.eval(), geo, meta, k, window)
     try:
-        for spec in specs:
-            t0 = time.perf_counter()
-            onnx_model = to_onnx(spec)
-            static_check(onnx_model, spec)
-            report["validation"][spec.name] = validate(spec, onnx_model, model, rvq)
-            models[spec.name] = onnx_model
-            log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
+        export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, model, rvq))
         from ..runtime.mimi import MimiCodec
 
         export_batched(specs, models, batch, MimiCodec.batchable, lambda s, y: _codes_of(s, y, rvq),

@@ -17,7 +17,6 @@ config) give the official whole-clip codes and audio for any length.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from ..errors import ExportError
 from ..models.snac import SNAC
 from ..runtime.rvq import SnacRvq
 from .deviation import CodecHooks
-from .graph import GraphSpec, Tensor, export_id, factorised_rvq_arrays, static_check, to_onnx
+from .graph import GraphSpec, Tensor, export_id, export_validated, factorised_rvq_arrays
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 from .variants import Shaping, finish_export
 
@@ -167,13 +166,7 @@ def export_snac(snac: SNAC, out_dir: Path, samples: int, stream_coarse: int = 1,
     rvq = rvq_of(snac)
     models, report = {}, {"files": {}, "validation": {}, "geometry": asdict(geo)}
     specs = graph_specs(snac, geo, meta)
-    for spec in specs:
-        t0 = time.perf_counter()
-        model = to_onnx(spec)
-        static_check(model, spec)
-        report["validation"][spec.name] = validate(spec, model, snac, rvq)
-        models[spec.name] = model
-        log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
+    export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, snac, rvq))
     manifest = {**meta, "n_codebooks": cfg.n_codebooks, **report}
     report.update(finish_export(out_dir, models, rvq.arrays(), manifest, shaping, hooks(manifest, specs)))
     return report
