@@ -25,7 +25,7 @@ from .atomic import atomic_path
 from .errors import CodecportError, CodesError
 
 # export.variants.TARGETS and PRECISIONS, named here so that `--help` does not import onnx
-TARGET_CHOICES = ("cpu", "cuda", "dml", "coreml", "nnapi", "mobile")
+TARGET_CHOICES = ("cpu", "cuda", "dml", "coreml", "nnapi", "mobile", "web")
 PRECISION_CHOICES = ("fp32", "fp16", "int8")
 PROVIDER_CHOICES = ("cpu", "cuda", "dml", "coreml", "auto")
 MODE_CHOICES = ("auto", "fixed", "chunked", "step", "whole")
@@ -113,7 +113,8 @@ def _export_params(spec) -> list[click.Parameter]:
         click.Option(["--target"], type=click.Choice(TARGET_CHOICES), default="cpu",
                      help="Where the graphs will run: nnapi/mobile carry the convs as 2-D and spell "
                           "the ops NNAPI lacks, mobile adds .ort files and a reduced-build operator "
-                          "config, coreml adds .mlpackage files (coremltools)."),
+                          "config, coreml adds .mlpackage files (coremltools), web puts the quantizer in "
+                          "the graphs and their facts in the manifest for codecport.mjs."),
         click.Option(["--precision"], type=click.Choice(PRECISION_CHOICES), default="fp32",
                      help="fp16 (fp32 inputs/outputs) or int8 (static QDQ); the deviation from "
                           "fp32 is measured and written into each file and the manifest."),
@@ -140,6 +141,11 @@ def _export_command(spec) -> click.Command:
 def _export(spec, *, variant, length, weights, revision, random_init, seed, in_graph_quantizer,
             codebooks, batch, out_dir, target, precision, calibration, verbose, **own) -> None:
     _logging(verbose)
+    if target == "web":
+        if not spec.runtime.in_graph_quantizer:
+            raise click.UsageError(f"{spec.label} has no browser runtime yet (codecport.mjs runs DAC "
+                                   "and Mimi); export it for another --target")
+        in_graph_quantizer = True  # the browser reads no rvq.npz
     if in_graph_quantizer and not spec.runtime.in_graph_quantizer:
         raise click.UsageError(f"{spec.label}'s quantizer runs in numpy beside the graphs (rvq.npz); "
                                "leave out --in-graph-quantizer")
@@ -455,3 +461,30 @@ def info_cmd(target, as_json, verbose) -> None:
         size = f"{meta.get('samples')} samples <-> {meta.get('frames')} frames"
         extra = "".join(f", {k} {meta[k]}" for k in ("target", "precision") if k in meta)
         click.echo(f"  {path}: {meta.get('role')} {meta.get('mode')}, {size}{extra}")
+
+
+@run_cli.command("web")
+@click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
+              help="Folder written by codec-export ... --target web.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, help="Port on 127.0.0.1 (0: any free one).")
+@click.option("--ort-web", "ort_web", type=click.Path(path_type=Path), default=None,
+              help="onnxruntime-web's dist folder [default: $CODECPORT_ORT_WEB, else "
+                   "node_modules/onnxruntime-web here or beside codecport's source].")
+@verbose_option
+@_guard
+def web_cmd(model_dir, port, ort_web, verbose) -> None:
+    """Serve the browser demo on 127.0.0.1: the page at /, codecport.mjs, the folder at /model/
+    and onnxruntime-web at /ort/, cross-origin isolated for multi-threaded WASM."""
+    from .runtime.web import WebServer
+
+    _logging(verbose)
+    server = WebServer(model_dir, ort_web, port)
+    m = server.manifest
+    click.echo(f"serving {m['codec']} {m.get('variant')} ({model_dir}) with onnxruntime-web from "
+               f"{server.ort_dir}")
+    click.echo(f"open {server.url}  (Ctrl-C stops)", nl=True)
+    sys.stdout.flush()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        click.echo("stopped")

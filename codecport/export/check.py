@@ -6,6 +6,7 @@ Only the CPU EP runs here, so support elsewhere is judged from the graph:
   rules: NNAPI and CoreML NeuralNetwork take 2-D Conv only.
 - DirectML: no checker exists, so a rule table of what breaks there (onnx-eps facts): no
   ConvTranspose, no `pads` on Conv, float tensors fp32/fp16 only.
+- the browser (onnxruntime-web's `wasm` and `webgpu`): see export/web.py.
 Every unsupported node is reported with the reason.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import onnx
 
 from ..errors import ModelFileError
+from .web import web_verdicts
 
 # EP -> (ORT support table, max tensor rank, 2-D Conv only)
 MOBILE_EPS = {
@@ -102,7 +104,8 @@ def check_graph(path: Path) -> dict:
     except Exception as e:  # protobuf's DecodeError, onnx's InferenceError, OSError: no common base
         raise ModelFileError(f"{path}: not a readable ONNX model ({str(e).splitlines()[0]})") from e
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    verdicts = [_mobile(model, ep) for ep in MOBILE_EPS] + [_directml(model)]
+    verdicts = [_mobile(model, ep) for ep in MOBILE_EPS] + [_directml(model)] + \
+        [Verdict(**v) for v in web_verdicts(model)]
     return {"file": str(path), "opset": opset, "nodes": len(model.graph.node),
             "eps": {v.ep: {**asdict(v), "full": v.full} for v in verdicts}}
 

@@ -8,7 +8,9 @@ rewrite of those ONNX graphs, never a second trace, so it cannot drift from what
   has (rewrite.py);
 - fp16 and int8 (precision.py), calibrated on audio the user passes or on generated clips;
 - `mobile`: ORT-format `.ort` files and the reduced-build operator config (ORT's converter);
-- `coreml`: a `.mlpackage` per graph, converted by coremltools from the torch reference.
+- `coreml`: a `.mlpackage` per graph, converted by coremltools from the torch reference;
+- `web`: the quantizer inside the graphs, the codes gathered as int32 (WebGPU has no int64),
+  and each graph's facts in the manifest, which is all the browser can read (web.py).
 
 Deviation is measured through the runtime, the way users will run the files (deviation.py): the
 same clip set goes through the fp32 folder and the variant folder, and each file's metadata and
@@ -31,6 +33,7 @@ from .deviation import CodecHooks, calibration_clips, deviation, generated_clips
 from .graph import copy_model, export_folder, export_id, write_export, write_graphs, write_manifest
 from .precision import overflowing_nodes, quiet, to_fp16, to_int8
 from .rewrite import conv_to_2d, nnapi_ops
+from .web import int32_indices, web_manifest
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,7 @@ class Target:
     layout_2d: bool = False  # 1-D convs carried as 2-D
     ort_format: bool = False  # .ort files + required_operators_and_types.config
     mlpackage: bool = False  # CoreML .mlpackage per graph
+    web: bool = False  # quantizer in the graphs, graph facts in the manifest (export/web.py)
     precisions: tuple[str, ...] = PRECISIONS
 
 
@@ -59,6 +63,9 @@ TARGETS = {
     "coreml": Target(mlpackage=True, precisions=("fp32", "fp16")),
     "nnapi": Target(layout_2d=True),
     "mobile": Target(layout_2d=True, ort_format=True),
+    # onnxruntime-web's wasm is the CPU EP, so every precision runs there; which ones pay on
+    # WebGPU is measured (docs/web.md), not assumed (fp16 breaks on some GPUs, onnxruntime #29807).
+    "web": Target(web=True),
 }
 
 
@@ -74,7 +81,7 @@ class Shaping:
     def plain(self) -> bool:
         """Nothing to do beyond the validated fp32 graphs."""
         t = TARGETS[self.target]
-        return self.precision == "fp32" and not (t.layout_2d or t.ort_format or t.mlpackage)
+        return self.precision == "fp32" and not (t.layout_2d or t.ort_format or t.mlpackage or t.web)
 
     def check(self) -> None:
         if self.target not in TARGETS:
@@ -101,10 +108,12 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
     `out_dir` whole: a failed step leaves `out_dir` as it was, a new export leaves nothing of an
     old one. Returns the report additions (files, deviation, target)."""
     shaping.check()
+    target = TARGETS[shaping.target]
+    if target.web and rvq is not None:
+        raise ExportError("the browser cannot read rvq.npz: --target web puts the quantizer in the graphs")
     if shaping.plain:
         with export_folder(out_dir) as stage:
             return {"files": write_export(stage, models, rvq, manifest)}
-    target = TARGETS[shaping.target]
     new_id = export_id(manifest["export_id"], shaping.target, shaping.precision)
     tag = {"target": shaping.target, "precision": shaping.precision, "export_id": new_id}
     with tempfile.TemporaryDirectory(prefix="codecport-") as tmp:
@@ -119,6 +128,8 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
         variants = {}
         for name, model in models.items():
             m = nnapi_ops(conv_to_2d(model)) if target.layout_2d else copy_model(model)
+            if target.web:
+                m = int32_indices(m)
             if shaping.precision == "fp16":
                 m = to_fp16(m, overflowing_nodes(m, calib[name][:4]))
             elif shaping.precision == "int8":
@@ -148,6 +159,8 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
                 files.update(write_ort(stage, list(variants)))
             if target.mlpackage:
                 files.update(write_mlpackages(stage, hooks, tag, report))
+            if target.web:
+                var_manifest.update(web_manifest(variants, files))
             report["files"] = write_manifest(stage, {**var_manifest, **report}, files)
     return report
 

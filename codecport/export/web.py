@@ -1,0 +1,146 @@
+"""The browser target: what `codec-export ... --target web` adds, and the web verdicts of
+`codec-export check`.
+
+The browser cannot read `.npz` or ONNX metadata (onnxruntime-web exposes neither), so a web
+folder carries the quantizer inside its graphs (the encoders output codes, the decoders take
+them) and a `manifest.json` whose `graphs` entry repeats, per graph, what the Python runtime
+reads from the file: its metadata and the names, types and shapes of its inputs and outputs.
+`codecport.mjs` reads only that and the `.onnx` files.
+
+Verdicts, judged from the graph (the browser tests run the real thing):
+- `wasm`: onnxruntime-web's CPU provider is ONNX Runtime's CPU EP compiled to WebAssembly, so
+  it takes every op; what stops it is the size of a 32-bit address space and external data.
+- `webgpu`: the JSEP kernel table of onnxruntime-web 1.30.0 (its `WEBGPU_OP_RESOLVE_RULES`,
+  read from `dist/ort.all.mjs`; `tests/test_web.py` checks it against the installed copy). A
+  node outside it, or one with int64 tensors (WebGPU has no 64-bit integers), runs on the
+  CPU instead: it works, with a copy across each such boundary.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+ORT_WEB_VERSION = "1.30.0"  # the onnxruntime-web the table below and the tests are from
+WEBGPU_OPS = frozenset(
+    """
+Abs Acos Acosh Add ArgMax ArgMin Asin Asinh Atan Atanh Attention AveragePool BatchNormalization
+BiasAdd BiasSplitGelu Cast Ceil Clip Concat Conv ConvTranspose Cos Cosh CumSum DepthToSpace
+DequantizeLinear DFT Div Einsum Elu Equal Erf Exp Expand FastGelu Floor FusedConv Gather
+GatherElements GatherBlockQuantized GatherND Gelu Gemm GlobalAveragePool GlobalMaxPool Greater
+GreaterOrEqual GridSample GroupQueryAttention HardSigmoid HardSwish InstanceNormalization
+LayerNormalization LeakyRelu Less LessOrEqual Log MatMul MatMulNBits MaxPool Mul
+MultiHeadAttention Neg Not Pad Pow QuickGelu Range Reciprocal ReduceMin ReduceMean ReduceMax
+ReduceSum ReduceProd ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceSumSquare Relu Resize RotaryEmbedding
+ScatterND Sigmoid Sin Sinh Slice SkipLayerNormalization Split Sqrt Softmax Sub Tan Tanh
+ThresholdedRelu Tile Transpose Where
+""".split()  # noqa: SIM905 (the table as the dist file lists it)
+)
+# Ops that only move or reshape data: ORT runs them wherever their neighbours are, without a
+# kernel of their own on the GPU, so they are no reason to leave it.
+_SHAPE_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Shape", "Identity", "Flatten"})
+WASM_MAX_BYTES = 2 << 30  # wasm32 has 4 GiB in all; a graph past 2 GiB leaves no room for its session
+
+_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
+           onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32"}
+
+
+def _value(v: onnx.ValueInfoProto) -> dict:
+    t = v.type.tensor_type
+    return {"name": v.name, "type": _DTYPES.get(t.elem_type, helper.tensor_dtype_to_np_dtype(t.elem_type).name),
+            "shape": [d.dim_value for d in t.shape.dim]}
+
+
+def graph_facts(model: onnx.ModelProto, file: str) -> dict:
+    """What `codecport.mjs` needs of one graph: its file, metadata, inputs and outputs."""
+    return {"file": file, "metadata": {p.key: p.value for p in model.metadata_props},
+            "inputs": [_value(v) for v in model.graph.input],
+            "outputs": [_value(v) for v in model.graph.output]}
+
+
+def web_manifest(models: dict[str, onnx.ModelProto], files: dict[str, str]) -> dict:
+    """The manifest entries of a web folder: `graphs` (name -> `graph_facts`) and the
+    onnxruntime-web it was checked against."""
+    return {"graphs": {name: graph_facts(m, files[name]) for name, m in models.items()},
+            "ort_web": ORT_WEB_VERSION}
+
+
+def _int64(model: onnx.ModelProto) -> set[str]:
+    """Names of the int64 tensors a node computes or takes from the graph's inputs (not
+    constant shapes and indices: ORT keeps those on the CPU anyway)."""
+    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    return {v.name for v in values if v.type.tensor_type.elem_type == onnx.TensorProto.INT64}
+
+
+def web_verdicts(model: onnx.ModelProto) -> list[dict]:
+    """(ep, nodes, supported, partitions, reasons) for `wasm` and `webgpu`, as check.Verdict
+    fields. `model` must have its shapes inferred (for the int64 rule)."""
+    nodes = list(model.graph.node)
+    n = len(nodes)
+    reasons: dict[str, str] = {}
+    foreign = sorted({node.domain for node in nodes if node.domain not in ("", "ai.onnx", "com.microsoft")})
+    if foreign:
+        reasons["(domain)"] = f"ops of domain {foreign[0]}, which onnxruntime-web has no kernels for"
+    if model.ByteSize() > WASM_MAX_BYTES:
+        reasons["(size)"] = (f"{model.ByteSize() / 2**30:.1f} GiB: wasm32's 4 GiB cannot hold the graph "
+                             "and its session; export a smaller variant (int8) or split the work")
+    wasm = {"ep": "wasm", "nodes": n, "supported": 0 if reasons else n,
+            "partitions": 0 if reasons else 1, "reasons": dict(reasons)}
+    int64 = _int64(model)
+    on_gpu = []
+    for node in nodes:
+        if node.op_type in _SHAPE_OPS:
+            on_gpu.append(None)  # follows its neighbours
+            continue
+        ok = node.op_type in WEBGPU_OPS
+        if not ok:
+            reasons.setdefault(node.op_type, f"no WebGPU kernel in onnxruntime-web {ORT_WEB_VERSION}: "
+                                             "runs on the CPU")
+        elif int64 & {*node.input, *node.output}:
+            ok = False
+            reasons.setdefault(node.op_type, "int64 tensors (codes): WebGPU has no 64-bit integers, "
+                                             "ORT runs the node on the CPU")
+        on_gpu.append(ok)
+    runs = [x for x in on_gpu if x is not None]
+    partitions = sum(1 for i, x in enumerate(runs) if x and (i == 0 or not runs[i - 1]))
+    supported = sum(1 for x in on_gpu if x is not False)
+    return [wasm, {"ep": "webgpu", "nodes": n, "supported": supported, "partitions": partitions,
+                   "reasons": reasons}]
+
+
+def int32_indices(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every Gather of computed int64 tensors (the codes) takes them cast to int32.
+
+    WebGPU has no 64-bit integers; onnxruntime-web 1.30's WebGPU Gather of int64 codes
+    returned wrong rows (tiny DAC decoder: a codebook lookup off by up to 4.5), while int32 is
+    its native case. Codes are below 2^31, so the casts are exact.
+    """
+    from .rewrite import _Builder, _replace_nodes
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    int64 = _int64(inferred)
+    consts = {i.name for i in model.graph.initializer}
+
+    cast: dict[str, str] = {}  # int64 tensor -> its int32 copy
+
+    def rewrite(node: onnx.NodeProto, b: _Builder) -> bool:
+        if node.op_type not in ("Gather", "GatherElements"):
+            return False
+        ins = [i for i in node.input[:2] if i in int64 and i not in consts]
+        if not ins:
+            return False
+        for i in ins:
+            if i not in cast:
+                cast[i] = b.op("Cast", [i], to=onnx.TensorProto.INT32)
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        for k in range(2):
+            new.input[k] = cast.get(new.input[k], new.input[k])
+        b.nodes.append(new)
+        if node.input[0] in cast:  # int32 data gives int32 rows: the int64 the graph promised
+            out = new.output[0]
+            new.output[0] = b.name("gathered")
+            b.op("Cast", [new.output[0]], out, to=onnx.TensorProto.INT64)
+        return True
+
+    return _replace_nodes(model, rewrite, "codecport_web")
