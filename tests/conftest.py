@@ -12,8 +12,9 @@ from codecport.models.mimi import PRESETS as MIMI_PRESETS
 from codecport.models.mimi import MimiModel
 from codecport.models.mimi import init_random as mimi_init_random
 
-# The Mimi CLI tests' fixtures (exports made once a session), shared by two test modules.
-pytest_plugins = ["mimi_cli_support"]
+# The Mimi CLI tests' fixtures (exports made once a session), shared by two test modules, and the
+# browser harness (Chromium, the tiny web exports).
+pytest_plugins = ["mimi_cli_support", "web_support"]
 
 TINY_LEN = 600  # samples of the tiny exact graphs (100 frames of hop 6)
 TINY_CHUNK = 3000  # window of the tiny chunked graphs

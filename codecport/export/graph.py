@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import logging
 import time
 import warnings
@@ -190,8 +191,20 @@ def write_manifest(out_dir: Path, manifest: dict, files: dict[str, str]) -> dict
     """manifest.json, listing `files` and itself; returns the files."""
     files = {**files, "manifest": "manifest.json"}
     with atomic_path(out_dir / "manifest.json") as tmp:
-        tmp.write_text(json.dumps({**manifest, "files": files}, indent=2))
+        tmp.write_text(json.dumps(_strict_json({**manifest, "files": files}), indent=2, allow_nan=False))
     return files
+
+
+def _strict_json(value):
+    """`value` with non-finite floats as null: JSON has no Infinity, and browsers refuse it (an
+    identical variant's SNR is infinite)."""
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[str, np.ndarray] | None,

@@ -122,6 +122,11 @@ def int32_indices(model: onnx.ModelProto) -> onnx.ModelProto:
     consts = {i.name for i in model.graph.initializer}
 
     cast: dict[str, str] = {}  # int64 tensor -> its int32 copy
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    outputs = {o.name for o in model.graph.output}
 
     def rewrite(node: onnx.NodeProto, b: _Builder) -> bool:
         if node.op_type not in ("Gather", "GatherElements"):
@@ -137,10 +142,14 @@ def int32_indices(model: onnx.ModelProto) -> onnx.ModelProto:
         for k in range(2):
             new.input[k] = cast.get(new.input[k], new.input[k])
         b.nodes.append(new)
-        if node.input[0] in cast:  # int32 data gives int32 rows: the int64 the graph promised
+        if node.input[0] in cast:  # int32 data gives int32 rows, under a new name
             out = new.output[0]
             new.output[0] = b.name("gathered")
-            b.op("Cast", [new.output[0]], out, to=onnx.TensorProto.INT64)
+            if all(c.op_type in ("Gather", "GatherElements") and list(c.input).index(out) == 1
+                   for c in consumers.get(out, [])) and out not in outputs:
+                cast[out] = new.output[0]  # only ever indices: they stay int32
+            else:  # the int64 the rest of the graph expects
+                b.op("Cast", [new.output[0]], out, to=onnx.TensorProto.INT64)
         return True
 
     return _replace_nodes(model, rewrite, "codecport_web")

@@ -1,0 +1,338 @@
+"""The browser: `--target web` folders, `codecport.mjs` in headless Chromium against the Python
+runtime, the demo page, and `codec-run web` as a real server."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import numpy as np
+import onnx
+import pytest
+import soundfile as sf
+
+import codecport
+from codecport.export.check import check
+from codecport.export.web import WEBGPU_OPS
+from codecport.runtime.web import ISOLATION
+from web_support import (ARTIFACTS, DAC_WEB_LEN, DECODE, MIMI_WEB_LEN, ORT_WEB, ROUND_TRIP, Page, clip,
+                         copy_folder, served)
+
+CODEC_RUN = [sys.executable, "-c", "from codecport.cli import run_cli; run_cli()"]
+CODEC_EXPORT = [sys.executable, "-c", "from codecport.cli import export_cli; export_cli()"]
+# Clip lengths per codec: one through the fixed graphs, one through the chunked / step graphs.
+LENGTHS = {"dac": (DAC_WEB_LEN - 4, 2 * DAC_WEB_LEN + 301), "mimi": (MIMI_WEB_LEN - 100, MIMI_WEB_LEN + 1057)}
+
+
+@pytest.fixture(scope="module")
+def folders(dac_web, mimi_web):
+    return {"dac": dac_web, "mimi": mimi_web}
+
+
+# ---- the export -------------------------------------------------------------------------
+@pytest.mark.parametrize("codec", ["dac", "mimi"])
+def test_web_folder_is_what_the_module_reads(folders, codec):
+    """No rvq.npz; every graph's manifest entry repeats its file's metadata, inputs and outputs;
+    the codes are gathered as int32; the Python runtime runs the same folder."""
+    folder = folders[codec]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert not (folder / "rvq.npz").exists()
+    assert manifest["quantizer"] == "graph" and manifest["target"] == "web" and manifest["precision"] == "fp32"
+    assert set(manifest["graphs"]) == {n for n, f in manifest["files"].items() if f.endswith(".onnx")}
+    for name, facts in manifest["graphs"].items():
+        model = onnx.load(str(folder / facts["file"]))
+        assert facts["metadata"] == {p.key: p.value for p in model.metadata_props}
+        assert [v["name"] for v in facts["inputs"]] == [v.name for v in model.graph.input]
+        assert [v["shape"] for v in facts["outputs"]] == [[d.dim_value for d in v.type.tensor_type.shape.dim]
+                                                          for v in model.graph.output]
+        dev = json.loads(facts["metadata"]["deviation"])  # the rewrite is measured, and exact
+        assert dev.get("code_agreement_pct", 100.0) == 100.0 and dev.get("max_abs_err", 0.0) == 0.0
+        inferred = onnx.shape_inference.infer_shapes(model)
+        types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.input]}
+        consts = {i.name for i in model.graph.initializer}
+        for node in model.graph.node:
+            if node.op_type == "Gather":
+                assert all(types.get(i) != onnx.TensorProto.INT64 for i in node.input[:2] if i not in consts), name
+    c = codecport.load(folder)
+    assert c.rvq is None and c.n_codebooks == int(manifest["n_codebooks"])
+
+
+def test_web_target_refusals(tmp_path, tiny_export):
+    r = subprocess.run([*CODEC_EXPORT, "snac", "--variant", "tiny", "--random-init", "--target", "web", "-o",
+                        str(tmp_path / "s")], capture_output=True, text=True)
+    assert r.returncode == 2 and "no browser runtime yet" in r.stderr and "Traceback" not in r.stderr
+    # A numpy-quantizer folder cannot be served: the browser reads no rvq.npz.
+    r = subprocess.run([*CODEC_RUN, "web", "-m", str(tiny_export), "--port", "0", "--ort-web", str(ORT_WEB)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "--target web" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run([*CODEC_RUN, "web", "-m", str(tmp_path / "none"), "--port", "0"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "no such model folder" in r.stderr
+
+
+def test_web_target_refuses_missing_ort_web(tmp_path, dac_web):
+    r = subprocess.run([*CODEC_RUN, "web", "-m", str(dac_web), "--port", "0", "--ort-web", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "npm install onnxruntime-web" in r.stderr
+
+
+def test_check_gives_web_verdicts(folders):
+    """wasm takes every graph whole; on WebGPU only int64 work (the codes) is left to the CPU, and
+    in DAC's decoder, after the int32 rewrite, that is the one cast of its input."""
+    for codec in ("dac", "mimi"):
+        for r in check(folders[codec]):
+            assert r["eps"]["wasm"]["full"], r["file"]
+            gpu = r["eps"]["webgpu"]
+            assert all("int64" in why for why in gpu["reasons"].values()), gpu
+    decoder = next(r for r in check(folders["dac"]) if r["file"].endswith("/decoder.onnx"))
+    gpu = decoder["eps"]["webgpu"]
+    assert set(gpu["reasons"]) == {"Cast"} and gpu["nodes"] - gpu["supported"] == 1, gpu
+
+
+def test_webgpu_table_is_the_installed_ort_web():
+    """WEBGPU_OPS is onnxruntime-web's own JSEP kernel table, read from the installed dist."""
+    text = (ORT_WEB / "ort.all.mjs").read_text()
+    start = text.index("WEBGPU_OP_RESOLVE_RULES = ")
+    table = text[start:text.index("]);", start)]
+    assert set(re.findall(r'\["(\w+)",', table)) == WEBGPU_OPS
+
+
+# ---- codecport.mjs against the Python runtime ---------------------------------------------
+@pytest.mark.parametrize("codec,threads", [("dac", 1), ("dac", 2), ("mimi", 1), ("mimi", 2)])
+def test_browser_equals_python_on_wasm(browser, folders, codec, threads):
+    """Codes equal the Python runtime's, audio within 1e-4, on clips through the fixed graphs and
+    through the chunked (DAC) or step (Mimi) graphs, on 1 and 2 WASM threads."""
+    folder = folders[codec]
+    py = codecport.load(folder)
+    with served(folder) as server:
+        page = Page(browser, f"{server.url}?threads={threads}")
+        assert page.state == "ready", page.error()
+        facts = page.page.inner_text("#facts")
+        assert f"wasm, {threads} thread(s), cross-origin isolated: true" in facts
+        for n in LENGTHS[codec]:
+            x = clip(n, seed=n)
+            want = py.encode(x, py.sample_rate)
+            audio, _ = py.decode(want.data)
+            got = page.run(ROUND_TRIP, x.tolist())
+            codes = np.array(got["codes"]).reshape(got["shape"])
+            np.testing.assert_array_equal(codes, want.data[0], err_msg=f"{codec} {n} samples")
+            b = np.array(got["audio"], np.float32)
+            assert b.shape == audio[0].shape
+            assert np.abs(b - audio[0]).max() < 1e-4
+        assert page.problems == []
+        page.close()
+
+
+@pytest.mark.parametrize("codec", ["dac", "mimi"])
+def test_browser_on_webgpu(browser, folders, codec):
+    """On WebGPU (SwiftShader here): the Python codes decode within 1e-3, and the browser's own
+    codes agree with Python's; skipped, saying so, where no adapter appears."""
+    folder = folders[codec]
+    with served(folder) as server:
+        page = Page(browser, f"{server.url}?ep=webgpu&threads=1", wait=False)
+        adapter = page.run("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())")
+        if not adapter:
+            pytest.skip("no WebGPU adapter in this Chromium (navigator.gpu.requestAdapter() gave none)")
+        page.page.wait_for_function("document.body.dataset.state !== 'loading'")
+        assert page.state == "ready", page.error()
+        py = codecport.load(folder)
+        x = clip(LENGTHS[codec][0], seed=3)
+        want = py.encode(x, py.sample_rate).data[0]
+        audio, _ = py.decode(want)
+        got = np.array(page.run(DECODE, [want.ravel().tolist(), list(want.shape)]), np.float32)
+        assert np.abs(got - audio[0]).max() < 1e-3
+        trip = page.run(ROUND_TRIP, x.tolist())
+        # SwiftShader's Sin is good to ~2e-4, enough to flip near-ties of a random tiny codebook.
+        agree = (np.array(trip["codes"]).reshape(trip["shape"]) == want).mean()
+        assert agree > 0.9, agree
+        page.close()
+
+
+STREAM = """async ([x, sizes]) => {
+  const c = window.demo.codec, s = c.stream();
+  const parts = [], audio = [];
+  let at = 0, i = 0;
+  while (at < x.length) {  // pieces of uneven sizes, as a microphone delivers them
+    const n = sizes[i++ % sizes.length];
+    const codes = await s.encodeStep(Float32Array.from(x.slice(at, at + n)));
+    at += n;
+    parts.push(codes);
+    for (let f = 0; f < codes.shape[1]; f++) {  // decoded frame by frame
+      const one = {data: Int32Array.from({length: codes.shape[0]}, (_, k) => codes.data[k * codes.shape[1] + f]),
+                   shape: [codes.shape[0], 1]};
+      audio.push(...await s.decodeStep(one));
+    }
+  }
+  const tail = await s.flushEncoder();
+  parts.push(tail);
+  audio.push(...await s.decodeStep(tail), ...await s.flushDecoder());
+  const k = c.nCodebooks, t = parts.reduce((n, p) => n + p.shape[1], 0), codes = [];
+  for (let q = 0; q < k; q++) for (const p of parts) codes.push(...p.data.slice(q * p.shape[1], (q + 1) * p.shape[1]));
+  s.reset();
+  const again = await s.encodeStep(Float32Array.from(x.slice(0, 2 * s.stepSamples)));
+  const whole = await c.encode(Float32Array.from(x));
+  return {codes, shape: [k, t], audio, whole: Array.from(whole.data), again: Array.from(again.data),
+          wholeAudio: Array.from(await c.decode(whole)), latency: s.latencyFrames};
+}"""
+
+
+def test_mimi_stream_in_the_browser_equals_the_whole_clip(browser, mimi_web):
+    """encodeStep on uneven pieces and decodeStep frame by frame give the whole clip's codes
+    and audio, as the Python stream does; reset() starts over."""
+    py = codecport.load(mimi_web)
+    x = clip(MIMI_WEB_LEN - 200, seed=11)
+    with served(mimi_web) as server:
+        page = Page(browser, server.url)
+        got = page.run(STREAM, [x.tolist(), [37, 100, 5, 301]])
+        page.close()
+    codes = np.array(got["codes"]).reshape(got["shape"])
+    whole = np.array(got["whole"]).reshape(got["shape"])
+    np.testing.assert_array_equal(codes, whole)
+    np.testing.assert_array_equal(codes, py.encode(x, py.sample_rate).data[0])
+    np.testing.assert_array_equal(np.array(got["again"]).reshape(got["shape"][0], -1), codes[:, :2 * 2])
+    audio, whole_audio = np.array(got["audio"], np.float32), np.array(got["wholeAudio"], np.float32)
+    assert audio.shape == whole_audio.shape and np.abs(audio - whole_audio).max() < 1e-5
+    stream = py.stream()
+    ref = np.concatenate([stream.decode_step(codes), stream.flush_decoder()])
+    assert np.abs(audio - ref).max() < 1e-4 and got["latency"] == stream.latency_frames
+
+
+# ---- the demo page -----------------------------------------------------------------------
+def test_demo_page_encodes_a_dropped_wav(browser, dac_web, tmp_path):
+    """Choose a WAV (stereo, another rate): the page encodes, decodes and offers it; the
+    screenshot after the decode is kept as a test artifact."""
+    wav = tmp_path / "in.wav"
+    x = clip(22050, seed=5)
+    sf.write(wav, np.stack([x, 0.5 * x], axis=1), 22050)
+    with served(dac_web) as server:
+        page = Page(browser, server.url)
+        page.page.set_input_files("#file", str(wav))
+        page.page.wait_for_function("['decoded', 'error'].includes(document.body.dataset.state)")
+        assert page.state == "decoded", page.error()
+        timings = page.page.inner_text("#timings")
+        assert "in.wav: 1.00 s, 2 channel(s) -> mono 16000 Hz" in timings and "real time" in timings
+        n = page.run("window.demo.audio.length")
+        assert abs(n - 16000) <= 2 * 6 * 10  # every frame's samples, as the Python decode of bare codes
+        assert page.run("document.getElementById('download').href").startswith("blob:")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / "web-demo-dac.png"
+        page.page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        assert page.problems == []
+        page.close()
+
+
+def test_live_microphone_loop_on_the_fake_device(browser, mimi_web):
+    """The live loop runs on Chromium's fake capture device: frames go through encode and
+    decode, the per-frame times are shown, and stopping it leaves the page ready."""
+    with served(mimi_web) as server:
+        page = Page(browser, server.url)
+        page.page.click("#live")
+        page.page.wait_for_function("window.demo.live && window.demo.live.stats && window.demo.live.stats.frames >= 200")
+        stats = page.run("window.demo.live.stats")
+        assert stats["p95"] > 0 and stats["frameMs"] == 1.0  # the tiny Mimi's 24-sample frames
+        assert "live:" in page.page.inner_text("#live-stats")
+        page.page.click("#live")
+        page.page.wait_for_function("document.body.dataset.state === 'ready'")
+        assert page.problems == []
+        page.close()
+
+
+def test_page_reports_errors_in_the_dom(browser, dac_web, tmp_path):
+    """A wrong folder URL, a folder that is not a web export, a missing graph file: each is a
+    one-line error in the page, not a silent failure."""
+    with served(dac_web) as server:
+        page = Page(browser, f"{server.url}?model=/nope/")
+        assert page.state == "error" and "manifest.json: HTTP 404" in page.error()
+        page.close()
+        page = Page(browser, f"{server.url}?model=/ort/")  # a folder with no manifest
+        assert page.state == "error" and "HTTP 404" in page.error()
+        page.close()
+    broken = copy_folder(dac_web, tmp_path / "broken")
+    with served(broken) as server:
+        (broken / "encoder.onnx").unlink()  # after the server checked it: a folder copied half
+        page = Page(browser, server.url)
+        assert page.state == "error" and "encoder.onnx: HTTP 404; the folder is incomplete" in page.error()
+        page.close()
+        manifest = json.loads((broken / "manifest.json").read_text())
+        manifest["quantizer"] = "numpy"
+        (broken / "manifest.json").write_text(json.dumps(manifest))
+        page = Page(browser, server.url)
+        assert page.state == "error" and "re-export it with codec-export dac --target web" in page.error()
+        page.close()
+
+
+BAD_INPUT = """async () => {
+  const c = window.demo.codec, k = c.nCodebooks;
+  const tries = {
+    nan: () => c.encode(Float32Array.from([0, NaN, 0])),
+    empty: () => c.encode(new Float32Array(0)),
+    notFloat: () => c.encode([0.1, 0.2]),
+    range: () => c.decode({data: Int32Array.from({length: k * 200}, () => c.codebookSize), shape: [k, 200]}),
+    shape: () => c.decode({data: new Int32Array(10), shape: [k, 200]}),
+    codebooks: () => c.decode({data: new Int32Array(200), shape: [1, 200]}),
+    frames: () => c.decode({data: new Int32Array(k * 7), shape: [k, 7]}),
+    stream: () => c.stream(),
+  };
+  const out = {};
+  for (const [name, f] of Object.entries(tries)) {
+    try { await f(); out[name] = "no error"; } catch (e) { out[name] = `${e.name}: ${e.message}`; }
+  }
+  return out;
+}"""
+
+
+def test_module_refuses_bad_input(browser, dac_web):
+    with served(dac_web) as server:
+        page = Page(browser, server.url)
+        out = page.run(BAD_INPUT)
+        page.close()
+    assert all(v.startswith("CodecportError: ") for v in out.values()), out
+    assert "NaN" in out["nan"] and "empty" in out["empty"] and "Float32Array" in out["notFloat"]
+    assert "[0, 64)" in out["range"] and "exactly 4 codebooks" in out["codebooks"]
+    assert "multiple of the chunk length" in out["frames"] and "Mimi's" in out["stream"]
+
+
+# ---- codec-run web -----------------------------------------------------------------------
+def _get(url: str):
+    try:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def test_codec_run_web_serves_isolated_and_stops(mimi_web):
+    """`codec-run web` as a user runs it: it prints its URL, serves the four routes with
+    COOP/COEP, nothing outside them, survives a client that drops mid-request, and stops on
+    Ctrl-C."""
+    import socket
+
+    proc = subprocess.Popen([*CODEC_RUN, "web", "-m", str(mimi_web), "--port", "0", "--ort-web", str(ORT_WEB)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        url = re.search(r"open (http://127\.0\.0\.1:\d+/)", lines[1]).group(1)
+        status, headers, body = _get(url)
+        assert status == 200 and b"codecport.mjs" in body
+        for k, v in ISOLATION.items():
+            assert headers[k] == v
+        assert _get(url + "codecport.mjs")[1]["Content-Type"] == "text/javascript"
+        assert _get(url + "ort/ort-wasm-simd-threaded.jsep.wasm")[1]["Content-Type"] == "application/wasm"
+        assert json.loads(_get(url + "model/manifest.json")[2])["codec"] == "mimi"
+        for bad in ("model/../manifest.json", "model/%2e%2e/pyproject.toml", "model/", "ort/../package.json",
+                    "etc/passwd", "model/.hidden"):
+            assert _get(url + bad)[0] == 404, bad
+        host, port = url[7:-1].split(":")
+        with socket.create_connection((host, int(port))) as s:  # a client that goes away
+            s.sendall(b"GET /model/encoder.onnx HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _get(url + "model/manifest.json")[0] == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err

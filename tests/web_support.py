@@ -1,0 +1,131 @@
+"""The browser harness: Debian's Chromium driven by Playwright, pages served by codecport's own
+`WebServer` on 127.0.0.1, tiny DAC and Mimi web exports (made once a session).
+
+Chromium and onnxruntime-web come from `scripts/test.sh` (apt's chromium, `npm ci`); where
+either is missing the tests fail saying so, rather than skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codecport.export.dac import export_dac
+from codecport.export.mimi import export_mimi
+from codecport.export.variants import Shaping
+
+CHROMIUM = os.environ.get("CODECPORT_CHROMIUM", "/usr/bin/chromium")
+ROOT = Path(__file__).resolve().parents[1]
+ORT_WEB = ROOT / "node_modules" / "onnxruntime-web" / "dist"
+ARTIFACTS = Path(os.environ.get("CODECPORT_ARTIFACTS", ROOT / "out" / "test-artifacts"))
+# As root without network noise (../shared/reference/web.md); WebGPU on SwiftShader with the
+# one flag; the fake microphone for the live loop; audio allowed to start without a gesture.
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage", "--enable-unsafe-webgpu", "--use-fake-device-for-media-stream",
+        "--use-fake-ui-for-media-stream", "--autoplay-policy=no-user-gesture-required"]
+DAC_WEB_LEN = 1200  # 200 frames of the tiny DAC (hop 6); longer clips take the chunked graphs
+MIMI_WEB_LEN = 2400  # 100 frames of the tiny Mimi (24-sample frames); longer ones stream
+MIMI_WEB_STEP = 2  # frames a step: partial steps wait in the stream's buffer
+
+
+def need_browser() -> None:
+    if not Path(CHROMIUM).is_file():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (scripts/test.sh does), or set "
+                    "CODECPORT_CHROMIUM")
+    if not (ORT_WEB / "ort.all.min.mjs").is_file():
+        pytest.fail(f"{ORT_WEB} is missing: run npm ci in the checkout (scripts/test.sh does)")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    need_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="session")
+def dac_web(tmp_path_factory, tiny_dac):
+    out = tmp_path_factory.mktemp("dac_web") / "model"
+    export_dac(tiny_dac, out, DAC_WEB_LEN, variant="tiny", weights="random-init seed 0", weights_sha256="none",
+               in_graph_codebooks=tiny_dac.cfg.n_codebooks, shaping=Shaping("web"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def mimi_web(tmp_path_factory, tiny_mimi):
+    out = tmp_path_factory.mktemp("mimi_web") / "model"
+    export_mimi(tiny_mimi, out, MIMI_WEB_LEN, MIMI_WEB_STEP, variant="tiny", weights="random-init seed 0",
+                weights_sha256="none", in_graph_codebooks=tiny_mimi.cfg.n_codebooks, shaping=Shaping("web"))
+    return out
+
+
+@contextlib.contextmanager
+def served(folder: Path):
+    """`WebServer` for `folder` on a free port, stopped on exit."""
+    from codecport.runtime.web import WebServer
+
+    server = WebServer(folder, ORT_WEB, 0).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class Page:
+    """A page of the demo, with the console errors and page errors it raised."""
+
+    def __init__(self, browser, url: str, wait: bool = True, timeout_s: float = 120):
+        self.page = browser.new_page()
+        self.problems: list[str] = []
+        self.page.on("pageerror", lambda e: self.problems.append(f"pageerror: {e}"))
+        self.page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
+        self.page.set_default_timeout(timeout_s * 1000)
+        self.page.goto(url)
+        if wait:
+            self.page.wait_for_function("document.body.dataset.state !== 'loading'")
+
+    @property
+    def state(self) -> str:
+        return self.page.evaluate("document.body.dataset.state")
+
+    def error(self) -> str:
+        return self.page.inner_text("#error")
+
+    def run(self, script: str, arg=None):
+        return self.page.evaluate(script, arg)
+
+    def close(self) -> None:
+        self.page.close()
+
+
+def clip(n: int, seed: int = 0) -> np.ndarray:
+    """A test clip: a tone with a moving pitch and some noise, float32 in [-1, 1]."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n)
+    return (0.4 * np.sin(0.02 * t + 2e-5 * t * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)
+
+
+# Encode then decode in the page; codes come back as {data, shape}, audio as a list.
+ROUND_TRIP = """async (x) => {
+  const c = window.demo.codec;
+  const codes = await c.encode(Float32Array.from(x));
+  const audio = await c.decode(codes);
+  return {codes: Array.from(codes.data), shape: codes.shape, audio: Array.from(audio)};
+}"""
+
+DECODE = """async ([data, shape]) => Array.from(await window.demo.codec.decode({data: Int32Array.from(data), shape}))"""
+
+
+def copy_folder(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
