@@ -215,7 +215,7 @@ def test_demo_page_encodes_a_dropped_wav(browser, dac_web, tmp_path):
         page.page.wait_for_function("['decoded', 'error'].includes(document.body.dataset.state)")
         assert page.state == "decoded", page.error()
         timings = page.page.inner_text("#timings")
-        assert "in.wav: 1.00 s, 2 channel(s) -> mono 16000 Hz" in timings and "real time" in timings
+        assert "in.wav: 1.00 s, 2 channel(s) -> mono 16000 Hz" in timings and "RTF" in timings
         n = page.run("window.demo.audio.length")
         assert abs(n - 16000) <= 2 * 6 * 10  # every frame's samples, as the Python decode of bare codes
         assert page.run("document.getElementById('download').href").startswith("blob:")
