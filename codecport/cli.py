@@ -142,9 +142,10 @@ def _export(spec, *, variant, length, weights, revision, random_init, seed, in_g
             codebooks, batch, out_dir, target, precision, calibration, verbose, **own) -> None:
     _logging(verbose)
     if target == "web":
-        if not spec.runtime.in_graph_quantizer:
-            raise click.UsageError(f"{spec.label} has no browser runtime yet (codecport.mjs runs DAC "
-                                   "and Mimi); export it for another --target")
+        if not spec.web:
+            runs = ", ".join(c.label for c in registry.codecs() if c.web)
+            raise click.UsageError(f"{spec.label} has no browser runtime yet (codecport.mjs runs {runs}); "
+                                   "export it for another --target")
         in_graph_quantizer = True  # the browser reads no rvq.npz
     if in_graph_quantizer and not spec.runtime.in_graph_quantizer:
         raise click.UsageError(f"{spec.label}'s quantizer runs in numpy beside the graphs (rvq.npz); "

@@ -67,6 +67,7 @@ class CodecSpec:
     formats: tuple[CodeFormat, ...] = ()
     layouts: tuple[Layout, ...] = ()
     level_arrays: bool = False  # one codebook per time scale: `.npz` holds each as [channels, frames]
+    web: bool = False  # codecport.mjs runs it in the browser (`codec-export --target web`)
     smoke: tuple[str, ...] = ()  # codec-export arguments for a small export with every graph
     # The codec's other layers, by module path; left empty, the layout's own names for `name`:
     config: str = ""  # models/<name>_config.py: `PRESETS` (name -> config), `CONFIG` (the config

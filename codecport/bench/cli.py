@@ -25,6 +25,7 @@ from ..atomic import atomic_path
 from ..errors import CodecportError
 from .measure import gemm_peak, graph_flops, pool
 from .tokenize import tokenize_cmd
+from .web import web_cmd
 
 # Contenders that are not installed here are listed, skipped, with the reason.
 _OPTIONAL = {
@@ -278,14 +279,15 @@ def codec_cmd(codec, variant, seconds, runs, rounds, providers, precisions, step
 
 
 main = click.Group("codec-bench", context_settings={"show_default": True},
-                   help="Benchmark a codec (our graphs against torch and the official packages), or "
-                        "corpus tokenizing (`codec-bench tokenize`).")
+                   help="Benchmark a codec (our graphs against torch and the official packages), "
+                        "corpus tokenizing (`codec-bench tokenize`), or the browser (`codec-bench web`).")
 for _spec in registry.codecs():
     main.add_command(click.Command(
         _spec.name, params=[p for p in codec_cmd.params if p.name != "codec"],
         callback=functools.partial(codec_cmd.callback, _spec.name), context_settings={"show_default": True},
         help=f"Benchmark {_spec.label}: our ONNX graphs vs the torch implementations, one process each."))
 main.add_command(tokenize_cmd)
+main.add_command(web_cmd)
 
 
 def _export_source_hash() -> str:

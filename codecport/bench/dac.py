@@ -10,6 +10,7 @@ from ..atomic import atomic_path
 from .measure import clip, summary, timings
 
 FRAMES = False  # no step graphs: --frames does not apply
+WEB = ("24khz", None)  # codec-bench web: the preset, and codebooks in the graphs (None: all)
 LONG = True  # chunked windows: --long times long audio through them
 LONG_MODE, LONG_GRAPHS = "chunked", ("encoder_chunked", "decoder_chunked")
 LONG_LABEL, LONG_TORCH = "through the chunked graphs", "one window after another"

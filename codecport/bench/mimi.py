@@ -12,6 +12,7 @@ import numpy as np
 from .measure import clip, summary, timings
 
 FRAMES = True  # step graphs: --frames sets the code frames a step
+WEB = ("mimi", 8)  # codec-bench web: the preset, and Moshi's 8 codebooks in the graphs
 LONG = False
 MODE = "fixed"  # one call of the fixed-length graphs
 NOISE: dict = {}

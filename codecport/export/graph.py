@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import logging
+import math
 import time
 import warnings
 from collections.abc import Iterator

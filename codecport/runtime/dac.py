@@ -259,5 +259,6 @@ register(CodecSpec(
                                          "[default: --len].", minimum=1),
     ),
     formats=(CodeFormat(".dac", load_dac, save_dac),),
+    web=True,
     smoke=("--variant", "tiny", "--len", "160000"),  # 10 s at 16 kHz
 ))

@@ -278,6 +278,7 @@ class MimiStream:
 register(CodecSpec(
     runtime=MimiCodec,
     default_variant="mimi",
+    web=True,
     export_options=(
         Option("--frames", int, 1, "Code frames per streaming step (80 ms each for the released "
                                    "Mimi).", minimum=1),

@@ -386,7 +386,9 @@ class MimiCodec extends Codec {
   }
 }
 
-/** One step graph with its state: each `<name>_out` of a call is the `<name>_in` of the next. */
+/** One step graph with its state: each `<name>_out` of a call is the `<name>_in` of the next.
+ * (onnxruntime-web 1.30's wasm provider leaves pre-allocated CPU outputs unwritten, so ORT
+ * allocates each step's state; nothing here relies on writing into given tensors.) */
 class StepState {
   constructor(codec, g) {
     this.codec = codec;
@@ -456,7 +458,8 @@ export class MimiStream {
     const n = Math.floor(buf.length / this.stepSamples) * this.stepSamples;
     const parts = [];
     for (let i = 0; i < n; i += this.stepSamples) {
-      const codes = await step.call(buf.subarray(i, i + this.stepSamples));
+      // A copy, not a view: with ort.env.wasm.proxy the input's buffer moves to the worker.
+      const codes = await step.call(buf.slice(i, i + this.stepSamples));
       parts.push({ data: toInt32(codes), shape: [this.codec.nCodebooks, this.stepFrames] });
     }
     this._pcm = buf.slice(n);
