@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -243,9 +244,9 @@ def test_live_microphone_loop_on_the_fake_device(browser, mimi_web):
         page.close()
 
 
-def test_page_reports_errors_in_the_dom(browser, dac_web, tmp_path):
-    """A wrong folder URL, a folder that is not a web export, a missing graph file: each is a
-    one-line error in the page, not a silent failure."""
+def test_page_reports_errors_in_the_dom(browser, dac_web, mimi_web, tmp_path):
+    """A wrong folder URL, a folder that is not a web export, a missing graph file, a graph of
+    another export: each is a one-line error in the page, not a silent failure."""
     with served(dac_web) as server:
         page = Page(browser, f"{server.url}?model=/nope/")
         assert page.state == "error" and "manifest.json: HTTP 404" in page.error()
@@ -258,6 +259,11 @@ def test_page_reports_errors_in_the_dom(browser, dac_web, tmp_path):
         (broken / "encoder.onnx").unlink()  # after the server checked it: a folder copied half
         page = Page(browser, server.url)
         assert page.state == "error" and "encoder.onnx: HTTP 404; the folder is incomplete" in page.error()
+        page.close()
+        shutil.copy(mimi_web / "encoder.onnx", broken / "encoder.onnx")  # same names, other shapes
+        page = Page(browser, server.url)
+        assert page.state == "error" and "encoder.onnx does not match its manifest entry (audio is float32 " \
+            f"[1,1,{MIMI_WEB_LEN}], the manifest says float32 [1,1,{DAC_WEB_LEN}])" in page.error()
         page.close()
         manifest = json.loads((broken / "manifest.json").read_text())
         manifest["quantizer"] = "numpy"
@@ -336,3 +342,53 @@ def test_codec_run_web_serves_isolated_and_stops(mimi_web):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err
+
+
+def test_module_and_registry_agree():
+    """codecport.mjs runs exactly the codecs registered as `web`, at the package's version, and
+    its npm package.json says the same version."""
+    from codecport import registry
+    from codecport.runtime.web import web_asset
+
+    src = web_asset("codecport.mjs").read_text()
+    codecs = re.search(r"const CODECS = \{([^}]*)\}", src).group(1)
+    assert set(re.findall(r"(\w+): \(\) =>", codecs)) == {c.name for c in registry.codecs() if c.web}
+    assert re.search(r'export const VERSION = "([^"]+)"', src).group(1) == codecport.__version__
+    assert json.loads(web_asset("package.json").read_text())["version"] == codecport.__version__
+
+
+def test_int8_is_refused_on_webgpu(browser, tmp_path, tiny_mimi):
+    """int8 folders gave wrong audio on onnxruntime-web's WebGPU: load() says so instead."""
+    from codecport.export.mimi import export_mimi
+    from codecport.export.variants import Shaping
+
+    out = tmp_path / "int8"
+    export_mimi(tiny_mimi, out, None, 1, variant="tiny", weights="random-init seed 0", weights_sha256="none",
+                in_graph_codebooks=tiny_mimi.cfg.n_codebooks, shaping=Shaping("web", "int8"))
+    with served(out) as server:
+        page = Page(browser, f"{server.url}?ep=webgpu")
+        assert page.state == "error" and "int8 export, which onnxruntime-web's WebGPU runs wrongly" in page.error()
+        page.close()
+        page = Page(browser, server.url)  # the same folder on wasm runs
+        assert page.state == "ready", page.error()
+        page.close()
+
+
+def test_codec_bench_web_reports_both_runtimes(tmp_path):
+    """`codec-bench web` on the tiny Mimi: the native and the in-page contenders both timed, in
+    one report, with the live loop's percentiles and the folder's deviation."""
+    out = tmp_path / "web.json"
+    r = subprocess.run([sys.executable, "-c", "from codecport.bench.cli import main; main()", "web", "--codec",
+                        "mimi", "--variant", "tiny", "--seconds", "0.1", "--precision", "fp32", "--threads", "1",
+                        "--runs", "2", "--rounds", "2", "--steps", "5", "--ort-web", str(ORT_WEB),
+                        "--dir", str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(out.read_text())
+    entry = report["codecs"]["mimi"]["fp32"]
+    assert set(entry["contenders"]) == {"native 1 thread", "wasm 1 thread"}
+    for c in entry["contenders"].values():
+        assert len(c["decode"]["seconds"]) == 4 and c["decode"]["rtf_median"] > 0
+        assert c["stream"]["steps"] == 10 and c["stream"]["both"]["p95_ms"] > 0
+    assert entry["deviation"]["encoder"]["code_agreement_pct"] == 100.0
+    assert "wasm 1 thread" in r.stdout and "time vs native" in r.stdout and "live encode+decode" in r.stdout

@@ -57,15 +57,20 @@ PAGE_RUN = """async ([what, runs, steps]) => {
 }""".replace("WARMUP", str(WARMUP_STEPS))
 
 
-def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], frames: int) -> dict[str, Path]:
+def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], frames: int,
+             variant: str | None = None) -> dict[str, Path]:
     """precision -> web folder of `spec`'s bench preset (random weights), built once and reused
     while the export code and the settings are the same."""
     from ..export.variants import Shaping, variant_of_folder
     from .cli import _export_source_hash
 
     hooks, models = spec.module("bench"), spec.module("model")
-    variant, codebooks = hooks.WEB
+    preset, codebooks = hooks.WEB
+    variant = variant or preset
+    if variant not in spec.presets:
+        raise CodecportError(f"{spec.name} has no preset {variant!r}; choose one of {', '.join(spec.presets)}")
     cfg = spec.presets[variant]
+    codebooks = min(codebooks or cfg.n_codebooks, cfg.n_codebooks)
     samples = hooks.clip_samples(cfg, seconds)
     frames = frames if hooks.FRAMES else 1
     key = {"variant": variant, "samples": samples, "codebooks": codebooks, "frames": frames,
@@ -78,7 +83,7 @@ def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], fram
         model = models.init_random(models.MODEL(cfg), 0).eval()
         spec.module("export").export(model, base, samples, options=hooks.export_options(frames), variant=variant,
                                      weights="random-init seed 0", weights_sha256="none",
-                                     in_graph_codebooks=codebooks or cfg.n_codebooks)
+                                     in_graph_codebooks=codebooks)
         work.mkdir(parents=True, exist_ok=True)
         stamp.write_text(json.dumps(key))
     out = {}
@@ -160,7 +165,8 @@ def _pooled(results: list[dict], audio_s: float, frame_ms: float) -> dict:
 
 
 def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], threads: tuple[int, ...],
-              runs: int, rounds: int, steps: int, work: Path, ort_web: Path | None, frames: int = 1) -> dict:
+              runs: int, rounds: int, steps: int, work: Path, ort_web: Path | None, frames: int = 1,
+              variant: str | None = None) -> dict:
     import onnxruntime
     from playwright.sync_api import sync_playwright
 
@@ -182,7 +188,7 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
         try:
             for name in codecs:
                 spec = registry.get(name)
-                folders = _folders(spec, work / name, seconds, precisions, frames)
+                folders = _folders(spec, work / name, seconds, precisions, frames, variant)
                 for precision, folder in folders.items():
                     manifest = json.loads((folder / "manifest.json").read_text())
                     samples = manifest["geometry"]["samples"]
@@ -256,6 +262,8 @@ def table(report: dict) -> list[str]:
 @click.command("web", context_settings={"show_default": True})
 @click.option("--codec", "codecs", multiple=True, default=None,
               help="Codecs to run (repeatable) [default: every codec codecport.mjs runs].")
+@click.option("--variant", default=None,
+              help="Preset of every codec run [default: each codec's bench preset: 24khz for DAC, mimi for Mimi].")
 @click.option("--seconds", type=float, default=5.0, help="Audio per encode/decode call.")
 @click.option("--precision", "precisions", multiple=True, default=["fp32", "int8"],
               type=click.Choice(["fp32", "fp16", "int8"]), help="Web folders in these precisions (repeatable).")
@@ -271,7 +279,8 @@ def table(report: dict) -> list[str]:
 @click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
               help="Keep the web folders here and reuse them [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
-def web_cmd(codecs, seconds, precisions, threads, runs, rounds, steps, frames, ort_web, work, json_out) -> None:
+def web_cmd(codecs, variant, seconds, precisions, threads, runs, rounds, steps, frames, ort_web, work,
+            json_out) -> None:
     """codecport.mjs in headless Chromium (wasm) against the native CPU EP, on the same folders."""
     web = [c.name for c in registry.codecs() if c.web]
     for name in codecs:
@@ -283,7 +292,7 @@ def web_cmd(codecs, seconds, precisions, threads, runs, rounds, steps, frames, o
         work = Path(tmp.name)
     try:
         report = bench_web(list(codecs) or web, seconds, tuple(precisions), tuple(threads), runs, rounds, steps,
-                           work, ort_web, frames)
+                           work, ort_web, frames, variant)
     except CodecportError as e:
         click.echo(f"error: {e}", err=True)
         raise SystemExit(1) from None

@@ -111,6 +111,20 @@ def _toposort(model: onnx.ModelProto) -> None:
     g.node.extend(ordered)
 
 
+def in_graph_quantizer_nodes(model: onnx.ModelProto) -> list[str]:
+    """The Conv/MatMul nodes of an encoder's in-graph quantizer (its projections and codebook
+    distances), which int8 leaves in fp32: an 8-bit distance picks another code wherever two
+    are close (tiny Mimi web encoder: 52 % of the codes equal with them quantized). They are the
+    nodes after the encoder's last conv of kernel > 1, in a graph that ends in ArgMin/ArgMax;
+    none elsewhere (a decoder's codebook lookup is a Gather)."""
+    nodes = list(model.graph.node)
+    if not any(n.op_type in ("ArgMin", "ArgMax") for n in nodes):
+        return []
+    kernel = lambda n: next((a.ints[0] for a in n.attribute if a.name == "kernel_shape"), 1)
+    last = max((i for i, n in enumerate(nodes) if n.op_type == "Conv" and kernel(n) > 1), default=-1)
+    return [n.name for n in nodes[last + 1:] if n.op_type in ("Conv", "MatMul")]
+
+
 def to_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.ModelProto:
     """Static QDQ: per-channel int8 weights, uint8 activations calibrated (min/max) on `feeds`.
 
@@ -127,6 +141,7 @@ def to_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.
                if n.op_type == "MatMul" and not any(i in inits for i in n.input)]
     exclude += [n.name for n in model.graph.node
                 if n.op_type == "Conv" and min(inits[n.input[1]].dims[:2]) <= 2]
+    exclude += in_graph_quantizer_nodes(model)
 
     class Reader(CalibrationDataReader):
         def __init__(self):

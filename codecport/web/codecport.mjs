@@ -46,6 +46,11 @@ export async function load(folderUrl, { ort, executionProviders = ["wasm"], sess
     throw new CodecportError(`${base} is not a web export (its quantizer is in rvq.npz, which the browser ` +
       `cannot read); re-export it with codec-export ${manifest.codec} --target web`);
   }
+  if (manifest.precision === "int8" && executionProviders.some((ep) => (ep?.name ?? ep) === "webgpu")) {
+    // Measured: onnxruntime-web 1.30's WebGPU gave wrong audio for the QDQ graphs (docs/web.md).
+    throw new CodecportError(`${base} is an int8 export, which onnxruntime-web's WebGPU runs wrongly; ` +
+      'run it with executionProviders: ["wasm"], or load an fp32 folder on webgpu');
+  }
   const Codec = make();
   const codec = new Codec(base, manifest, ort, { ...sessionOptions, executionProviders });
   const first = Object.keys(Codec.graphs).find((g) => g in manifest.graphs);
@@ -223,6 +228,15 @@ class Codec {
     if (session.inputNames.join(",") !== names(f.inputs) || session.outputNames.join(",") !== names(f.outputs)) {
       throw new CodecportError(`${url} does not match its manifest entry (inputs ${session.inputNames}); ` +
         "re-export the folder");
+    }
+    // Types and shapes too, where this onnxruntime-web reports them (1.22 and later): a graph of
+    // another export with the same names would otherwise run on the wrong lengths.
+    const got = [...(session.inputMetadata ?? []), ...(session.outputMetadata ?? [])];
+    const want = [...f.inputs, ...f.outputs];
+    const bad = got.findIndex((m, i) => m.isTensor && (m.type !== want[i].type || String(m.shape) !== String(want[i].shape)));
+    if (bad >= 0) {
+      throw new CodecportError(`${url} does not match its manifest entry (${got[bad].name} is ${got[bad].type} ` +
+        `[${got[bad].shape}], the manifest says ${want[bad].type} [${want[bad].shape}]); re-export the folder`);
     }
     return { session, facts: f, name };
   }
