@@ -65,8 +65,9 @@ def _assert_our_graphs(reports: list[dict]) -> None:
     for r in reports:
         assert r["opset"] == 17
         eps = r["eps"]
-        assert set(eps) == {*MOBILE_EPS, "directml"}
+        assert set(eps) == {*MOBILE_EPS, "directml", "wasm", "webgpu"}
         assert eps["directml"]["full"], r["file"]  # no ConvTranspose, no Conv pads, fp32
+        assert eps["wasm"]["full"], r["file"]
         # The default export's goal: CoreML ML Program takes every graph whole (padding as
         # Concat, no Constant nodes, no Gather/Expand/comparisons in the attention).
         assert eps["coreml-mlprogram"]["full"], (r["file"], eps["coreml-mlprogram"])
@@ -101,7 +102,7 @@ def test_cli(tmp_path, tiny_mimi_export):
     proc = subprocess.run([str(BIN / "codec-export"), "check", str(tiny_mimi_export), "--json", str(out)],
                           capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("directml") == 4 and "coreml-mlprogram" in proc.stdout
+    assert proc.stdout.count("directml") == 4 and "coreml-mlprogram" in proc.stdout and "webgpu" in proc.stdout
     assert [Path(r["file"]).name for r in json.loads(out.read_text())] == \
         ["decoder.onnx", "decoder_step.onnx", "encoder.onnx", "encoder_step.onnx"]
     proc = subprocess.run([str(BIN / "codec-export"), "check", str(tmp_path / "nope")],

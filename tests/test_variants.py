@@ -25,7 +25,8 @@ from codecport.export.graph import write_export
 from codecport.export.rewrite import conv_to_2d, nnapi_ops
 from codecport.export.variants import TARGETS, Shaping, finish_export
 
-COMBOS = [(t, p) for t, spec in TARGETS.items() for p in spec.precisions]
+# The web target needs the quantizer in the graphs: tests/test_web.py exports and runs it.
+COMBOS = [(t, p) for t, spec in TARGETS.items() for p in spec.precisions if not spec.web]
 # Lower bounds per precision on the tiny random models (decoder SNR dB, encoder code agreement %).
 # fp32 rewrites (2-D layout, NNAPI spellings) must be rounding-level; fp16 keeps ~11 bits of
 # mantissa; int8 is coarse on random weights, the bounds only catch a broken quantization.
@@ -298,3 +299,12 @@ def test_recorded_feeds_are_a_bounded_sample(mimi_stage, tmp_path):
     assert all(len(v) <= 5 for v in sample.values()) and len(sample["encoder_step"]) == 5
     offsets = {f["offset_in"].item() for f in steps}
     assert all(f["offset_in"].item() in offsets for f in sample["encoder_step"])
+
+
+def test_web_target_refuses_a_numpy_quantizer(dac_stage, tmp_path):
+    """The browser reads no rvq.npz: a web variant of graphs that leave the quantizer out is
+    refused before anything is written."""
+    with pytest.raises(ExportError, match="puts the quantizer in the graphs"):
+        finish_export(tmp_path / "out", dac_stage["models"], dac_stage["rvq"], dac_stage["manifest"],
+                      Shaping("web", "fp32"), dac_stage["hooks"])
+    assert not (tmp_path / "out").exists()

@@ -16,13 +16,23 @@ import numpy as np
 import onnx
 import pytest
 import soundfile as sf
+from web_support import (
+    ARTIFACTS,
+    DAC_WEB_LEN,
+    DECODE,
+    MIMI_WEB_LEN,
+    ORT_WEB,
+    ROUND_TRIP,
+    Page,
+    clip,
+    copy_folder,
+    served,
+)
 
 import codecport
 from codecport.export.check import check
 from codecport.export.web import WEBGPU_OPS
 from codecport.runtime.web import ISOLATION
-from web_support import (ARTIFACTS, DAC_WEB_LEN, DECODE, MIMI_WEB_LEN, ORT_WEB, ROUND_TRIP, Page, clip,
-                         copy_folder, served)
 
 CODEC_RUN = [sys.executable, "-c", "from codecport.cli import run_cli; run_cli()"]
 CODEC_EXPORT = [sys.executable, "-c", "from codecport.cli import export_cli; export_cli()"]

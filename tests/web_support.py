@@ -18,16 +18,14 @@ import pytest
 from codecport.export.dac import export_dac
 from codecport.export.mimi import export_mimi
 from codecport.export.variants import Shaping
+from codecport.runtime.web import CHROMIUM, CHROMIUM_ARGS
 
-CHROMIUM = os.environ.get("CODECPORT_CHROMIUM", "/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[1]
 ORT_WEB = ROOT / "node_modules" / "onnxruntime-web" / "dist"
 ARTIFACTS = Path(os.environ.get("CODECPORT_ARTIFACTS", ROOT / "out" / "test-artifacts"))
-# As root without network noise (../shared/reference/web.md); WebGPU on SwiftShader with the
-# one flag; the fake microphone for the live loop; audio allowed to start without a gesture.
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--disable-dev-shm-usage", "--enable-unsafe-webgpu", "--use-fake-device-for-media-stream",
+# codecport's own flags, plus WebGPU on SwiftShader (the one flag), the fake microphone for the
+# live loop, and audio allowed to start without a gesture.
+ARGS = [*CHROMIUM_ARGS, "--enable-unsafe-webgpu", "--use-fake-device-for-media-stream",
         "--use-fake-ui-for-media-stream", "--autoplay-policy=no-user-gesture-required"]
 DAC_WEB_LEN = 1200  # 200 frames of the tiny DAC (hop 6); longer clips take the chunked graphs
 MIMI_WEB_LEN = 2400  # 100 frames of the tiny Mimi (24-sample frames); longer ones stream

@@ -168,22 +168,27 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
               runs: int, rounds: int, steps: int, work: Path, ort_web: Path | None, frames: int = 1,
               variant: str | None = None) -> dict:
     import onnxruntime
-    from playwright.sync_api import sync_playwright
 
-    from ..runtime.web import WebServer, find_ort_web
+    from ..runtime.web import CHROMIUM, CHROMIUM_ARGS, WebServer, find_ort_web
+
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        raise CodecportError("codec-bench web drives Chromium with playwright: pip install "
+                             "'codecport[bench]'") from None
 
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "onnxruntime": onnxruntime.__version__}
     report = {"seconds": seconds, "runs": runs, "rounds": rounds, "steps": steps, "threads": list(threads),
               "frames": frames,
               "machine": machine, "codecs": {}}
-    chromium = "/usr/bin/chromium"
-    if not Path(chromium).is_file():
-        raise CodecportError(f"{chromium} is missing: apt-get install chromium (scripts/setup_web.sh does)")
+    if not Path(CHROMIUM).is_file():
+        raise CodecportError(f"{CHROMIUM} is missing: apt-get install chromium (scripts/setup_web.sh does), "
+                             "or set CODECPORT_CHROMIUM")
     ort_dir = find_ort_web(ort_web)
     machine["onnxruntime_web"] = json.loads((ort_dir.parent / "package.json").read_text()).get("version") \
         if (ort_dir.parent / "package.json").is_file() else None
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=BROWSER_ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=list(CHROMIUM_ARGS))
         machine["chromium"] = browser.version
         try:
             for name in codecs:
@@ -222,11 +227,6 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
         finally:
             browser.close()
     return report
-
-
-BROWSER_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage"]
 
 
 def table(report: dict) -> list[str]:
