@@ -164,6 +164,10 @@ def _export(spec, *, variant, length, weights, revision, random_init, seed, in_g
     from .export.batch import check_batch
 
     check_batch(batch, shaping)
+    if out_dir is not None:  # refused now, not after a long trace (the default name is checked later)
+        from .export.graph import check_out_dir
+
+        check_out_dir(out_dir)
     models, presets = spec.module("model"), spec.presets
     t0 = time.perf_counter()
     if random_init:

@@ -19,8 +19,8 @@ def test_bench_report_structure(tmp_path, codec):
     proc = subprocess.run([str(BIN / "codec-bench"), codec, "--variant", "tiny", "--seconds", "0.5",
                            "--runs", "1", "--rounds", "2", "--steps", "3", "--long", "3", "--contender", "torch",
                            "--contender", "rustymimi", "--precision", "fp32", "--precision", "int8",
-                           *(["--frames", "2"] if codec == "mimi" else []), "--memory", "0.02",
-                           "--json", str(out)],
+                           *(["--frames", "2", "--plot", str(tmp_path / "b.png")] if codec == "mimi" else []),
+                           "--memory", "0.02", "--json", str(out)],
                           capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
@@ -66,6 +66,7 @@ def test_bench_report_structure(tmp_path, codec):
         assert ran["onnx-cpu"]["streaming"]["frames_per_step"] == 2
         assert ran["onnx-cpu"]["streaming"]["frame_ms"] == 1  # the tiny config: 24 samples at 24 kHz
         assert "2 × 1 ms frames a step" in proc.stdout and "per frame p50" in proc.stdout
+        assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # --plot (matplotlib is in [bench])
     # --memory: the real encode and decode commands, decode from the codec's own codes file.
     mem = {m["direction"]: m for m in report["memory"]}
     assert set(mem) == {"encode", "decode"} and all(m["peak_rss_mb"] > 0 and m["minutes"] == 0.02 for m in mem.values())
@@ -76,20 +77,18 @@ def test_bench_report_structure(tmp_path, codec):
     assert "onnx-cpu-int8 decoder deviation from fp32" in proc.stdout
 
 
-def test_bench_plot_needs_matplotlib_or_writes_png(tmp_path):
-    """--plot either writes a PNG or, without matplotlib, fails at once with one line."""
-    import importlib.util
-
+def test_bench_plot_without_matplotlib_fails_at_once(tmp_path):
+    """--plot without matplotlib fails before any work, in one line (a PNG is written in
+    test_bench_report_structure[mimi])."""
     png = tmp_path / "b.png"
-    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--variant", "tiny", "--seconds", "0.5",
-                           "--runs", "1", "--steps", "2", "--contender", "torch", "--plot", str(png)],
-                          capture_output=True, text=True, check=False, timeout=600)
-    if importlib.util.find_spec("matplotlib") is None:
-        assert proc.returncode == 1 and proc.stderr.strip().startswith("error: --plot needs matplotlib")
-        assert not png.exists()
-    else:
-        assert proc.returncode == 0, proc.stderr
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code = ("import importlib.util, sys; real = importlib.util.find_spec; "
+            "importlib.util.find_spec = lambda n, *a: None if n == 'matplotlib' else real(n, *a); "
+            "sys.argv = ['codec-bench', 'mimi', '--variant', 'tiny', '--plot', sys.argv[1]]; "
+            "from codecport.bench.cli import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code, str(png)], capture_output=True, text=True, check=False,
+                          timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip().startswith("error: --plot needs matplotlib")
+    assert not png.exists()
 
 
 def test_pool_summarises_the_rounds_together():

@@ -214,18 +214,23 @@ def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[st
     return write_manifest(out_dir, manifest, files)
 
 
-@contextmanager
-def export_folder(out_dir: Path) -> Iterator[Path]:
-    """Yield a staging folder to build an export in; on success it replaces `out_dir` whole
-    (nothing of a previous export is left behind), on failure `out_dir` stays as it was. An
-    existing `out_dir` must be empty or an earlier export (it has manifest.json): anything
-    else might be the user's and is refused."""
+def check_out_dir(out_dir: Path) -> None:
+    """`ExportError` unless `out_dir` is absent, empty or an earlier export (see `export_folder`)."""
     if out_dir.exists():
         if not out_dir.is_dir():
             raise ExportError(f"{out_dir} is a file; pass a folder to -o")
         if any(out_dir.iterdir()) and not (out_dir / "manifest.json").is_file():
             raise ExportError(f"{out_dir} holds files that are not a codecport export; pass another "
                               "-o, or empty it first")
+
+
+@contextmanager
+def export_folder(out_dir: Path) -> Iterator[Path]:
+    """Yield a staging folder to build an export in; on success it replaces `out_dir` whole
+    (nothing of a previous export is left behind), on failure `out_dir` stays as it was. An
+    existing `out_dir` must be empty or an earlier export (it has manifest.json): anything
+    else might be the user's and is refused."""
+    check_out_dir(out_dir)
     with atomic_dir(out_dir) as scratch:
         stage = scratch / out_dir.name
         stage.mkdir()
