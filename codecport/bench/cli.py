@@ -23,7 +23,7 @@ import click
 from .. import __version__, registry
 from ..atomic import atomic_path
 from ..errors import CodecportError
-from .measure import gemm_peak, graph_flops, pool
+from .measure import gemm_peak, graph_flops, pool, run_report
 from .tokenize import tokenize_cmd
 from .web import web_cmd
 
@@ -226,7 +226,6 @@ def _plot(report: dict, path: Path) -> None:
 def codec_cmd(codec, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
          contenders, official_python, minutes, work, json_out, plot) -> None:
     """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
-    import tempfile
 
     try:
         import onnx  # noqa: F401
@@ -254,25 +253,9 @@ def codec_cmd(codec, variant, seconds, runs, rounds, providers, precisions, step
     if variant not in spec.presets:
         click.echo(f"error: {codec} has no preset {variant!r}; choose one of {', '.join(spec.presets)}", err=True)
         sys.exit(2)
-    tmp = None
-    if work is None:
-        tmp = tempfile.TemporaryDirectory(prefix="codec-bench-")
-        work = Path(tmp.name)
-    try:
-        report = _bench(spec, variant, seconds, runs, rounds, providers, precisions, steps, frames,
-                        long_windows if hooks.LONG else 0, contenders, minutes, work, official_python)
-    except CodecportError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-    for line in _table(report):
-        click.echo(line)
-    if json_out:
-        with atomic_path(json_out) as t:
-            t.write_text(json.dumps(report, indent=2))
-        click.echo(f"wrote {json_out}")
+    report = run_report(work, "codec-bench-", lambda w: _bench(
+        spec, variant, seconds, runs, rounds, providers, precisions, steps, frames,
+        long_windows if hooks.LONG else 0, contenders, minutes, w, official_python), _table, json_out)
     if plot:
         _plot(report, plot)
         click.echo(f"wrote {plot}")

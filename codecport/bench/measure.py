@@ -159,3 +159,37 @@ def flat_codes(arrays) -> np.ndarray:
     if len(arrays) == 1:
         return arrays[0]
     return np.concatenate([a.reshape(a.shape[0], 1, -1) for a in arrays], axis=-1)
+
+
+def run_report(work: Path | None, prefix: str, run: Callable[[Path], dict], lines: Callable[[dict], list[str]],
+               json_out: Path | None) -> dict:
+    """A codec-bench command's frame: `run(work)` in `work` (a temp folder when None, removed
+    after), its table printed and its report written to `json_out`. A `CodecportError` is one
+    `error:` line and exit 1."""
+    import json
+    import tempfile
+
+    import click
+
+    from ..atomic import atomic_path
+    from ..errors import CodecportError
+
+    tmp = None
+    if work is None:
+        tmp = tempfile.TemporaryDirectory(prefix=prefix)
+        work = Path(tmp.name)
+    try:
+        report = run(work)
+    except CodecportError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    for line in lines(report):
+        click.echo(line)
+    if json_out:
+        with atomic_path(json_out) as t:
+            t.write_text(json.dumps(report, indent=2))
+        click.echo(f"wrote {json_out}")
+    return report

@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,9 +23,8 @@ import click
 import numpy as np
 
 from .. import registry
-from ..atomic import atomic_path
 from ..errors import CodecportError
-from .measure import clip, percentiles, summary
+from .measure import clip, percentiles, run_report, summary
 
 WARMUP_STEPS = 5
 
@@ -286,22 +284,6 @@ def web_cmd(codecs, variant, seconds, precisions, threads, runs, rounds, steps, 
     for name in codecs:
         if name not in web:
             raise click.BadParameter(f"{name}: codecport.mjs runs {', '.join(web)}", param_hint="--codec")
-    tmp = None
-    if work is None:
-        tmp = tempfile.TemporaryDirectory(prefix="codec-bench-web-")
-        work = Path(tmp.name)
-    try:
-        report = bench_web(list(codecs) or web, seconds, tuple(precisions), tuple(threads), runs, rounds, steps,
-                           work, ort_web, frames, variant)
-    except CodecportError as e:
-        click.echo(f"error: {e}", err=True)
-        raise SystemExit(1) from None
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-    for line in table(report):
-        click.echo(line)
-    if json_out:
-        with atomic_path(json_out) as t:
-            t.write_text(json.dumps(report, indent=2))
-        click.echo(f"wrote {json_out}")
+    run_report(work, "codec-bench-web-", lambda w: bench_web(
+        list(codecs) or web, seconds, tuple(precisions), tuple(threads), runs, rounds, steps, w, ort_web, frames,
+        variant), table, json_out)
