@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__version__ = "0.2.0"
+from .version import __version__
 
 __all__ = [
     "AudioError",

@@ -47,16 +47,16 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
 
     import codecport
 
-    models, hooks = spec.module("model"), spec.module("bench")
+    models, facts = spec.module("model"), spec.bench
     # The clip is longer than one call of the fixed graphs, so the long-audio mode runs too.
-    variant, call_seconds = hooks.DEMO
-    cfg = spec.presets[variant]
-    length = hooks.clip_samples(cfg, call_seconds)
-    click.echo(f"\ncodecport demo: {spec.label} {variant} with RANDOM weights (seed 0) - not a trained "
+    preset, call_seconds = facts.demo_preset, facts.demo_seconds
+    cfg = spec.presets[preset]
+    length = facts.clip_samples(cfg, call_seconds)
+    click.echo(f"\ncodecport demo: {spec.label} {preset} with RANDOM weights (seed 0) - not a trained "
                "model, so the audio is noise; the graphs, codes and timings are real.")
     t0 = time.perf_counter()
     model = models.init_random(models.MODEL(cfg), 0).eval()
-    report = spec.module("export").export(model, out_dir / "model", length, options={}, variant=variant,
+    report = spec.module("export").export(model, out_dir / "model", length, options={}, preset=preset,
                                           weights="random-init seed 0 (NOT trained weights)",
                                           weights_sha256="none")
     click.echo(f"export + validation: {time.perf_counter() - t0:.1f} s")
@@ -82,18 +82,19 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
                f"encode {t_enc:.2f} s (RTF {t_enc / seconds:.3f}), decode {t_dec:.2f} s "
                f"(RTF {t_dec / seconds:.3f}); codes in {codes_file.name}")
 
-    if (line := hooks.demo_stream(codec, clip)) is not None:
-        click.echo(line)
+    if codec.streams:
+        click.echo(_streams(codec, clip))
 
     tokens_ok = _tokenize(codec, out_dir)
 
     # One call of the fixed graphs against the torch reference.
     one = clip[:, :length]
-    fixed = codec.encode(one, codec.sample_rate, mode=hooks.MODE).arrays
-    onnx_audio = codec.decode(codecport.Codes(fixed), mode=hooks.MODE, **hooks.NOISE)[0]
+    mode = facts.fixed_mode
+    fixed = codec.encode(one, codec.sample_rate, mode=mode).arrays
+    onnx_audio = codec.decode(codecport.Codes(fixed), mode=mode, **facts.compare_noise)[0]
     with torch.no_grad():
-        want = hooks.torch_codes(model, torch.from_numpy(one)[:, None], fixed[0].shape[1])
-        want_audio = hooks.torch_decode(model, fixed)
+        want = facts.torch_codes(model, torch.from_numpy(one)[:, None], fixed[0].shape[1])
+        want_audio = facts.torch_decode(model, fixed)
     same = len(fixed) == len(want) and all(np.array_equal(a, b) for a, b in zip(fixed, want))
     n = min(onnx_audio.shape[1], want_audio.shape[1])
     click.echo(f"fixed graphs, {call_seconds:g} s: codes {'identical to' if same else 'DIFFER from'} torch, "
@@ -101,11 +102,47 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
     return same and tokens_ok
 
 
+def _streams(codec, clip: np.ndarray) -> str:
+    """The clip through the codec's streams a step at a time, as a live loop runs them (encoder
+    then decoder, or the whole clip's codes into the decoder), against the whole decode."""
+    dec = codec.decoder_stream(**({"noise": 1} if codec.draws_noise else {}))
+    enc = codec.encoder_stream() if "encoder" in codec.streams else None
+    step = (enc or dec).step_frames
+    lat, parts = [], []
+    if enc is not None:
+        n = step * codec.frame_size
+        codes = []
+        for i in range(0, clip.shape[1] - n + 1, n):
+            t0 = time.perf_counter()
+            c = enc.push(clip[0, i:i + n])
+            parts.append(dec.push(c))
+            lat.append(time.perf_counter() - t0)
+            codes.append(c)
+        whole_codes = np.concatenate(codes, axis=1)[None]
+        what = f"live loop (encode + decode), {1000 * n / codec.sample_rate:g} ms a push"
+    else:
+        whole_codes = codec.encode(clip, codec.sample_rate).replace(sample_rate=None, num_samples=None)
+        frames = whole_codes.n_frames[0]
+        for j in range(0, frames, step):
+            t0 = time.perf_counter()
+            parts.append(dec.push(whole_codes.frames(j, j + step)))
+            lat.append(time.perf_counter() - t0)
+        coarse_ms = 1000 * codec.strides[0] * codec.frame_size / codec.sample_rate
+        what = f"stream decode, {step} frame{'s' if step > 1 else ''} ({step * coarse_ms:.0f} ms) a push"
+    parts.append(dec.flush())
+    whole = codec.decode(whole_codes, **({"noise": 1} if codec.draws_noise else {}))[0][0]
+    got = np.concatenate(parts)
+    err = float(np.abs(got[:len(whole)] - whole[:len(got)]).max())
+    return (f"{what}: median {1e3 * np.median(lat):.1f} ms, p95 {1e3 * np.percentile(lat, 95):.1f} ms, "
+            f"audio final {dec.latency.frames:g} frames later; max abs difference from the whole "
+            f"decode {err:.1e}")
+
+
 def _tokenize(codec, out_dir: Path) -> bool:
     """The corpus job: a folder of clips (mixed rates, a stereo one, a corrupt one) through
     `codec-run tokenize`'s local engine into a Parquet dataset, a row checked against encode."""
     import codecport
-    from codecport.runtime.tokenize import tokenize
+    from codecport.tokenize import tokenize
 
     corpus = out_dir / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)

@@ -1,37 +1,42 @@
-"""The codec registry: each codec is declared once, beside its runtime class, and everything
-else (the CLI, the bench, the demo, the export variants, the GPU check) iterates over it.
+"""The codec registry: every codec is declared once, here, and the CLI, the bench, the demo, the
+export builds and the GPU check iterate over it instead of naming codecs.
 
-A declaration is a `CodecSpec` passed to `register()` at the bottom of `runtime/<codec>.py`.
-It names the codec's other layers by module path (by default the layout's own names), so
-reading the registry needs neither torch nor onnx: `models/<codec>_config.py` (the config class
-and presets, torch-free), `models/<codec>.py` (the torch reference), `models/<codec>_weights.py`
-(checkpoint loaders), `export/<codec>.py` (the exporter), `bench/<codec>.py` (its bench and demo
-hooks). Adding a codec is those files plus its `register()` call; the registry finds it by
-importing every module of `codecport.runtime`.
+A declaration (`CodecSpec`) states what the front ends need before any model is loaded (its
+name, default preset, the options of `codec-export CODEC`...) and names the codec's layers by
+module path, one file per layer: `models/<name>_config.py` (the config class and presets, no
+torch), `models/<name>.py` (the torch reference), `models/<name>_weights.py` (checkpoint
+loaders), `export/<name>.py` (the exporter), `runtime/<name>.py` (the `Codec` subclass) and
+`bench/<name>.py` (its bench, demo and GPU-check facts). A layer is imported when it is first
+asked for, so reading the registry imports nothing of the runtime (no onnxruntime) nor torch:
+`codec-run --help` and `codec-export --help` stay light. Adding a codec is its layer files plus
+one entry in `BUILTIN` (or a `register()` call, for a codec that lives in another package).
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 from .errors import CodecportError, ModelFileError
 
+LAYERS = {"config": "models.{}_config", "model": "models.{}", "weights": "models.{}_weights",
+          "export": "export.{}", "runtime": "runtime.{}", "bench": "bench.{}"}
+
 
 @dataclass(frozen=True)
 class Option:
     """A codec's own option of `codec-export CODEC`: `flag` ("--chunk-len"), its type (`int`,
-    `str`, or a tuple of choices), default and help; `minimum` for integers."""
+    `str`, or a tuple of choices), default and help; `minimum` for integers; `aliases`, older
+    names still taken (hidden from `--help`)."""
 
     flag: str
     type: type | tuple[str, ...]
     default: object
     help: str
     minimum: int | None = None
+    aliases: tuple[str, ...] = ()
 
     @property
     def dest(self) -> str:
@@ -39,140 +44,117 @@ class Option:
 
 
 @dataclass(frozen=True)
-class CodeFormat:
-    """A codes file format of the codec's own, by suffix (DAC: `.dac`)."""
-
-    suffix: str
-    load: Callable  # (path) -> Codes
-    save: Callable  # (codes, path) -> None
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Another arrangement of a codec's codes in a file (`codec-run encode/decode --layout
-    NAME`), e.g. the flat sequence a TTS model's tokens follow."""
-
-    name: str
-    suffix: str
-    load: Callable  # (path) -> Codes
-    save: Callable  # (codes, path) -> None
-    help: str = ""
-
-
-@dataclass(frozen=True)
 class CodecSpec:
-    runtime: type  # the `Codec` subclass; its `name` and `label` name the codec
-    default_variant: str  # the preset used when none is named
+    name: str  # the registry name, the `codec` of its metadata and codes files
+    runtime_class: str  # the `Codec` subclass in its runtime module; its `label` names the codec
+    default_preset: str  # the preset used when none is named
     export_options: tuple[Option, ...] = ()
-    formats: tuple[CodeFormat, ...] = ()
-    layouts: tuple[Layout, ...] = ()
-    level_arrays: bool = False  # one codebook per time scale: `.npz` holds each as [channels, frames]
     web: bool = False  # codecport.mjs runs it in the browser (`codec-export --target web`)
     smoke: tuple[str, ...] = ()  # codec-export arguments for a small export with every graph
-    # The codec's other layers, by module path; left empty, the layout's own names for `name`:
-    config: str = ""  # models/<name>_config.py: `PRESETS` (name -> config), `CONFIG` (the config
-    # class), `RELEASES` (released weights by name); no torch
-    model: str = ""  # models/<name>.py: `MODEL` (the torch reference class), `init_random(model, seed)`
-    weights: str = ""  # models/<name>_weights.py: `load(weights, variant, revision) -> (model, sha256)`
-    export: str = ""  # export/<name>.py: `export(model, out_dir, length, options=..., ...) -> report`,
-    # `describe(report)` (the CLI's lines) and `hooks(manifest)` (how the variants run it)
-    bench: str = ""  # bench/<name>.py: the codec's bench and demo hooks (see bench/cli.py)
+    package: str = "codecport"  # the package its layer modules live in (see `LAYERS`)
 
-    def __post_init__(self):
-        name = self.runtime.name
-        for layer, path in (("config", f"models.{name}_config"), ("model", f"models.{name}"),
-                            ("weights", f"models.{name}_weights"), ("export", f"export.{name}"),
-                            ("bench", f"bench.{name}")):
-            if not getattr(self, layer):
-                object.__setattr__(self, layer, f"codecport.{path}")
+    def path(self, layer: str) -> str:
+        """The module path of the codec's `layer` (a key of `LAYERS`)."""
+        return f"{self.package}.{LAYERS[layer].format(self.name)}"
+
+    def module(self, layer: str) -> ModuleType:
+        """The codec's module for `layer`, imported on first use."""
+        return importlib.import_module(self.path(layer))
 
     @property
-    def name(self) -> str:
-        return self.runtime.name
+    def runtime(self) -> type:
+        """The `Codec` subclass: `spec.runtime(folder, provider, ...)` opens an export."""
+        return getattr(self.module("runtime"), self.runtime_class)
 
     @property
     def label(self) -> str:
+        """The codec's name in messages ("DAC")."""
         return self.runtime.label
-
-    def module(self, layer: str) -> ModuleType:
-        """The codec's module for `layer` ("config", "model", "weights", "export", "bench")."""
-        return importlib.import_module(getattr(self, layer))
 
     @property
     def presets(self) -> dict:
         return self.module("config").PRESETS
 
     @property
+    def releases(self) -> dict:
+        """Released weights by name (models/<name>_config.py)."""
+        return self.module("config").RELEASES
+
+    @property
+    def bench(self):
+        """Its `BenchFacts` (bench/<name>.py): what the bench, the demo and the GPU check need."""
+        return self.module("bench").FACTS
+
+    @property
     def suffixes(self) -> tuple[str, ...]:
         """Codes files this codec writes: bare `.npy`, `.npz`, and its own formats."""
-        return (".npy", ".npz", *(f.suffix for f in self.formats))
+        from .runtime import codefile
+
+        return codefile.suffixes(self.name)
+
+    @property
+    def layouts(self) -> list:
+        """The layouts of its codes (`--layout`), from runtime/codefile.py."""
+        from .runtime import codefile
+
+        return [lay for lay in codefile.LAYOUTS.values() if lay.codec == self.name]
 
 
-_CODECS: dict[str, CodecSpec] = {}
-_discovered = False
+BUILTIN = (
+    CodecSpec(
+        "dac", "DacCodec", default_preset="44khz", web=True,
+        export_options=(
+            Option("--chunk-len", int, None, "Samples of the chunked graphs' window, for long audio "
+                                             "[default: --len].", minimum=1),
+        ),
+        smoke=("--preset", "tiny", "--len", "160000")),  # 10 s at 16 kHz
+    CodecSpec(
+        "mimi", "MimiCodec", default_preset="mimi", web=True,
+        export_options=(
+            Option("--step-frames", int, 1, "Code frames per call of the step graphs (80 ms each for "
+                                            "the released Mimi).", minimum=1, aliases=("--frames",)),
+            Option("--attention", ("whole-clip", "moshi-stream", "rustymimi"), "whole-clip",
+                   "Attention past 250 frames (10 s): equal to the whole clip (moshi's encode), "
+                   "moshi's streaming mode (step graphs), whose ring cache drops a step's oldest keys, "
+                   "or Kyutai's Rust Mimi (fixed and step graphs), which sees one key more.",
+                   aliases=("--window",)),
+        ),
+        # 0.1 s: the tiny preset's attention masks are constants of frames squared, so a short
+        # fixed pair keeps the folder small (1.7 MiB at 0.2 s); the step graphs take any length.
+        smoke=("--preset", "tiny", "--len", "2400")),
+    CodecSpec(
+        "snac", "SnacCodec", default_preset="24khz",
+        export_options=(
+            Option("--step-frames", int, 1, "Coarse frames the step decoder gives audio for per call "
+                                            "(decoder_step.onnx).", minimum=1, aliases=("--stream-frames",)),
+        ),
+        smoke=("--preset", "tiny", "--len", "4800")),
+)
+
+_CODECS: dict[str, CodecSpec] = {spec.name: spec for spec in BUILTIN}
 
 
 def register(spec: CodecSpec) -> CodecSpec:
-    """Add a codec (called at import of its runtime module)."""
-    if spec.name in _CODECS and _CODECS[spec.name] is not spec:
+    """Add a codec that lives outside codecport (its `package` holds its layers)."""
+    if spec.name in _CODECS and _CODECS[spec.name] != spec:
         raise ValueError(f"codec {spec.name!r} is registered twice")
     _CODECS[spec.name] = spec
-    spec.runtime.spec = spec
     return spec
-
-
-def _discover() -> None:
-    global _discovered
-    if not _discovered:
-        from . import runtime
-
-        for info in pkgutil.iter_modules(runtime.__path__):
-            importlib.import_module(f"{runtime.__name__}.{info.name}")
-        _discovered = True
 
 
 def codecs() -> list[CodecSpec]:
     """Every registered codec, by name."""
-    _discover()
     return [_CODECS[n] for n in sorted(_CODECS)]
 
 
 def names() -> list[str]:
-    return [c.name for c in codecs()]
+    return sorted(_CODECS)
 
 
 def get(name: str) -> CodecSpec:
-    _discover()
     if name not in _CODECS:
         raise CodecportError(f"no codec named {name!r}; codecport has {', '.join(names())}")
     return _CODECS[name]
-
-
-def code_format(suffix: str, codec: str | None) -> CodeFormat | None:
-    """The codec-declared format for `suffix`, of `codec` (any codec when None)."""
-    return next((f for c in codecs() if codec in (None, c.name) for f in c.formats if f.suffix == suffix),
-                None)
-
-
-def layout(name: str, codec: str) -> Layout:
-    """`codec`'s layout `name`, or `CodesError` naming the codecs that have it."""
-    from .errors import CodesError
-
-    spec = get(codec)
-    found = next((lay for lay in spec.layouts if lay.name == name), None)
-    if found is None:
-        have = [c.name for c in codecs() if any(lay.name == name for lay in c.layouts)]
-        raise CodesError(f"the {name} layout is for {', '.join(have) or 'no codec'} codes; this "
-                         f"folder holds {spec.label}")
-    return found
-
-
-def layout_names() -> list[str]:
-    return sorted({lay.name for c in codecs() for lay in c.layouts})
-
-
-def code_suffixes() -> list[str]:
-    return [f.suffix for c in codecs() for f in c.formats]
 
 
 def codec_of_folder(folder: str | Path) -> CodecSpec:

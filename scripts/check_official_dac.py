@@ -6,7 +6,7 @@ model/base.py, model/dac.py) from an unpacked wheel, stubbing the audiotools imp
 not use for encode/decode, and needs `einops`:
 
     pip download --no-deps -d /tmp/dac descript-audio-codec && unzip -q /tmp/dac/*.whl -d /tmp/dac
-    python scripts/check_official_dac.py --src /tmp/dac [--variant tiny|44khz|24khz|16khz]
+    python scripts/check_official_dac.py --src /tmp/dac [--preset tiny|44khz|24khz|16khz]
 
 It builds the official model with seeded random weight-normed weights, saves it exactly as the
 official package does (`state_dict` + `metadata.kwargs`), exports it with codecport, and compares
@@ -51,7 +51,7 @@ def load_official(src: Path):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", type=Path, required=True, help="unpacked descript-audio-codec wheel")
-    ap.add_argument("--variant", default="tiny")
+    ap.add_argument("--preset", default="tiny")
     args = ap.parse_args()
 
     from codecport.export.dac import export_dac
@@ -60,11 +60,11 @@ def main() -> int:
     import codecport
 
     official_mod = load_official(args.src)
-    kwargs = PRESETS[args.variant].to_kwargs()
+    kwargs = PRESETS[args.preset].to_kwargs()
     official = official_mod.DAC(**kwargs).eval()
     # Informative weights (the official init makes the output near constant): take codecport's
     # seeded init and store it weight-normed, v = 2w and g = |w|, as the official modules hold it.
-    plain = init_random(DAC(PRESETS[args.variant]), seed=1).state_dict()
+    plain = init_random(DAC(PRESETS[args.preset]), seed=1).state_dict()
     with torch.no_grad():
         for name, p in official.named_parameters():
             if name.endswith("weight_v"):
@@ -82,7 +82,7 @@ def main() -> int:
         ours, sha = load_dac(str(ckpt))
         sr, hop = ours.cfg.sample_rate, ours.cfg.hop_length
         length, window = hop * 50, sr
-        export_dac(ours, Path(tmp) / "m", length, window, variant=args.variant,
+        export_dac(ours, Path(tmp) / "m", length, window, preset=args.preset,
                    weights=str(ckpt), weights_sha256=sha)
         codec = codecport.load(Path(tmp) / "m")
         rng = np.random.default_rng(2)

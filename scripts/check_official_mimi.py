@@ -4,7 +4,7 @@ moshi pins torch<2.10 and numpy<2.3, so it is never a dependency. This script im
 source from an unpacked wheel (sentencepiece, which only the text tokenizer needs, is stubbed):
 
     pip download --no-deps -d /tmp/moshi moshi==0.2.13 && unzip -q /tmp/moshi/*.whl -d /tmp/moshi
-    python scripts/check_official_mimi.py --src /tmp/moshi [--variant tiny|mimi] [--seconds S]
+    python scripts/check_official_mimi.py --src /tmp/moshi [--preset tiny|mimi] [--seconds S]
 
 It saves seeded random weights in moshi's checkpoint format (moshi's key names), builds moshi's
 model with `loaders.get_mimi` from that file, exports the same file with codecport (fixed-length
@@ -30,7 +30,7 @@ import torch
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", type=Path, required=True, help="unpacked moshi wheel")
-    ap.add_argument("--variant", default="tiny")
+    ap.add_argument("--preset", default="tiny")
     ap.add_argument("--seconds", type=float, default=None,
                     help="clip length [default: enough for 300 attention positions]")
     args = ap.parse_args()
@@ -48,7 +48,7 @@ def main() -> int:
     sys.path.insert(0, str(args.src))
     from moshi.models import loaders
 
-    cfg = PRESETS[args.variant]
+    cfg = PRESETS[args.preset]
     ours = init_random(MimiModel(cfg), seed=0).eval()
     frames = math.ceil(args.seconds * cfg.frame_rate) if args.seconds else 150
     k = cfg.n_codebooks
@@ -73,13 +73,13 @@ def main() -> int:
                 for i in range(want.shape[-1]):
                     streamed_audio.append(moshi.decode(torch.from_numpy(want[..., i:i + 1])))
             streamed_audio = torch.cat(streamed_audio, -1).numpy()
-        print(f"{args.variant}: {frames} frames ({2 * frames} attention positions, context {cfg.context})")
+        print(f"{args.preset}: {frames} frames ({2 * frames} attention positions, context {cfg.context})")
         diff = np.argwhere(streamed != want)
         print(f"  moshi streaming vs moshi whole clip: {len(diff)} of {want.size} codes differ"
               + (f" (first at frame {diff[0][-1]})" if len(diff) else ""))
 
         out = Path(tmp) / "onnx"
-        export_mimi(ours, out, clip.shape[-1], 1, variant=args.variant, weights=str(path),
+        export_mimi(ours, out, clip.shape[-1], 1, preset=args.preset, weights=str(path),
                     weights_sha256="none")
         codec = codecport.load(out)
         for label, mode in (("fixed graph", "fixed"), ("step graphs", "step")):
@@ -92,7 +92,7 @@ def main() -> int:
                   f"audio max abs error {err:.2e}")
 
         ring = Path(tmp) / "ring"
-        export_mimi(ours, ring, None, 1, variant=args.variant, weights=str(path),
+        export_mimi(ours, ring, None, 1, preset=args.preset, weights=str(path),
                     weights_sha256="none", window="moshi-stream")
         codec = codecport.load(ring)
         codes = codec.encode(clip[0], cfg.sample_rate, k, mode="step").data

@@ -204,35 +204,9 @@ def gpu_name() -> str | None:
 
 # ---- check: measurements --------------------------------------------------------------------
 def make_clip(samples: int, sample_rate: int, seed: int = 0) -> np.ndarray:
-    """Tones with moving pitch under an envelope, plus noise: `[1, samples]` float32 in [-1, 1].
-    Something with structure at every scale, so no codebook sees only silence."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(samples) / sample_rate
-    out = np.zeros(samples)
-    for f0 in (110.0, 440.0, 1760.0):
-        f = f0 * (1 + 0.3 * np.sin(2 * np.pi * rng.uniform(0.1, 0.5) * t))
-        out += np.sin(2 * np.pi * np.cumsum(f) / sample_rate) * (0.5 + 0.5 * np.sin(2 * np.pi * 0.7 * t + f0))
-    out = out / 3 * (0.6 + 0.4 * np.sin(2 * np.pi * 0.25 * t)) + 0.05 * rng.standard_normal(samples)
-    return (0.9 * out / np.max(np.abs(out)))[None].astype(np.float32)
+    from codecport.bench.measure import clip
 
-
-def agreement(ref: np.ndarray, got: np.ndarray) -> dict:
-    if ref.shape != got.shape:
-        return {"code_agreement_pct": 0.0, "first_codebook_pct": 0.0,
-                "shape_mismatch": [list(ref.shape), list(got.shape)]}
-    ref, got = ref.reshape(-1, *ref.shape[-2:]), got.reshape(-1, *got.shape[-2:])
-    return {"code_agreement_pct": round(100 * float(np.mean(ref == got)), 3),
-            "first_codebook_pct": round(100 * float(np.mean(ref[:, 0] == got[:, 0])), 3)}
-
-
-def closeness(ref: np.ndarray, got: np.ndarray) -> dict:
-    """SNR of `got` against `ref` (None when identical: JSON has no infinity) and max abs error."""
-    if ref.shape != got.shape:
-        return {"snr_db": None, "max_abs_err": None, "shape_mismatch": [list(ref.shape), list(got.shape)]}
-    ref, got = ref.astype(np.float64), got.astype(np.float64)
-    err = float(np.sum((got - ref) ** 2))
-    snr = None if err == 0 else round(float(10 * np.log10(max(float(np.sum(ref ** 2)), 1e-30) / err)), 2)
-    return {"snr_db": snr, "max_abs_err": float(np.max(np.abs(got - ref))), "identical": err == 0}
+    return clip(samples, sample_rate, seed)
 
 
 def timed(fn, runs: int, seconds: float) -> tuple[object, dict]:
@@ -253,9 +227,10 @@ def timed(fn, runs: int, seconds: float) -> tuple[object, dict]:
 
 
 def percentiles(ms: list[float]) -> dict:
-    a = np.asarray(ms)
-    return {"p50_ms": round(float(np.percentile(a, 50)), 3), "p95_ms": round(float(np.percentile(a, 95)), 3),
-            "p99_ms": round(float(np.percentile(a, 99)), 3), "steps": len(ms)}
+    from codecport.bench.measure import percentiles as of_seconds
+
+    out = of_seconds([x / 1e3 for x in ms])
+    return {k: round(v, 3) for k, v in out.items() if k.endswith("_ms")} | {"steps": len(ms)}
 
 
 def gate(result: dict, where: str, precision: str, failures: list[str]) -> None:
@@ -294,17 +269,17 @@ def graph_timing(graph, feed: np.ndarray, runs: int, seconds: float) -> dict:
 
 def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, precision: str) -> dict:
     """Every way through the folder's graphs, on the device against the reference: the fixed
-    pair, then the long-audio modes the codec has (chunked windows, streaming steps)."""
+    pair, then the long-audio modes the codec has (chunked windows, its streams)."""
     from codecport import registry
-    from codecport.bench.measure import flat_codes
+    from codecport.bench.measure import agreement, closeness, flat_codes
     from codecport.runtime.codes import Codes
 
     sr, keep = dev.sample_rate, {}
     par, timing = {}, {"device": {}, "reference": {}}
     # One call of the fixed graphs, the way the codec's bench takes it (SNAC: its window graph,
     # decoded without noise so that both sides decode alike).
-    hooks = registry.get(dev.name).module("bench")
-    mode, noise = hooks.MODE, hooks.NOISE
+    facts = registry.get(dev.name).bench
+    mode, noise = facts.fixed_mode, facts.compare_noise
     fixed_enc = lambda codec, clip: codec.encode(clip, sr, mode=mode).arrays
     fixed_dec = lambda codec, arrays: codec.decode(Codes(arrays), mode=mode, **noise)[0]
     if "encoder" in dev.present and "decoder" in dev.present:
@@ -324,21 +299,20 @@ def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, prec
                 feed = graph_feed(dev, name, clip, codes_ref[0])
                 timing["device"][f"{name}_graph"] = graph_timing(dev.graph(name), feed, args.runs, secs)
         keep = {"clip": clip, "codes_ref": codes_ref, "audio_ref": audio_ref}
-    if "decoder_stream" in dev.present and keep:
-        # SNAC's stream decoder: the fixed codes a coarse frame a push, against the reference's
-        # whole decode with the same noise, and the time of a push.
-        coarse = dev.strides[0]
+    if dev.streams == ("decoder",) and keep:
+        # A decoder stream alone (SNAC): the fixed codes a coarse frame a push, against the
+        # reference's whole decode with the same noise, and the time of a push.
         streamed, push_ms = [], []
-        stream = dev.decode_stream(noise=0)
-        for j in range(codes_ref[0].shape[-1]):
-            frame = [a[0, 0, j * coarse // s:(j + 1) * coarse // s] for a, s in zip(codes_ref, dev.strides)]
+        stream = dev.decoder_stream(noise=0)
+        whole_codes = Codes(codes_ref)
+        for j in range(whole_codes.n_frames[0]):
             t0 = time.perf_counter()
-            streamed.append(stream.push(frame))
+            streamed.append(stream.push(whole_codes.frames(j, j + 1)))
             push_ms.append(1e3 * (time.perf_counter() - t0))
-        streamed.append(stream.finish())
-        whole = ref.decode(Codes(codes_ref), noise=0)[0][0]
+        streamed.append(stream.flush())
+        whole = ref.decode(whole_codes, noise=0)[0][0]
         par["stream_decode"] = closeness(whole, np.concatenate(streamed))
-        timing["device"]["stream"] = {"frame_ms": round(1e3 * stream.frame_samples / sr, 3),
+        timing["device"]["stream"] = {"frame_ms": round(1e3 * dev.strides[0] * dev.frame_size / sr, 3),
                                       "push": percentiles(push_ms[3:] or push_ms)}
     if {"encoder_chunked", "decoder_chunked"} <= set(dev.present):
         step = dev.graph("encoder_chunked").int("chunk_step")
@@ -355,19 +329,21 @@ def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, prec
                                                           lsecs)
         par["chunked_encode"], par["chunked_decode"] = agreement(c_ref, c_dev), closeness(a_ref, a_dev)
         out["chunked_audio_seconds"] = lsecs
-    if "encoder_step" in dev.present and "decoder_step" in dev.present:
-        s_ref, s_dev = ref.stream(), dev.stream()
+    if dev.streams == ("encoder", "decoder"):
+        enc_ref, dec_ref, enc_dev, dec_dev = (c.encoder_stream() if i == 0 else c.decoder_stream()
+                                              for c in (ref, dev) for i in (0, 1))
+        step = enc_dev.step_frames * dev.frame_size
         n = args.warmup_steps + args.steps
-        pcm = make_clip(n * s_dev.step_samples, sr, seed=2)[0]
-        chunks = [pcm[i * s_dev.step_samples:(i + 1) * s_dev.step_samples] for i in range(n)]
-        ref_codes = [s_ref.encode_step(c) for c in chunks]
-        ref_audio = [s_ref.decode_step(c) for c in ref_codes]
+        pcm = make_clip(n * step, sr, seed=2)[0]
+        chunks = [pcm[i * step:(i + 1) * step] for i in range(n)]
+        ref_codes = [enc_ref.push(c) for c in chunks]
+        ref_audio = [dec_ref.push(c) for c in ref_codes]
         enc_ms, dec_ms, dev_codes, dev_audio = [], [], [], []
         for c, rc in zip(chunks, ref_codes, strict=True):
             t0 = time.perf_counter()
-            dev_codes.append(s_dev.encode_step(c))
+            dev_codes.append(enc_dev.push(c))
             t1 = time.perf_counter()
-            dev_audio.append(s_dev.decode_step(rc))  # the reference's codes: see the module doc
+            dev_audio.append(dec_dev.push(rc))  # the reference's codes: see the module doc
             t2 = time.perf_counter()
             enc_ms.append(1e3 * (t1 - t0))
             dec_ms.append(1e3 * (t2 - t1))
@@ -375,8 +351,8 @@ def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, prec
         par["stream_encode"] = agreement(np.concatenate(ref_codes, 1), np.concatenate(dev_codes, 1))
         par["stream_decode"] = closeness(np.concatenate(ref_audio), np.concatenate(dev_audio))
         timing["device"]["stream"] = {
-            "step_ms": round(1e3 * s_dev.step_samples / sr, 3),
-            "io_binding": getattr(s_dev, "io_binding", None),
+            "step_ms": round(1e3 * step / sr, 3),
+            "io_binding": getattr(enc_dev, "io_binding", None),
             "first_steps_ms": [round(a + b, 2) for a, b in zip(enc_ms[:w], dec_ms[:w], strict=True)],
             "encode_step": percentiles(enc_ms[w:]), "decode_step": percentiles(dec_ms[w:]),
             "encode_plus_decode": percentiles([a + b for a, b in zip(enc_ms[w:], dec_ms[w:], strict=True)])}
@@ -390,6 +366,8 @@ def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, prec
 def check_batched(dev, ref, args, par: dict, timing: dict) -> None:
     """The batched encoders (`codec-export --batch B`, for corpus tokenizing): each row's codes on
     the device against the reference's batch-1 graph, and B rows a call against B single calls."""
+    from codecport.bench.measure import agreement
+
     sr, k = dev.sample_rate, dev.codebooks(None)
     for graph, sizes in dev.batches.items():
         single = dev.graph(graph)
@@ -413,8 +391,9 @@ def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_re
 
     manifest = json.loads((folder / "manifest.json").read_text())
     codec, precision = manifest["codec"], manifest.get("precision", "fp32")
-    label = f"{folder.name} ({codec} {manifest.get('variant')} {precision})"
-    out = {"folder": str(folder), "codec": codec, "variant": manifest.get("variant"), "precision": precision,
+    label = f"{folder.name} ({codec} {manifest.get('preset', manifest.get('variant'))} {precision})"
+    out = {"folder": str(folder), "codec": codec, "preset": manifest.get("preset", manifest.get("variant")),
+           "precision": precision,
            "weights": manifest.get("weights"), "export_id": manifest.get("export_id"),
            "export_deviation": manifest.get("deviation")}
     t0 = time.perf_counter()
@@ -443,12 +422,12 @@ def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_re
         fp32_refs[manifest.get("export_id")] = keep
     elif base is not None and keep and base["clip"].shape == keep["clip"].shape:
         from codecport import registry
-        from codecport.bench.measure import flat_codes
+        from codecport.bench.measure import agreement, closeness, flat_codes
         from codecport.runtime.codes import Codes
 
-        hooks = registry.get(dev.name).module("bench")
-        dec = dev.decode(Codes(base["codes_ref"]), mode=hooks.MODE, **hooks.NOISE)[0]
-        codes = dev.encode(base["clip"], dev.sample_rate, mode=hooks.MODE).arrays
+        facts = registry.get(dev.name).bench
+        dec = dev.decode(Codes(base["codes_ref"]), mode=facts.fixed_mode, **facts.compare_noise)[0]
+        codes = dev.encode(base["clip"], dev.sample_rate, mode=facts.fixed_mode).arrays
         out["device_vs_fp32_reference"] = {"encode": agreement(flat_codes(base["codes_ref"]), flat_codes(codes)),
                                            "decode": closeness(base["audio_ref"], dec)}
     return out

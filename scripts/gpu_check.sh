@@ -183,28 +183,29 @@ device_full() {
     left() { local s=$((budget - SECONDS - ${1:-0})); echo $((s > 1 ? s : 1)); }
     local export_cli="import sys; from codecport.cli import export_cli; sys.argv[0] = 'codec-export'; \
 export_cli()"
-    local variant="import sys; from pathlib import Path; from codecport.export.variants import Shaping, \
-variant_of_folder; variant_of_folder(Path(sys.argv[1]), Path(sys.argv[2]), Shaping('cuda', 'fp16'))"
+    local build="import sys; from pathlib import Path; from codecport import registry; from codecport.export.builds \
+import Build, build_of_folder; src = Path(sys.argv[1]); \
+build_of_folder(registry.codec_of_folder(src), src, Path(sys.argv[2]), Build('cuda', 'fp16'))"
     {
         # Seeded random weights: speed does not depend on their values. Each registered codec's
         # default preset at 1 s per call keeps the exports (every graph validated against torch
         # on the CPU) inside the budget: on the 2-core dev machine DAC-44k took 38 s, its fp16
-        # variant 128 s, Mimi 26 s.
-        local name preset rate
-        while read -r name preset rate; do
-            timeout "$(left)" python3 -c "$export_cli" "$name" --variant "$preset" --len "$rate" \
-                --batch 8 --random-init --target cuda -o "$work/$name-$preset-fp32" ||
+        # build 128 s, Mimi 26 s. Codecs with batched encoders get them at batch 8.
+        local name preset rate batch
+        while read -r name preset rate batch; do
+            timeout "$(left)" python3 -c "$export_cli" "$name" --preset "$preset" --len "$rate" \
+                $batch --random-init --target cuda -o "$work/$name-$preset-fp32" ||
                 echo "$name export failed or ran out of time"
         done < <(python3 -c 'from codecport import registry
 for c in registry.codecs():
-    print(c.name, c.default_variant, c.presets[c.default_variant].sample_rate)')
+    print(c.name, c.default_preset, c.presets[c.default_preset].sample_rate, "--batch=8" if c.runtime.batchable else "")')
         # fp16 from the fp32 folders without a second trace (as codec-bench --precision does),
         # keeping 90 s for the check.
         local fp32
         for fp32 in "$work"/*-fp32; do
             [ -f "$fp32/manifest.json" ] || continue
-            timeout "$(left 90)" python3 -c "$variant" "$fp32" "${fp32%-fp32}-fp16" ||
-                echo "$(basename "$fp32") fp16 variant failed or ran out of time"
+            timeout "$(left 90)" python3 -c "$build" "$fp32" "${fp32%-fp32}-fp16" ||
+                echo "$(basename "$fp32") fp16 build failed or ran out of time"
         done
         local folders
         folders=$(find "$work" -mindepth 2 -maxdepth 2 -name manifest.json -printf '%h\n' | sort)

@@ -31,7 +31,7 @@ def tiny_dac() -> DAC:
 def tiny_export(tmp_path_factory, tiny_dac):
     """Folder written by the exporter for the tiny model (numpy quantizer)."""
     out = tmp_path_factory.mktemp("tiny_export")
-    export_dac(tiny_dac, out, TINY_LEN, TINY_CHUNK, variant="tiny", weights="random-init seed 0",
+    export_dac(tiny_dac, out, TINY_LEN, TINY_CHUNK, preset="tiny", weights="random-init seed 0",
                weights_sha256="none")
     return out
 
@@ -46,7 +46,7 @@ def tiny_mimi_export(tmp_path_factory, tiny_mimi):
     """Folder with the tiny Mimi's fixed-length and step graphs (numpy quantizer)."""
     out = tmp_path_factory.mktemp("tiny_mimi_export")
     export_mimi(tiny_mimi, out, MIMI_TINY_FRAMES * tiny_mimi.cfg.frame_size, MIMI_TINY_STEP,
-                variant="tiny", weights="random-init seed 0", weights_sha256="none")
+                preset="tiny", weights="random-init seed 0", weights_sha256="none")
     return out
 
 
@@ -131,6 +131,6 @@ def tiny_snac_export(tmp_path_factory, tiny_snac):
     from codecport.export.snac import export_snac
 
     out = tmp_path_factory.mktemp("tiny_snac_export")
-    export_snac(tiny_snac, out, SNAC_TINY_LEN, variant="tiny", weights="random-init seed 0",
+    export_snac(tiny_snac, out, SNAC_TINY_LEN, preset="tiny", weights="random-init seed 0",
                 weights_sha256="none")
     return out

@@ -87,12 +87,12 @@ def frames_of(n: int, sr: int) -> int:
 # ---- module fixtures: exports, clips, cached CLI encodes and torch references -------------
 EXPORTS = {  # name -> codec-export arguments (all random-init, seed 0)
     # The main folder: fixed graphs of 960 samples (40 frames) and 2-frame step graphs.
-    "main": ("mimi", "--variant", "tiny", "--len", FIXED_LEN, "--frames", STEP_FRAMES),
+    "main": ("mimi", "--preset", "tiny", "--len", FIXED_LEN, "--frames", STEP_FRAMES),
     # Fixed graphs of 96 samples (4 frames), and 1-frame step graphs.
-    "small": ("mimi", "--variant", "tiny", "--len", 96),
-    "in_graph": ("mimi", "--variant", "tiny", "--len", FIXED_LEN, "--frames", STEP_FRAMES,
+    "small": ("mimi", "--preset", "tiny", "--len", 96),
+    "in_graph": ("mimi", "--preset", "tiny", "--len", FIXED_LEN, "--frames", STEP_FRAMES,
                  "--in-graph-quantizer", "--codebooks", 3),
-    "dac": ("dac", "--variant", "tiny", "--len", 600),
+    "dac": ("dac", "--preset", "tiny", "--len", 600),
 }
 
 

@@ -45,11 +45,11 @@ def test_load_gives_the_codec_and_its_facts(codecs, smoke_exports, name):
     codec = codecs[name]
     manifest = json.loads((smoke_exports[name] / "manifest.json").read_text())
     assert isinstance(codec, codecport.Codec) and type(codec) is registry.get(name).runtime
-    assert (codec.name, codec.variant, codec.export_id) == (name, manifest["variant"], manifest["export_id"])
+    assert (codec.name, codec.variant, codec.export_id) == (name, manifest["preset"], manifest["export_id"])
     assert codec.sample_rate == int(manifest["sample_rate"]) and codec.provider == "CPUExecutionProvider"
     assert codec.frame_rate == pytest.approx(codec.sample_rate / codec.frame_size)
     assert codec.n_codebooks == manifest["n_codebooks"] and codec.codebook_size == int(manifest["codebook_size"])
-    assert registry.get(name).module("bench").MODE in codec.modes and len(codec.modes) >= 2
+    assert registry.get(name).bench.fixed_mode in codec.modes and len(codec.modes) >= 2
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -186,7 +186,7 @@ def test_bad_input_through_the_api(codecs, name):
         (codes.replace(arrays=tuple(a + codec.codebook_size for a in codes.arrays)), r"codes must be in \[0,"),
         (codes.arrays[0].astype(np.float32), "integers"),
         (codes.replace(codec="other"), "these are other codes"),
-        (codes.replace(variant="another"), "made by"),
+        (codes.replace(preset="another"), "made by"),
         (codes.replace(num_samples=codes.num_samples * 1000), "cannot be"),
     ]:
         with pytest.raises(CodesError, match=match):

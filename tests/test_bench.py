@@ -16,7 +16,7 @@ BIN = Path(sys.executable).parent
 @pytest.mark.parametrize("codec", ["dac", "mimi"])
 def test_bench_report_structure(tmp_path, codec):
     out = tmp_path / "report.json"
-    proc = subprocess.run([str(BIN / "codec-bench"), codec, "--variant", "tiny", "--seconds", "0.5",
+    proc = subprocess.run([str(BIN / "codec-bench"), codec, "--preset", "tiny", "--seconds", "0.5",
                            "--runs", "1", "--rounds", "2", "--steps", "3", "--long", "3", "--contender", "torch",
                            "--contender", "rustymimi", "--precision", "fp32", "--precision", "int8",
                            *(["--frames", "2", "--plot", str(tmp_path / "b.png")] if codec == "mimi" else []),
@@ -83,7 +83,7 @@ def test_bench_plot_without_matplotlib_fails_at_once(tmp_path):
     png = tmp_path / "b.png"
     code = ("import importlib.util, sys; real = importlib.util.find_spec; "
             "importlib.util.find_spec = lambda n, *a: None if n == 'matplotlib' else real(n, *a); "
-            "sys.argv = ['codec-bench', 'mimi', '--variant', 'tiny', '--plot', sys.argv[1]]; "
+            "sys.argv = ['codec-bench', 'mimi', '--preset', 'tiny', '--plot', sys.argv[1]]; "
             "from codecport.bench.cli import main; main()")
     proc = subprocess.run([sys.executable, "-c", code, str(png)], capture_output=True, text=True, check=False,
                           timeout=120)
@@ -130,7 +130,7 @@ def test_bench_runs_rustymimi_on_the_released_config(tmp_path):
 
 
 def test_bench_frames_is_for_mimi(tmp_path):
-    proc = subprocess.run([str(BIN / "codec-bench"), "dac", "--variant", "tiny", "--frames", "2",
+    proc = subprocess.run([str(BIN / "codec-bench"), "dac", "--preset", "tiny", "--frames", "2",
                            "--dir", str(tmp_path / "b")], capture_output=True, text=True, check=False,
                           timeout=120)
     assert proc.returncode == 2 and "--frames is for codecs with streaming steps (mimi, snac)" in proc.stderr
@@ -210,7 +210,7 @@ def test_bench_official_contender_is_moshi_on_the_same_weights_and_config(tmp_pa
 
     env = _fake_moshi(tmp_path / "site", FAKE_LOADERS)
     out, work = tmp_path / "report.json", tmp_path / "bench"
-    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--variant", "tiny", "--seconds", "0.5",
+    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--preset", "tiny", "--seconds", "0.5",
                            "--runs", "1", "--steps", "3", "--contender", "official", "--dir", str(work),
                            "--json", str(out)], capture_output=True, text=True, check=False, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -234,7 +234,7 @@ def test_bench_official_contender_skipped_with_its_reason(tmp_path):
     for codec, name, why in (("mimi", "moshi", ("moshi is installed but does not import (No module named "
                               "'sentencepiece')")), ("dac", "descript-audio-codec", "protobuf<3.20")):
         out = tmp_path / f"{codec}.json"
-        proc = subprocess.run([str(BIN / "codec-bench"), codec, "--variant", "tiny", "--seconds", "0.5",
+        proc = subprocess.run([str(BIN / "codec-bench"), codec, "--preset", "tiny", "--seconds", "0.5",
                                "--runs", "1", "--steps", "2", "--long", "0", "--contender", "official",
                                "--json", str(out)], capture_output=True, text=True, check=False,
                               timeout=600, env=env)
@@ -287,7 +287,7 @@ def test_bench_official_dac_runs_in_the_interpreter_given(tmp_path):
     (site / "dac" / "model" / "__init__.py").write_text("")
     (site / "dac" / "model" / "dac.py").write_text(FAKE_DAC)
     out = tmp_path / "report.json"
-    cmd = [str(BIN / "codec-bench"), "dac", "--variant", "tiny", "--seconds", "0.5", "--runs", "1",
+    cmd = [str(BIN / "codec-bench"), "dac", "--preset", "tiny", "--seconds", "0.5", "--runs", "1",
            "--long", "0", "--contender", "official", "--official-python", sys.executable, "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(site)})
@@ -305,7 +305,7 @@ def test_bench_official_dac_runs_in_the_interpreter_given(tmp_path):
 
 
 def test_official_python_is_for_dac(tmp_path):
-    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--variant", "tiny", "--official-python",
+    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--preset", "tiny", "--official-python",
                            sys.executable, "--dir", str(tmp_path / "b")], capture_output=True, text=True,
                           check=False, timeout=120)
     assert proc.returncode == 2 and "--official-python is for dac" in proc.stderr
@@ -345,7 +345,7 @@ def test_bench_tokenize_runs_every_local_contender_and_reports_ratios(tmp_path):
     """`codec-bench tokenize` end to end on the tiny DAC (its Ray contenders are the same command
     with --engine ray, which test_tokenize_ray runs)."""
     out = tmp_path / "tok.json"
-    proc = subprocess.run([str(BIN / "codec-bench"), "tokenize", "--codec", "dac", "--variant", "tiny",
+    proc = subprocess.run([str(BIN / "codec-bench"), "tokenize", "--codec", "dac", "--preset", "tiny",
                            "--len", "0.1", "--batch", "2", "--clips", "3", "--min-seconds", "0.1",
                            "--max-seconds", "0.3", "--slices", "1", "--short-clips", "2", "--no-ray",
                            "--json", str(out)], capture_output=True, text=True, check=False, timeout=600)

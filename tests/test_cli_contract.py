@@ -94,7 +94,7 @@ def test_a_wav_as_weights_is_refused_in_one_line(tmp_path, name):
         path = tmp_path / f"weights{suffix}"
         sf.write(path, noise(1000).T, 16000, format="WAV")
         out = tmp_path / "out"
-        line = one_line_error(run("codec-export", name, "--variant", "tiny", "--len", 960, "--weights", path,
+        line = one_line_error(run("codec-export", name, "--preset", "tiny", "--len", 960, "--weights", path,
                                   "-o", out))
         assert str(path) in line and not out.exists()
 
@@ -130,5 +130,5 @@ def test_export_help_needs_no_torch(name):
             f"from codecport.cli import export_cli\nexport_cli.main(['{name}', '--help'])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert "--variant" in proc.stdout and all(p in proc.stdout for p in registry.get(name).presets)
+    assert "--preset" in proc.stdout and all(p in proc.stdout for p in registry.get(name).presets)
     assert export_cli.commands[name].name == name

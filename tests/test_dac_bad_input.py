@@ -181,7 +181,7 @@ def test_valid_dac_file_decodes(tmp_path, out_dir, tiny_export):
 # ---- model folders -----------------------------------------------------------------------
 def test_decoder_of_another_length(tmp_path, out_dir, tiny_export, tiny_dac):
     other = tmp_path / "other"
-    export_dac(tiny_dac, other, 1200, TINY_CHUNK, variant="tiny", weights="random-init seed 0",
+    export_dac(tiny_dac, other, 1200, TINY_CHUNK, preset="tiny", weights="random-init seed 0",
                weights_sha256="none")
     model = tmp_path / "model"
     shutil.copytree(tiny_export, model)
@@ -236,7 +236,7 @@ def test_export_refuses_code_running_checkpoint(tmp_path):
     pth = tmp_path / "some.pth"
     torch.save({"state_dict": {"x": torch.zeros(1)}, "payload": RunsShell(marker)}, pth)
     out = tmp_path / "exported"
-    proc = cli("codec-export", "dac", "--variant", "tiny", "--len", 600, "--weights", pth, "-o", out)
+    proc = cli("codec-export", "dac", "--preset", "tiny", "--len", 600, "--weights", pth, "-o", out)
     line = assert_one_line_error(proc, out)
     assert "refused" in line
     assert not marker.exists()
@@ -251,7 +251,7 @@ def test_export_names_missing_key(tmp_path, tiny_dac):
     pth = tmp_path / "X.pth"
     torch.save({"state_dict": sd, "metadata": {"kwargs": PRESETS["tiny"].to_kwargs()}}, pth)
     out = tmp_path / "exported"
-    proc = cli("codec-export", "dac", "--variant", "tiny", "--len", 600, "--weights", pth, "-o", out)
+    proc = cli("codec-export", "dac", "--preset", "tiny", "--len", 600, "--weights", pth, "-o", out)
     line = assert_one_line_error(proc, out)
     assert dropped in line
 
@@ -266,7 +266,7 @@ def test_export_refuses_what_a_target_cannot_take(tmp_path, args, says):
     wav = tmp_path / "c.wav"
     sf.write(wav, noise(4000).T, 16000)
     out = tmp_path / "out"
-    proc = cli("codec-export", "dac", "--variant", "tiny", "--random-init", "--len", 600, "-o", out,
+    proc = cli("codec-export", "dac", "--preset", "tiny", "--random-init", "--len", 600, "-o", out,
                *[a.format(wav=wav) for a in args])
     assert says in assert_one_line_error(proc, out)
 
@@ -275,7 +275,7 @@ def test_export_int8_calibrated_on_a_corrupt_file(tmp_path):
     bad = tmp_path / "calib.wav"
     bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
     out = tmp_path / "out"
-    proc = cli("codec-export", "dac", "--variant", "tiny", "--random-init", "--len", 600, "-o", out,
+    proc = cli("codec-export", "dac", "--preset", "tiny", "--random-init", "--len", 600, "-o", out,
                "--precision", "int8", "--calibration", bad)
     assert "cannot read audio" in assert_one_line_error(proc, out)
 
@@ -283,7 +283,7 @@ def test_export_int8_calibrated_on_a_corrupt_file(tmp_path):
 def test_export_mobile_int8_and_run_it(tmp_path):
     """The CLI path end to end: the variant folder, its report, and codec-run on it."""
     out = tmp_path / "mobile"
-    proc = cli("codec-export", "mimi", "--variant", "tiny", "--random-init", "--len", 960,
+    proc = cli("codec-export", "mimi", "--preset", "tiny", "--random-init", "--len", 960,
                "--frames", 2, "--target", "mobile", "--precision", "int8", "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert "target mobile, precision int8; deviation from fp32" in proc.stdout

@@ -27,7 +27,7 @@ def cli(tool: str, *args) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     out = tmp_path_factory.mktemp("cli") / "dac-tiny"
-    proc = cli("codec-export", "dac", "--variant", "tiny", "--len", TINY_LEN, "--chunk-len",
+    proc = cli("codec-export", "dac", "--preset", "tiny", "--len", TINY_LEN, "--chunk-len",
                TINY_CHUNK, "--random-init", "--seed", 0, "-o", out)
     return out, proc
 
@@ -56,7 +56,7 @@ def test_info(model_dir):
     for name in GRAPHS:
         assert f"{model_dir / name}: {name.split('.')[0].split('_')[0]} {'chunked' if 'chunked' in name else 'fixed'}" in out
     info = json.loads(cli("codec-run", "info", model_dir, "--json").stdout)
-    assert info["manifest"]["codec"] == "dac" and info["manifest"]["variant"] == "tiny"
+    assert info["manifest"]["codec"] == "dac" and info["manifest"]["preset"] == "tiny"
     assert sorted(Path(p).name for p in info["graphs"]) == sorted(GRAPHS)
     assert {g["codec"] for g in info["graphs"].values()} == {"dac"}
 

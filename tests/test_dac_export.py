@@ -39,12 +39,12 @@ def test_every_preset_exports_and_validates(tmp_path, variant):
     cfg = PRESETS[variant]
     model = init_random(DAC(cfg), seed=1).eval()
     length = cfg.hop_length * 12 + 5  # not a hop multiple: padded inside the graph
-    report = export_dac(model, tmp_path, length, cfg.sample_rate, variant=variant,
+    report = export_dac(model, tmp_path, length, cfg.sample_rate, preset=variant,
                         weights="random", weights_sha256="none")
     assert report["validation"]["decoder"]["audio_max_abs_err"] <= 1e-4
     assert report["validation"]["decoder_chunked"]["audio_max_abs_err"] <= 1e-4
     meta = _assert_portable(tmp_path / "decoder.onnx")
-    assert meta["codec"] == "dac" and meta["variant"] == variant
+    assert meta["codec"] == "dac" and meta["preset"] == variant
     assert int(meta["frames"]) == 13 and int(meta["sample_rate"]) == cfg.sample_rate
     assert meta["codecport_version"] == __version__
     # The exported exact encoder, run here, gives the latent torch gives for that clip.
@@ -57,7 +57,7 @@ def test_every_preset_exports_and_validates(tmp_path, variant):
 
 @pytest.mark.parametrize("length", [6, 601, 1200, 4096])
 def test_tiny_lengths(tmp_path, tiny_dac, length):
-    report = export_dac(tiny_dac, tmp_path, length, 2400, variant="tiny", weights="random",
+    report = export_dac(tiny_dac, tmp_path, length, 2400, preset="tiny", weights="random",
                         weights_sha256="none")
     geo = report["geometry"]
     assert geo["frames"] == -(-length // 6)
@@ -72,7 +72,7 @@ def test_tiny_lengths(tmp_path, tiny_dac, length):
 
 
 def test_in_graph_quantizer(tmp_path, tiny_dac):
-    export_dac(tiny_dac, tmp_path, 600, 2400, variant="tiny", weights="random",
+    export_dac(tiny_dac, tmp_path, 600, 2400, preset="tiny", weights="random",
                weights_sha256="none", in_graph_codebooks=3)
     assert not (tmp_path / "rvq.npz").exists()
     enc = onnx.load(tmp_path / "encoder.onnx")
@@ -107,12 +107,12 @@ def test_failed_validation_writes_nothing(tmp_path, tiny_dac, monkeypatch):
     monkeypatch.setattr(export_mod, "validate", corrupt)
     out = tmp_path / "out"
     with pytest.raises(ValidationError, match=r"decoder_chunked: max abs error .* exceeds 0.0001"):
-        export_dac(tiny_dac, out, 600, 2400, variant="tiny", weights="random", weights_sha256="none")
+        export_dac(tiny_dac, out, 600, 2400, preset="tiny", weights="random", weights_sha256="none")
     assert not out.exists() or not any(out.iterdir())
     assert tiny_dac.padding  # the shared model is handed back in its official padding mode
 
 
 def test_window_shorter_than_receptive_field_is_refused(tmp_path, tiny_dac):
     with pytest.raises(ExportError, match="--chunk-len"):
-        export_dac(tiny_dac, tmp_path, 600, 60, variant="tiny", weights="random",
+        export_dac(tiny_dac, tmp_path, 600, 60, preset="tiny", weights="random",
                    weights_sha256="none")

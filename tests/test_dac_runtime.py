@@ -241,7 +241,7 @@ def test_whole_mode_says_what_it_needs(codec, tiny_export, tiny_dac, tmp_path):
     with pytest.raises(CodesError, match="shorter than the fixed graph"):
         codec.encode(noise(TINY_LEN - 7), 16000, mode="whole")
     odd = tmp_path / "odd"
-    export_dac(tiny_dac, odd, TINY_LEN + 1, TINY_CHUNK, variant="tiny", weights="r", weights_sha256="none")
+    export_dac(tiny_dac, odd, TINY_LEN + 1, TINY_CHUNK, preset="tiny", weights="r", weights_sha256="none")
     with pytest.raises(CodesError, match="--len a multiple of 6"):
         DacCodec(odd).encode(noise(3000), 16000, mode="whole")
     old = tmp_path / "old"

@@ -28,7 +28,7 @@ FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 def valid_codes(**kw) -> Codes:
     rng = np.random.default_rng(0)
     fields = {"codec": "dac", "sample_rate": 16000, "num_samples": 600, "loudness_db": -20.0,
-              "mode": "fixed", "variant": "tiny", "export_id": "abc"}
+              "mode": "fixed", "preset": "tiny", "export_id": "abc"}
     return Codes((rng.integers(0, 64, (2, 4, 100)),), **{**fields, **kw})
 
 

@@ -200,13 +200,13 @@ def test_step_mode_on_fixed_only_folder(tmp_path, out_dir, fixed_only, command):
 ], ids=["codebooks-without-in-graph", "len-0", "frames-0", "streaming-is-gone"])
 def test_export_usage_errors(tmp_path, args, match):
     out = tmp_path / "exported"
-    proc = run("codec-export", "mimi", "--variant", "tiny", "--random-init", *args, "-o", out)
+    proc = run("codec-export", "mimi", "--preset", "tiny", "--random-init", *args, "-o", out)
     assert match in assert_one_line_error(proc, out, usage=True)
 
 
 def test_export_too_many_in_graph_codebooks(tmp_path):
     out = tmp_path / "exported"
-    proc = run("codec-export", "mimi", "--variant", "tiny", "--random-init", "--len", 96,
+    proc = run("codec-export", "mimi", "--preset", "tiny", "--random-init", "--len", 96,
                "--in-graph-quantizer", "--codebooks", K + 1, "-o", out)
     assert f"between 1 and {K}" in assert_one_line_error(proc, out)
 
@@ -219,7 +219,7 @@ def test_export_bad_weights(tmp_path, weights):
     else:
         path = tmp_path / "nowhere.safetensors"
     out = tmp_path / "exported"
-    proc = run("codec-export", "mimi", "--variant", "tiny", "--len", 96, "--weights", path, "-o", out)
+    proc = run("codec-export", "mimi", "--preset", "tiny", "--len", 96, "--weights", path, "-o", out)
     line = assert_one_line_error(proc, out)
     assert str(path) in line
     assert ("safetensors" if weights == "pth" else "no such file") in line

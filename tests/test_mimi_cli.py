@@ -33,7 +33,7 @@ def test_info_says_mimi(model_dir):
         assert f"{model_dir / name}: {name.split('.')[0].split('_')[0]}" in out
     info = json.loads(cli("codec-run", "info", model_dir, "--json").stdout)
     assert {g["codec"] for g in info["graphs"].values()} == {"mimi"} and len(info["graphs"]) == len(GRAPHS)
-    assert info["manifest"]["variant"] == "tiny" and info["manifest"]["quantizer"] == "numpy"
+    assert info["manifest"]["preset"] == "tiny" and info["manifest"]["quantizer"] == "numpy"
 
 
 # ---- encode -------------------------------------------------------------------------------

@@ -93,7 +93,7 @@ import json, sys
 from codecport.errors import CodecportError
 from codecport.models.mimi_weights import load
 try:
-    model, sha = load(sys.argv[1], variant="tiny", revision=sys.argv[2] or None)
+    model, sha = load(sys.argv[1], preset="tiny", revision=sys.argv[2] or None)
 except CodecportError as e:
     print(json.dumps({"error": str(e)}))
 else:

@@ -63,7 +63,7 @@ def preset_export(tmp_path_factory):
     """The full "mimi" config (random weights), exported once: --len 48000 --streaming --frames 1."""
     model = init_random(MimiModel(PRESETS["mimi"]), seed=1).eval()
     out = tmp_path_factory.mktemp("mimi_preset")
-    report = export_mimi(model, out, 48000, 1, variant="mimi", weights="random-init seed 1",
+    report = export_mimi(model, out, 48000, 1, preset="mimi", weights="random-init seed 1",
                          weights_sha256="none")
     graphs = {name: _assert_portable(out / f"{name}.onnx") for name in GRAPHS}
     return model, out, report, graphs
@@ -80,7 +80,7 @@ def test_preset_validates_and_every_graph_is_portable(preset_export):
     assert report["geometry"]["frames"] == 25 and report["geometry"]["step_samples"] == 1920
     metas = [meta for _, meta in graphs.values()]
     for name, meta in zip(graphs, metas):
-        assert meta["codec"] == "mimi" and meta["variant"] == "mimi", name
+        assert meta["codec"] == "mimi" and meta["preset"] == "mimi", name
         assert meta["frame_size"] == "1920" and meta["sample_rate"] == "24000", name
         assert meta["quantizer"] == "numpy" and meta["n_codebooks"] == "32", name
         assert meta["codecport_version"] == __version__, name
@@ -159,7 +159,7 @@ def test_length_not_a_frame_multiple(tmp_path, tiny_mimi):
     n = 250
     assert n % cfg.frame_size
     frames = math.ceil(n / cfg.frame_size)
-    report = export_mimi(tiny_mimi, tmp_path, n, None, variant="tiny", weights="random",
+    report = export_mimi(tiny_mimi, tmp_path, n, None, preset="tiny", weights="random",
                          weights_sha256="none")
     assert report["geometry"]["frames"] == frames == 11
     assert sorted(p.name for p in tmp_path.iterdir()) == ["decoder.onnx", "encoder.onnx",
@@ -180,7 +180,7 @@ def test_length_not_a_frame_multiple(tmp_path, tiny_mimi):
 
 def test_streaming_only_export(tmp_path, tiny_mimi):
     cfg = tiny_mimi.cfg
-    report = export_mimi(tiny_mimi, tmp_path, None, 3, variant="tiny", weights="random",
+    report = export_mimi(tiny_mimi, tmp_path, None, 3, preset="tiny", weights="random",
                          weights_sha256="none")
     assert report["geometry"]["step_samples"] == 3 * cfg.frame_size
     assert sorted(p.name for p in tmp_path.iterdir()) == ["decoder_step.onnx", "encoder_step.onnx",
@@ -206,7 +206,7 @@ def test_in_graph_quantizer(tmp_path, tiny_mimi):
     cfg = tiny_mimi.cfg
     n = 20 * cfg.frame_size - 7
     frames = 20
-    export_mimi(tiny_mimi, tmp_path, n, 2, variant="tiny", weights="random", weights_sha256="none",
+    export_mimi(tiny_mimi, tmp_path, n, 2, preset="tiny", weights="random", weights_sha256="none",
                 in_graph_codebooks=3)
     assert not (tmp_path / "rvq.npz").exists()
     manifest = json.loads((tmp_path / "manifest.json").read_text())
@@ -233,7 +233,7 @@ def test_in_graph_quantizer(tmp_path, tiny_mimi):
 
 # ---- refusals -----------------------------------------------------------------------------
 def _export(model, out, samples=240, step_frames=2, **kw):
-    return export_mimi(model, out, samples, step_frames, variant="tiny", weights="random",
+    return export_mimi(model, out, samples, step_frames, preset="tiny", weights="random",
                        weights_sha256="none", **kw)
 
 
@@ -313,7 +313,7 @@ def test_moshi_stream_window(tmp_path):
     from codecport.runtime.mimi import MimiCodec
 
     tiny_mimi = init_random(MimiModel(replace(PRESETS["tiny"], context=8)), seed=2).eval()
-    export_mimi(tiny_mimi, tmp_path, None, 1, variant="tiny", weights="w", weights_sha256="none",
+    export_mimi(tiny_mimi, tmp_path, None, 1, preset="tiny", weights="w", weights_sha256="none",
                 window="moshi-stream")
     meta = {p.key: p.value for p in onnx.load(tmp_path / "encoder_step.onnx").metadata_props}
     assert meta["attention_window"] == "moshi-stream"
@@ -356,7 +356,7 @@ def test_rustymimi_window(tmp_path):
     cfg = replace(PRESETS["tiny"], context=8)
     model = init_random(MimiModel(cfg), seed=2).eval()
     frames = 40
-    export_mimi(model, tmp_path, frames * cfg.frame_size, 1, variant="tiny", weights="w",
+    export_mimi(model, tmp_path, frames * cfg.frame_size, 1, preset="tiny", weights="w",
                 weights_sha256="none", window="rustymimi")
     for name in ("encoder", "encoder_step"):
         meta = {p.key: p.value for p in onnx.load(tmp_path / f"{name}.onnx").metadata_props}
@@ -378,6 +378,6 @@ def test_rustymimi_window(tmp_path):
 
 def test_unknown_window_is_refused(tmp_path, tiny_mimi):
     with pytest.raises(ExportError, match="--window"):
-        export_mimi(tiny_mimi, tmp_path / "out", None, 1, variant="tiny", weights="w",
+        export_mimi(tiny_mimi, tmp_path / "out", None, 1, preset="tiny", weights="w",
                     weights_sha256="none", window="ring")
     assert not (tmp_path / "out").exists()

@@ -192,7 +192,7 @@ def test_official_format(ours, hf_reference, tmp_path, spelling):
     other = {"in_proj_weight": "in_projs.0.weight", "in_projs": "in_proj_weight"}[spelling]
     keys = list(load_file(path))
     assert any(spelling in k for k in keys) and not any(other in k for k in keys)
-    model, digest = load_mimi(str(path), variant="tiny")
+    model, digest = load_mimi(str(path), preset="tiny")
     assert model.cfg == TINY
     assert len(digest) == 64
     for frames in (SHORT, LONG):
@@ -294,14 +294,14 @@ def test_missing_key(ours, tmp_path):
     path = official_file(sd, tmp_path / "m.safetensors")
     with pytest.raises(CheckpointError, match=r"missing key decoder_transformer\.transformer\."
                                               r"layers\.1\.linear2\.weight \(1 missing\)"):
-        load_mimi(str(path), variant="tiny")
+        load_mimi(str(path), preset="tiny")
 
 
 def test_unexpected_key(ours, tmp_path):
     sd = {**ours.state_dict(), "encoder.model.99.conv.conv.weight": torch.zeros(1)}
     path = official_file(sd, tmp_path / "m.safetensors")
     with pytest.raises(CheckpointError, match=r"unexpected key encoder\.model\.99"):
-        load_mimi(str(path), variant="tiny")
+        load_mimi(str(path), preset="tiny")
 
 
 def test_wrong_shape(ours, tmp_path):
@@ -309,7 +309,7 @@ def test_wrong_shape(ours, tmp_path):
     sd = {**ours.state_dict(), key: torch.zeros(32, TINY.codebook_dim)}
     path = official_file(sd, tmp_path / "m.safetensors")
     with pytest.raises(CheckpointError, match=rf"{key} has shape \(32, 8\), the model expects \(64, 8\)"):
-        load_mimi(str(path), variant="tiny")
+        load_mimi(str(path), preset="tiny")
 
 
 def test_official_file_with_the_wrong_preset(ours, tmp_path):
@@ -323,7 +323,7 @@ def test_pth_is_refused_unread(ours, tmp_path):
     path = tmp_path / "weights.pth"
     torch.save({"state_dict": Payload(tmp_path / "marker")}, path)
     with pytest.raises(CheckpointError, match=r"\.safetensors.*other formats are not read"):
-        load_mimi(str(path), variant="tiny")
+        load_mimi(str(path), preset="tiny")
     assert not (tmp_path / "marker").exists()
 
 
@@ -341,7 +341,7 @@ def test_corrupt_safetensors(hf_folder, ours, tmp_path, kind, layout):
     path.write_bytes({"truncated": good[: len(good) // 2], "garbage": os.urandom(4096), "empty": b"",
                       "pickle": pickle.dumps({"w": Payload(marker)})}[kind])
     with pytest.raises(CheckpointError, match="not a readable safetensors file.*re-download"):
-        load_mimi(str(path.parent if layout == "transformers" else path), variant="tiny")
+        load_mimi(str(path.parent if layout == "transformers" else path), preset="tiny")
     assert not marker.exists()
 
 

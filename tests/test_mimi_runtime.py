@@ -242,7 +242,7 @@ def test_stream_decode_changing_codebook_count(codec):
 def test_mixed_exports_are_refused(tmp_path, tiny_mimi, tiny_mimi_export):
     """A graph copied in from another export is refused once it meets the folder's graphs."""
     other = tmp_path / "other"
-    export_mimi(tiny_mimi, other, 20 * FRAME, None, variant="tiny", weights="random-init seed 0",
+    export_mimi(tiny_mimi, other, 20 * FRAME, None, preset="tiny", weights="random-init seed 0",
                 weights_sha256="none")
     mixed = _copy(tiny_mimi_export, tmp_path / "mixed", ["encoder.onnx", "encoder_step.onnx",
                                                           "decoder_step.onnx", "rvq.npz"])
@@ -257,7 +257,7 @@ def test_graph_and_rvq_swapped_together_are_refused(tmp_path, tiny_mimi, tiny_mi
     """An encoder and rvq.npz copied in together agree with each other; manifest.json catches them
     before anything is encoded, as the graphs are opened lazily."""
     other = tmp_path / "other"
-    export_mimi(tiny_mimi, other, 20 * FRAME, None, variant="tiny", weights="random-init seed 0",
+    export_mimi(tiny_mimi, other, 20 * FRAME, None, preset="tiny", weights="random-init seed 0",
                 weights_sha256="none")
     mixed = _copy(tiny_mimi_export, tmp_path / "mixed", ["decoder.onnx", "encoder_step.onnx",
                                                           "decoder_step.onnx", "manifest.json"])
@@ -318,7 +318,7 @@ def test_codes_file_round_trip(codec, tmp_path):
     got = load_codes(path)
     np.testing.assert_array_equal(got.data, codes.data)
     assert got.data.dtype == np.int64 and (got.num_samples, got.sample_rate) == (2345, 16000)
-    assert (got.codec, got.variant, got.export_id, got.mode) == ("mimi", "tiny", codec.export_id, "step")
+    assert (got.codec, got.preset, got.export_id, got.mode) == ("mimi", "tiny", codec.export_id, "step")
     np.testing.assert_array_equal(codec.decode(got)[0], codec.decode(codes)[0])
     assert codec.decode(got)[0].shape == (2, 2345)
 

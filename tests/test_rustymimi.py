@@ -36,7 +36,7 @@ def released(tmp_path_factory):
     root = tmp_path_factory.mktemp("rustymimi")
     weights = root / "mimi.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
-    export_mimi(model, root / "onnx", FRAMES * model.cfg.frame_size, 1, variant="mimi",
+    export_mimi(model, root / "onnx", FRAMES * model.cfg.frame_size, 1, preset="mimi",
                 weights="random-init seed 3", weights_sha256="none")
     return weights, root / "onnx"
 
@@ -108,7 +108,7 @@ def rusty_window(released, tmp_path_factory):
     model = MimiModel(PRESETS["mimi"]).eval()
     model.load_state_dict(load_file(str(released[0])))
     out = tmp_path_factory.mktemp("rustymimi-window") / "onnx"
-    export_mimi(model, out, LONG * model.cfg.frame_size, 1, variant="mimi",
+    export_mimi(model, out, LONG * model.cfg.frame_size, 1, preset="mimi",
                 weights="random-init seed 3", weights_sha256="none", window="rustymimi")
     return out
 

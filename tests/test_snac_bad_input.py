@@ -20,7 +20,7 @@ from mimi_cli_support import assert_one_line_error
 import codecport
 from codecport.errors import CodecportError, CodesError, ModelFileError
 from codecport.runtime.codes import Codes
-from codecport.runtime.snac import from_orpheus, to_orpheus
+from codecport.runtime.orpheus import from_orpheus, to_orpheus
 
 BIN = Path(sys.executable).parent
 
@@ -72,8 +72,8 @@ def test_bad_orpheus_sequences_are_one_line(tiny_snac_export, tmp_path):
     assert_one_line_error(run("decode", tmp_path / "t.npy", "--layout", "orpheus", "-m", tiny_snac_export, "-o", out), out)
     four = Codes(tuple(np.zeros((1, 1, n), np.int64) for n in (1, 2, 4, 8)))
     with pytest.raises(CodesError, match="3 time scales"):
-        to_orpheus(four)
-    assert from_orpheus(np.arange(14)).n_frames == (2, 4, 8)
+        to_orpheus(four.arrays)
+    assert Codes(tuple(from_orpheus(np.arange(14)))).n_frames == (2, 4, 8)
 
 
 def test_a_layout_of_another_codec_is_refused(smoke_exports, tmp_path):
@@ -81,7 +81,7 @@ def test_a_layout_of_another_codec_is_refused(smoke_exports, tmp_path):
     sf.write(wav, noise(3000)[0], 16000)
     out = tmp_path / "o.npy"
     line = assert_one_line_error(run("encode", wav, "-m", smoke_exports["dac"], "-o", out, "--layout", "orpheus"), out)
-    assert "the orpheus layout is for snac codes; this folder holds DAC" in line
+    assert "the orpheus layout is for snac codes; this folder holds dac" in line
 
 
 def test_noise_settings_where_no_noise_is_drawn_are_refused(smoke_exports, tmp_path):

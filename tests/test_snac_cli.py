@@ -15,7 +15,7 @@ import torch
 from conftest import noise
 
 import codecport
-from codecport.runtime.snac import to_orpheus
+from codecport.runtime.orpheus import to_orpheus
 
 BIN = Path(sys.executable).parent
 
@@ -84,7 +84,7 @@ def test_the_orpheus_layout_writes_and_reads_the_flat_sequence(tiny_snac_export,
     codec = codecport.load(tiny_snac_export)
     codes = codec.encode_file(mono)
     assert flat.ndim == 1 and flat.shape[0] == 7 * codes.n_frames[0]
-    np.testing.assert_array_equal(flat, to_orpheus(codes)[0])
+    np.testing.assert_array_equal(flat, to_orpheus(codes.arrays)[0])
     proc = run("decode", out, "--layout", "orpheus", "-m", tiny_snac_export, "-o", tmp_path / "o.wav",
                "--noise-seed", "2")
     assert proc.returncode == 0, proc.stderr

@@ -46,7 +46,7 @@ def test_graphs_are_static_plain_convs_with_the_receptive_field_in_the_metadata(
 
 
 def _export(*args, timeout=600):
-    return subprocess.run([str(BIN / "codec-export"), "snac", "--variant", "tiny", "--random-init", *map(str, args)],
+    return subprocess.run([str(BIN / "codec-export"), "snac", "--preset", "tiny", "--random-init", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 

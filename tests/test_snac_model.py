@@ -158,7 +158,7 @@ def test_weights_load_from_the_official_layout(tmp_path, tiny_snac, tiny_snac_of
     # The .bin alone takes its config from beside it, or from --variant.
     assert load(str(folder / "pytorch_model.bin"))[0].cfg == tiny_snac.cfg
     (folder / "config.json").unlink()
-    assert load(str(folder / "pytorch_model.bin"), variant="tiny")[0].cfg == tiny_snac.cfg
+    assert load(str(folder / "pytorch_model.bin"), preset="tiny")[0].cfg == tiny_snac.cfg
     with pytest.raises(CheckpointError, match="no config.json beside the weights; pass --variant"):
         load(str(folder))
 

@@ -10,8 +10,9 @@ import torch
 from conftest import SNAC_TINY_LEN, noise
 
 from codecport.runtime.codes import Codes
-from codecport.runtime.overlap import windows
-from codecport.runtime.snac import SnacCodec, from_orpheus, to_orpheus
+from codecport.runtime.plan import overlap_windows as windows
+from codecport.runtime.orpheus import from_orpheus, to_orpheus
+from codecport.runtime.snac import SnacCodec
 
 SR = 16000  # the tiny preset's rate
 HOP = 6
@@ -163,11 +164,11 @@ def _redistribute(flat: list[int]) -> list[list[int]]:
 
 def test_the_orpheus_layout_is_orpheus_order(codec):
     codes = codec.encode(noise(3000, seed=10), SR)
-    flat = to_orpheus(codes)
+    flat = to_orpheus(codes.arrays)
     assert flat.shape == (1, 7 * codes.n_frames[0])
     for level, want in zip(codes.arrays, _redistribute(flat[0].tolist())):
         assert level[0, 0].tolist() == want
-    back = from_orpheus(flat[0])
+    back = Codes(tuple(from_orpheus(flat[0])), codec="snac")
     for a, b in zip(back.arrays, codes.arrays):
         np.testing.assert_array_equal(a, b)
     audio = codec.decode(back, noise=2)[0]

@@ -212,7 +212,7 @@ def test_a_killed_worker_is_replaced_and_nothing_is_lost(tmp_path, smoke_exports
 
 
 def test_export_batch_is_checked_before_exporting(tmp_path):
-    proc = subprocess.run([str(BIN / "codec-export"), CODECS[0], "--variant", "tiny", "--random-init",
+    proc = subprocess.run([str(BIN / "codec-export"), CODECS[0], "--preset", "tiny", "--random-init",
                            "--len", "4000", "--batch", "4", "--precision", "fp16", "-o", str(tmp_path / "x")],
                           check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "--batch" in proc.stderr and "Traceback" not in proc.stderr
@@ -236,7 +236,7 @@ def test_smoke_exports_hold_batched_encoders_validated_row_by_row(smoke_exports)
 def test_batcher_full_padded_and_row_by_row_batches_give_encode_codes(smoke_exports, name):
     import codecport
     from codecport.runtime.audio import ArraySource
-    from codecport.runtime.batch import Batcher
+    from codecport.tokenize.batch import Batcher
 
     codec = codecport.load(smoke_exports[name])
     sr = codec.sample_rate

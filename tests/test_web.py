@@ -32,7 +32,7 @@ from web_support import (
 import codecport
 from codecport.export.check import check
 from codecport.export.web import WEBGPU_OPS
-from codecport.runtime.web import ISOLATION
+from codecport.serve.web import ISOLATION
 
 CODEC_RUN = [sys.executable, "-c", "from codecport.cli import run_cli; run_cli()"]
 CODEC_EXPORT = [sys.executable, "-c", "from codecport.cli import export_cli; export_cli()"]
@@ -74,7 +74,7 @@ def test_web_folder_is_what_the_module_reads(folders, codec):
 
 
 def test_web_target_refusals(tmp_path, tiny_export):
-    r = subprocess.run([*CODEC_EXPORT, "snac", "--variant", "tiny", "--random-init", "--target", "web", "-o",
+    r = subprocess.run([*CODEC_EXPORT, "snac", "--preset", "tiny", "--random-init", "--target", "web", "-o",
                         str(tmp_path / "s")], capture_output=True, text=True)
     assert r.returncode == 2 and "no browser runtime yet" in r.stderr and "Traceback" not in r.stderr
     # A numpy-quantizer folder cannot be served: the browser reads no rvq.npz.
@@ -358,7 +358,7 @@ def test_module_and_registry_agree():
     """codecport.mjs runs exactly the codecs registered as `web`, at the package's version, and
     its npm package.json says the same version."""
     from codecport import registry
-    from codecport.runtime.web import web_asset
+    from codecport.serve.web import web_asset
 
     src = web_asset("codecport.mjs").read_text()
     codecs = re.search(r"const CODECS = \{([^}]*)\}", src).group(1)
@@ -370,11 +370,11 @@ def test_module_and_registry_agree():
 def test_int8_is_refused_on_webgpu(browser, tmp_path, tiny_mimi):
     """int8 folders gave wrong audio on onnxruntime-web's WebGPU: load() says so instead."""
     from codecport.export.mimi import export_mimi
-    from codecport.export.variants import Shaping
+    from codecport.export.builds import Build
 
     out = tmp_path / "int8"
-    export_mimi(tiny_mimi, out, None, 1, variant="tiny", weights="random-init seed 0", weights_sha256="none",
-                in_graph_codebooks=tiny_mimi.cfg.n_codebooks, shaping=Shaping("web", "int8"))
+    export_mimi(tiny_mimi, out, None, 1, preset="tiny", weights="random-init seed 0", weights_sha256="none",
+                in_graph_codebooks=tiny_mimi.cfg.n_codebooks, build=Build("web", "int8"))
     with served(out) as server:
         page = Page(browser, f"{server.url}?ep=webgpu")
         assert page.state == "error" and "int8 export, which onnxruntime-web's WebGPU runs wrongly" in page.error()
@@ -389,7 +389,7 @@ def test_codec_bench_web_reports_both_runtimes(tmp_path):
     one report, with the live loop's percentiles and the folder's deviation."""
     out = tmp_path / "web.json"
     r = subprocess.run([sys.executable, "-c", "from codecport.bench.cli import main; main()", "web", "--codec",
-                        "mimi", "--variant", "tiny", "--seconds", "0.1", "--precision", "fp32", "--threads", "1",
+                        "mimi", "--preset", "tiny", "--seconds", "0.1", "--precision", "fp32", "--threads", "1",
                         "--runs", "2", "--rounds", "2", "--steps", "5", "--ort-web", str(ORT_WEB),
                         "--dir", str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True,
                        timeout=600)

@@ -17,8 +17,8 @@ import pytest
 
 from codecport.export.dac import export_dac
 from codecport.export.mimi import export_mimi
-from codecport.export.variants import Shaping
-from codecport.runtime.web import CHROMIUM, CHROMIUM_ARGS
+from codecport.export.builds import Build
+from codecport.bench.browser import CHROMIUM, CHROMIUM_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 ORT_WEB = ROOT / "node_modules" / "onnxruntime-web" / "dist"
@@ -54,23 +54,23 @@ def browser():
 @pytest.fixture(scope="session")
 def dac_web(tmp_path_factory, tiny_dac):
     out = tmp_path_factory.mktemp("dac_web") / "model"
-    export_dac(tiny_dac, out, DAC_WEB_LEN, variant="tiny", weights="random-init seed 0", weights_sha256="none",
-               in_graph_codebooks=tiny_dac.cfg.n_codebooks, shaping=Shaping("web"))
+    export_dac(tiny_dac, out, DAC_WEB_LEN, preset="tiny", weights="random-init seed 0", weights_sha256="none",
+               in_graph_codebooks=tiny_dac.cfg.n_codebooks, build=Build("web"))
     return out
 
 
 @pytest.fixture(scope="session")
 def mimi_web(tmp_path_factory, tiny_mimi):
     out = tmp_path_factory.mktemp("mimi_web") / "model"
-    export_mimi(tiny_mimi, out, MIMI_WEB_LEN, MIMI_WEB_STEP, variant="tiny", weights="random-init seed 0",
-                weights_sha256="none", in_graph_codebooks=tiny_mimi.cfg.n_codebooks, shaping=Shaping("web"))
+    export_mimi(tiny_mimi, out, MIMI_WEB_LEN, MIMI_WEB_STEP, preset="tiny", weights="random-init seed 0",
+                weights_sha256="none", in_graph_codebooks=tiny_mimi.cfg.n_codebooks, build=Build("web"))
     return out
 
 
 @contextlib.contextmanager
 def served(folder: Path):
     """`WebServer` for `folder` on a free port, stopped on exit."""
-    from codecport.runtime.web import WebServer
+    from codecport.serve.web import WebServer
 
     server = WebServer(folder, ORT_WEB, 0).start()
     try:

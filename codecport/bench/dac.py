@@ -7,53 +7,17 @@ import json
 from pathlib import Path
 
 from ..atomic import atomic_path
+from .facts import BenchFacts, LongAudio, Official
 from .measure import clip, summary, timings
-
-FRAMES = False  # no step graphs: --frames does not apply
-WEB = ("24khz", None)  # codec-bench web: the preset, and codebooks in the graphs (None: all)
-LONG = True  # chunked windows: --long times long audio through them
-LONG_MODE, LONG_GRAPHS = "chunked", ("encoder_chunked", "decoder_chunked")
-LONG_LABEL, LONG_TORCH = "through the chunked graphs", "one window after another"
-MODE = "fixed"  # one call of the fixed-length graphs
-NOISE: dict = {}  # its decoder adds no noise
-# `--contender official`: (its name in the report, module to look for, why it may not run). It runs
-# in an interpreter of its own (`--official-python`), so no module is looked for here.
-OFFICIAL = ("descript-audio-codec", None,
-            ("descript-audio-codec cannot share an environment with codecport (its descript-audiotools "
-            "pins protobuf<3.20, onnx and onnxruntime need >=4.25): install it in an environment of "
-            "its own and pass --official-python ENV/bin/python"))
-OFFICIAL_SCRIPT = Path(__file__).with_name("official_dac.py")
-
-# The demo's preset and seconds per fixed call: the smaller 24 kHz model keeps its export short.
-DEMO = ("24khz", 1.0)
 
 
 def clip_samples(cfg, seconds: float) -> int:
     return round(seconds * cfg.sample_rate)
 
 
-def long_frames(manifest: dict, n: int) -> int:
-    """Frames of `n` samples of long audio, as the chunked mode codes them."""
-    geo = manifest["geometry"]
-    return -(-n // geo["chunk_step"]) * geo["chunk_frames"]
-
-
 def long_samples(manifest: dict, windows: int) -> int:
     """Samples of long audio that take `windows` windows of the chunked graphs."""
     return windows * manifest["geometry"]["chunk_step"]
-
-
-def long_fields(manifest: dict) -> dict:
-    """What chunked codes of long audio carry besides their length and rate (see `Codes`)."""
-    return {"mode": "chunked", "chunk_frames": manifest["geometry"]["chunk_frames"], "loudness_db": -20.0}
-
-
-def export_options(frames: int) -> dict:
-    return {}
-
-
-def skip(contender: str, variant: str) -> str | None:
-    return None
 
 
 def prepare_official(work: Path) -> None:
@@ -81,14 +45,6 @@ def torch_decode(model, arrays):
     import torch
 
     return model.decode(torch.from_numpy(arrays[0]))[:, 0].numpy()
-
-
-def stream_bench(codec, job: dict) -> None:
-    return None  # no streaming graphs
-
-
-def demo_stream(codec, clip_audio) -> None:
-    return None
 
 
 def torch_long(model, job: dict, meta: dict) -> dict:
@@ -127,4 +83,19 @@ def transformers_model(conf: dict):
     return (lambda x: hf.encode(x).audio_codes), (lambda c: hf.decode(audio_codes=c).audio_values)
 
 
-CONTENDERS: dict = {}  # worker runners beyond onnx/torch/transformers/memory
+FACTS = BenchFacts(
+    # The smaller 24 kHz model keeps the demo's export short.
+    demo_preset="24khz", demo_seconds=1.0, web_preset="24khz",
+    clip_samples=clip_samples, torch_encode=torch_encode, torch_codes=torch_codes, torch_decode=torch_decode,
+    transformers_model=transformers_model,
+    long=LongAudio("chunked", ("encoder_chunked", "decoder_chunked"), "through the chunked graphs",
+                   "one window after another", long_samples),
+    torch_long=torch_long,
+    official=Official(
+        "descript-audio-codec", None,
+        "descript-audio-codec cannot share an environment with codecport (its descript-audiotools pins "
+        "protobuf<3.20, onnx and onnxruntime need >=4.25): install it in an environment of its own and "
+        "pass --official-python ENV/bin/python",
+        script=Path(__file__).with_name("official_dac.py")),
+    prepare_official=prepare_official,
+)

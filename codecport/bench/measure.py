@@ -11,11 +11,38 @@ from pathlib import Path
 import numpy as np
 
 
-def clip(n: int) -> np.ndarray:
-    """The bench's audio, `[1, n]`: a tone in noise, the same for every contender."""
-    rng = np.random.default_rng(0)
-    t = np.arange(n) / 24000
-    return (0.3 * np.sin(2 * np.pi * 220 * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)[None]
+def clip(n: int, sample_rate: int = 24000, seed: int = 0) -> np.ndarray:
+    """The bench's audio, `[1, n]` float32 in [-1, 1]: tones with moving pitch under an envelope,
+    plus noise, the same for every contender. Something with structure at every scale, so no
+    codebook sees only silence."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(n) / sample_rate
+    out = np.zeros(n)
+    for f0 in (110.0, 440.0, 1760.0):
+        f = f0 * (1 + 0.3 * np.sin(2 * np.pi * rng.uniform(0.1, 0.5) * t))
+        out += np.sin(2 * np.pi * np.cumsum(f) / sample_rate) * (0.5 + 0.5 * np.sin(2 * np.pi * 0.7 * t + f0))
+    out = out / 3 * (0.6 + 0.4 * np.sin(2 * np.pi * 0.25 * t)) + 0.05 * rng.standard_normal(n)
+    return (0.9 * out / max(float(np.max(np.abs(out))), 1e-9))[None].astype(np.float32)
+
+
+def agreement(ref: np.ndarray, got: np.ndarray) -> dict:
+    """Share of codes `got` has equal to `ref` (all codebooks, and the first), in percent."""
+    if ref.shape != got.shape:
+        return {"code_agreement_pct": 0.0, "first_codebook_pct": 0.0,
+                "shape_mismatch": [list(ref.shape), list(got.shape)]}
+    ref, got = ref.reshape(-1, *ref.shape[-2:]), got.reshape(-1, *got.shape[-2:])
+    return {"code_agreement_pct": round(100 * float(np.mean(ref == got)), 3),
+            "first_codebook_pct": round(100 * float(np.mean(ref[:, 0] == got[:, 0])), 3)}
+
+
+def closeness(ref: np.ndarray, got: np.ndarray) -> dict:
+    """SNR of `got` against `ref` (None when identical: JSON has no infinity) and max abs error."""
+    if ref.shape != got.shape:
+        return {"snr_db": None, "max_abs_err": None, "shape_mismatch": [list(ref.shape), list(got.shape)]}
+    ref, got = ref.astype(np.float64), got.astype(np.float64)
+    err = float(np.sum((got - ref) ** 2))
+    snr = None if err == 0 else round(float(10 * np.log10(max(float(np.sum(ref ** 2)), 1e-30) / err)), 2)
+    return {"snr_db": snr, "max_abs_err": float(np.max(np.abs(got - ref))), "identical": err == 0}
 
 
 def timings(fn: Callable[[], object], runs: int, warmup: int = 1) -> list[float]:
@@ -78,6 +105,12 @@ def peak_rss_mb() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+
+
+def children_peak_rss_mb() -> float:
+    """Peak resident set size of the largest child process waited for, in MB."""
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
 
 

@@ -9,42 +9,19 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime.mimi import MOSHI_CODEBOOKS
+from .facts import BenchFacts, Official
 from .measure import clip, summary, timings
 
-FRAMES = True  # step graphs: --frames sets the code frames a step
-WEB = ("mimi", 8)  # codec-bench web: the preset, and Moshi's 8 codebooks in the graphs
-LONG = False
-MODE = "fixed"  # one call of the fixed-length graphs
-NOISE: dict = {}
-OFFICIAL = ("moshi", "moshi", ("pip install moshi, in an environment of its own (it pins torch<2.10 "
-            "and numpy<2.3), or pip install --no-deps moshi sentencepiece einops"))
-OFFICIAL_SCRIPT = None
 
-DEMO = ("mimi", 2.0)  # the demo's preset and seconds per fixed call
+def export_options(step_frames: int) -> dict:
+    return {"step_frames": step_frames}
 
 
-def clip_samples(cfg, seconds: float) -> int:
-    return round(seconds * cfg.sample_rate / cfg.frame_size) * cfg.frame_size
-
-
-def long_frames(manifest: dict, n: int) -> int:
-    """Frames of `n` samples of long audio (it streams through the step graphs)."""
-    return -(-n // int(manifest["frame_size"]))
-
-
-def long_fields(manifest: dict) -> dict:
-    """What codes of long audio carry besides their length and rate (see `Codes`)."""
-    return {"mode": "step"}
-
-
-def export_options(frames: int) -> dict:
-    return {"frames": frames}
-
-
-def skip(contender: str, variant: str) -> str | None:
-    if contender == "rustymimi" and variant != "mimi":
+def skip(contender: str, preset: str) -> str | None:
+    if contender == "rustymimi" and preset != "mimi":
         # Its Tokenizer builds the released Mimi's config whatever the file holds.
-        return "rustymimi runs the released Mimi config only (mimi --variant mimi)"
+        return "rustymimi runs the released Mimi config only (mimi --preset mimi)"
     return None
 
 
@@ -62,33 +39,9 @@ def torch_decode(model, arrays):
     return model.decode(torch.from_numpy(arrays[0]))[:, 0].numpy()
 
 
-def stream_bench(codec, job: dict) -> dict:
-    """Latency of one live step, encode and decode."""
-    from .worker import stream_steps
-
-    stream = codec.stream()
-    return stream_steps(stream, stream.step_frames, stream.step_samples, codec.sample_rate, job["steps"])
-
-
-def demo_stream(codec, clip_audio) -> str:
-    """The demo's live loop: the clip a step at a time through encode and decode."""
-    import time
-
-    stream, lat = codec.stream(), []
-    step = stream.step_samples
-    for i in range(0, clip_audio.shape[1] - step + 1, step):
-        t0 = time.perf_counter()
-        stream.decode_step(stream.encode_step(clip_audio[0, i:i + step]))
-        lat.append(time.perf_counter() - t0)
-    return (f"live stream, {1000 * step / codec.sample_rate:g} ms a call (encode + decode): "
-            f"median {1e3 * np.median(lat):.1f} ms, p95 {1e3 * np.percentile(lat, 95):.1f} ms")
-
-
 def transformers_model(conf: dict):
     """transformers' `MimiModel` of the bench's config: (encode(x), decode(codes))."""
     import transformers
-
-    from ..runtime.mimi import MOSHI_CODEBOOKS
 
     ratios = conf["ratios"]
     hf = transformers.MimiModel(transformers.MimiConfig(
@@ -104,17 +57,11 @@ def transformers_model(conf: dict):
     return (lambda x: hf.encode(x, num_quantizers=k).audio_codes), (lambda c: hf.decode(c).audio_values)
 
 
-class _RustyStream:
-    """rustymimi's streaming calls in `MimiStream`'s shape: one frame in, its codes out."""
+class _Push:
+    """A contender's streaming call in the shape of codecport's streams: `push(x)`."""
 
-    def __init__(self, tok):
-        self.tok = tok
-
-    def encode_step(self, frame: np.ndarray):
-        return self.tok.encode_step(frame[None, None])
-
-    def decode_step(self, codes):
-        return self.tok.decode_step(codes)
+    def __init__(self, fn):
+        self.push = fn
 
 
 def run_rustymimi(job: dict) -> dict:
@@ -124,7 +71,6 @@ def run_rustymimi(job: dict) -> dict:
 
     import rustymimi
 
-    from ..runtime.mimi import MOSHI_CODEBOOKS
     from .worker import stream_steps
 
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
@@ -135,25 +81,10 @@ def run_rustymimi(job: dict) -> dict:
     dec = timings(lambda: tok.decode(codes), job["runs"])
     tok.reset()
     return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
-            "streaming": stream_steps(_RustyStream(tok), job["frames"], job["frames"] * int(meta["frame_size"]),
+            "streaming": stream_steps(_Push(lambda frame: tok.encode_step(frame[None, None])),
+                                      _Push(tok.decode_step), job["frames"], job["frames"] * int(meta["frame_size"]),
                                       int(meta["sample_rate"]), job["steps"]),
             "version": version("rustymimi"), "codes": codes.astype(np.int64).tolist()}
-
-
-class _MoshiStream:
-    """moshi's streaming mode in `MimiStream`'s shape, as the Moshi server runs it: inside one
-    `mimi.streaming(1)`, each call takes the next frames and returns their codes or audio."""
-
-    def __init__(self, model):
-        import torch
-
-        self.model, self.torch = model, torch
-
-    def encode_step(self, frame: np.ndarray):
-        return self.model.encode(self.torch.from_numpy(frame)[None, None])
-
-    def decode_step(self, codes):
-        return self.model.decode(codes)
 
 
 def run_moshi(job: dict) -> dict:
@@ -166,7 +97,6 @@ def run_moshi(job: dict) -> dict:
 
     from ..models.mimi_config import MimiConfig
     from ..models.mimi_weights import moshi_config
-    from ..runtime.mimi import MOSHI_CODEBOOKS
     from .worker import stream_steps
 
     try:
@@ -183,12 +113,22 @@ def run_moshi(job: dict) -> dict:
         codes = model.encode(x)
         enc = timings(lambda: model.encode(x), job["runs"])
         dec = timings(lambda: model.decode(codes), job["runs"])
+        # As the Moshi server runs it: inside one `mimi.streaming(1)`, each call takes the next
+        # frames and returns their codes or audio.
         with model.streaming(1):
-            steps = stream_steps(_MoshiStream(model), job["frames"], job["frames"] * cfg.frame_size,
+            steps = stream_steps(_Push(lambda frame: model.encode(torch.from_numpy(frame)[None, None])),
+                                 _Push(model.decode), job["frames"], job["frames"] * cfg.frame_size,
                                  cfg.sample_rate, job["steps"])
     return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "streaming": steps, "threads": torch.get_num_threads(), "version": version("moshi"),
             "codes": codes.numpy().tolist()}
 
 
-CONTENDERS = {"rustymimi": run_rustymimi, "official": run_moshi}
+FACTS = BenchFacts(
+    demo_preset="mimi", demo_seconds=2.0, web_preset="mimi", web_codebooks=MOSHI_CODEBOOKS,
+    torch_encode=torch_encode, torch_codes=torch_codes, torch_decode=torch_decode,
+    transformers_model=transformers_model, export_options=export_options, skip=skip, step_frames=True,
+    official=Official("moshi", "moshi", "pip install moshi, in an environment of its own (it pins "
+                      "torch<2.10 and numpy<2.3), or pip install --no-deps moshi sentencepiece einops"),
+    contenders={"rustymimi": run_rustymimi, "official": run_moshi},
+)

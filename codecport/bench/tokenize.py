@@ -57,7 +57,7 @@ def _torch_loop(job: dict) -> None:
     from safetensors.torch import load_file
 
     spec = registry.get(job["codec"])
-    models, hooks = spec.module("model"), spec.module("bench")
+    models, facts = spec.module("model"), spec.bench
     cfg = spec.module("config").CONFIG.from_kwargs(json.loads(Path(job["config"]).read_text()))
     model = models.MODEL(cfg)
     model.load_state_dict(load_file(job["weights"]))
@@ -69,7 +69,7 @@ def _torch_loop(job: dict) -> None:
             audio = soxr.resample(audio, sr, cfg.sample_rate)
         with torch.no_grad():
             for channel in audio.T:
-                hooks.torch_encode(model, torch.from_numpy(np.ascontiguousarray(channel))[None, None], job["k"])
+                facts.torch_encode(model, torch.from_numpy(np.ascontiguousarray(channel))[None, None], job["k"])
     print(json.dumps({"wall_s": time.perf_counter() - t0}))
 
 
@@ -95,7 +95,8 @@ def _contenders(batch: int | None, with_ray: bool) -> dict[str, dict]:
 
 @click.command("tokenize", context_settings={"show_default": True})
 @click.option("--codec", type=click.Choice(registry.names()), required=True, help="The codec to export and run.")
-@click.option("--variant", default=None, help="Preset [default: the codec's default].")
+@click.option("--preset", default=None, help="Preset [default: the codec's default].")
+@click.option("--variant", default=None, hidden=True)
 @click.option("--len", "length", type=float, default=5.0,
               help="Seconds per call of the fixed graphs and of DAC's windows. Mimi batches the clips "
                    "up to this long (padded to it) and streams the longer ones.")
@@ -113,21 +114,21 @@ def _contenders(batch: int | None, with_ray: bool) -> dict[str, dict]:
                    "per file.")
 @click.option("--ray/--no-ray", "with_ray", default=True, help="Include the Ray engine.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None)
-def tokenize_cmd(codec, variant, length, batch, frames, clips, min_seconds, max_seconds, slices, many,
+def tokenize_cmd(codec, preset, variant, length, batch, frames, clips, min_seconds, max_seconds, slices, many,
                  with_ray, json_out) -> None:
     """Corpus tokenizing: our engines against a torch loop, audio seconds per wall second."""
-    from .cli import _prepare
+    from .prepare import prepare
 
     spec = registry.get(codec)
-    variant = variant or spec.default_variant
+    preset = preset or variant or spec.default_preset
     if not spec.runtime.batchable:
         click.echo(f"{spec.label} has no batched encoders: its engines run at batch 1", err=True)
         batch = None
     with tempfile.TemporaryDirectory(prefix="codec-bench-tokenize-") as tmp:
         work = Path(tmp)
-        click.echo(f"exporting {codec} {variant} (random weights, --len {length} s, --batch {batch}, "
+        click.echo(f"exporting {codec} {preset} (random weights, --len {length} s, --batch {batch}, "
                    f"--frames {frames})...", err=True)
-        _prepare(spec, variant, length, frames if spec.module("bench").FRAMES else 1, 0, work, batch=batch)
+        prepare(spec, preset, length, frames if spec.bench.step_frames else 1, 0, work, batch=batch)
         parts = [work / f"slice{i}" for i in range(slices)]
         audio = []
         for i, part in enumerate(parts):
@@ -175,11 +176,11 @@ def tokenize_cmd(codec, variant, length, batch, frames, clips, min_seconds, max_
         r["audio_s_per_s"] = total / r["wall_s"]
         if "many_wall_s" in r:  # beyond its start and its audio at the corpus's rate
             r["per_file_ms"] = 1000 * ((r["many_wall_s"] - r["start_s"]) / many - 0.2 / r["audio_s_per_s"])
-    report = {"codec": codec, "variant": variant, "len_s": length, "batch": batch, "frames": frames,
+    report = {"codec": codec, "preset": preset, "len_s": length, "batch": batch, "frames": frames,
               "clips": clips,
               "audio_s": total, "seconds": [min_seconds, max_seconds], "slices": slices, "results": results}
     base = results["torch-loop"]["audio_s_per_s"]
-    click.echo(f"{codec} {variant}: {clips} clips, {total / 3600:.2f} h of audio ({min_seconds:g}-"
+    click.echo(f"{codec} {preset}: {clips} clips, {total / 3600:.2f} h of audio ({min_seconds:g}-"
                f"{max_seconds:g} s, rates 16-48 kHz, mono and stereo), batch {batch or 1}")
     click.echo(f"{'contender':<14}{'audio s/s':>10}{'vs torch':>10}{'vs local':>10}{'start s':>9}{'ms/file':>9}")
     click.echo("  (vs local: against the local engine at the same batch)")

@@ -3,9 +3,9 @@ threads) beside the native CPU EP on the same web folders, in one run.
 
 The contenders take turns round by round (a slow spell of the machine lands on all of them),
 and every call is timed where it runs: `performance.now()` in the page, `perf_counter` here.
-Per codec (its bench hooks' `WEB`: preset and codebooks in the graphs) and precision:
+Per codec (its bench facts' `web_preset` and `web_codebooks`) and precision:
 - encode and decode of one fixed-length call (the real-time factor: compute s per audio s);
-- codecs with step graphs (Mimi): the live loop, encodeStep + decodeStep of each frame, p50/p95.
+- codecs that stream both ways (Mimi): the live loop, encoder then decoder push of each step, p50/p95.
 Weights are random (timings do not depend on them); WebGPU is left out: on SwiftShader (the
 only adapter here) its timings mean nothing.
 """
@@ -42,44 +42,43 @@ PAGE_RUN = """async ([what, runs, steps]) => {
     }
   }
   if (what.includes("stream")) {
-    const s = c.stream(), n = s.stepSamples, both = [], enc = [], dec = [];
+    const e = c.encoderStream(), d = c.decoderStream(), n = e.stepFrames * c.frameSize, both = [], enc = [], dec = [];
     for (let i = 0; i < steps + WARMUP; i++) {
       const pcm = x.subarray((i * n) % (x.length - n), (i * n) % (x.length - n) + n);
-      const [me, codes] = await time(() => s.encodeStep(pcm));
-      const [md] = await time(() => s.decodeStep(codes));
+      const [me, codes] = await time(() => e.push(pcm));
+      const [md] = await time(() => d.push(codes));
       if (i >= WARMUP) { enc.push(me / 1000); dec.push(md / 1000); both.push((me + md) / 1000); }
     }
-    out.stream = {encode_step: enc, decode_step: dec, both, frames_per_step: s.stepFrames};
+    out.stream = {encode_step: enc, decode_step: dec, both, frames_per_step: e.stepFrames};
   }
   return out;
 }""".replace("WARMUP", str(WARMUP_STEPS))
 
 
 def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], frames: int,
-             variant: str | None = None) -> dict[str, Path]:
+             preset: str | None = None) -> dict[str, Path]:
     """precision -> web folder of `spec`'s bench preset (random weights), built once and reused
     while the export code and the settings are the same."""
-    from ..export.variants import Shaping, variant_of_folder
-    from .cli import _export_source_hash
+    from ..export.builds import Build, build_of_folder
+    from .prepare import export_source_hash
 
-    hooks, models = spec.module("bench"), spec.module("model")
-    preset, codebooks = hooks.WEB
-    variant = variant or preset
-    if variant not in spec.presets:
-        raise CodecportError(f"{spec.name} has no preset {variant!r}; choose one of {', '.join(spec.presets)}")
-    cfg = spec.presets[variant]
-    codebooks = min(codebooks or cfg.n_codebooks, cfg.n_codebooks)
-    samples = hooks.clip_samples(cfg, seconds)
-    frames = frames if hooks.FRAMES else 1
-    key = {"variant": variant, "samples": samples, "codebooks": codebooks, "frames": frames,
-           "source": _export_source_hash()}
+    facts, models = spec.bench, spec.module("model")
+    preset = preset or facts.web_preset
+    if preset not in spec.presets:
+        raise CodecportError(f"{spec.name} has no preset {preset!r}; choose one of {', '.join(spec.presets)}")
+    cfg = spec.presets[preset]
+    codebooks = min(facts.web_codebooks or cfg.n_codebooks, cfg.n_codebooks)
+    samples = facts.clip_samples(cfg, seconds)
+    frames = frames if facts.step_frames else 1
+    key = {"preset": preset, "samples": samples, "codebooks": codebooks, "frames": frames,
+           "source": export_source_hash()}
     stamp, base = work / "stamp.json", work / "base"
     if not stamp.is_file() or json.loads(stamp.read_text()) != key:
-        click.echo(f"exporting {spec.name} {variant} for {seconds:g} s (random weights, quantizer in the graphs) ...")
+        click.echo(f"exporting {spec.name} {preset} for {seconds:g} s (random weights, quantizer in the graphs) ...")
         for old in work.glob("web-*"):
             shutil.rmtree(old)
         model = models.init_random(models.MODEL(cfg), 0).eval()
-        spec.module("export").export(model, base, samples, options=hooks.export_options(frames), variant=variant,
+        spec.module("export").export(model, base, samples, options=facts.export_options(frames), preset=preset,
                                      weights="random-init seed 0", weights_sha256="none",
                                      in_graph_codebooks=codebooks)
         work.mkdir(parents=True, exist_ok=True)
@@ -89,7 +88,7 @@ def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], fram
         folder = work / f"web-{p}"
         if not (folder / "manifest.json").is_file():
             click.echo(f"building {spec.name}'s web {p} folder (deviation measured) ...")
-            variant_of_folder(base, folder, Shaping("web", p))
+            build_of_folder(spec, base, folder, Build("web", p))
         out[p] = folder
     return out
 
@@ -98,9 +97,9 @@ class Native:
     """The Python runtime on the CPU EP with `threads` intra-op threads."""
 
     def __init__(self, folder: Path, threads: int):
-        import codecport
+        from ..registry import codec_of_folder
 
-        self.codec = codecport.load(folder, options={"threads": str(threads)})
+        self.codec = codec_of_folder(folder).runtime(folder, options={"threads": str(threads)})
 
     def run(self, x: np.ndarray, what: tuple[str, ...], runs: int, steps: int) -> dict:
         c, out = self.codec, {}
@@ -116,19 +115,19 @@ class Native:
                 c.decode(codes.data)
                 out["decode"].append(time.perf_counter() - t0)
         if "stream" in what:
-            s = c.stream()
-            n, enc, dec = s.step_samples, [], []
+            e, d = c.encoder_stream(), c.decoder_stream()
+            n, enc, dec = e.step_frames * c.frame_size, [], []
             for i in range(steps + WARMUP_STEPS):
                 at = (i * n) % (len(x) - n)
                 t0 = time.perf_counter()
-                codes = s.encode_step(x[at:at + n])
+                codes = e.push(x[at:at + n])
                 t1 = time.perf_counter()
-                s.decode_step(codes)
+                d.push(codes)
                 if i >= WARMUP_STEPS:
                     enc.append(t1 - t0)
                     dec.append(time.perf_counter() - t1)
             out["stream"] = {"encode_step": enc, "decode_step": dec, "both": [a + b for a, b in zip(enc, dec)],
-                             "frames_per_step": s.step_frames}
+                             "frames_per_step": e.step_frames}
         return out
 
 
@@ -164,10 +163,11 @@ def _pooled(results: list[dict], audio_s: float, frame_ms: float) -> dict:
 
 def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], threads: tuple[int, ...],
               runs: int, rounds: int, steps: int, work: Path, ort_web: Path | None, frames: int = 1,
-              variant: str | None = None) -> dict:
+              preset: str | None = None) -> dict:
     import onnxruntime
 
-    from ..runtime.web import CHROMIUM, CHROMIUM_ARGS, WebServer, find_ort_web
+    from ..serve.web import WebServer, find_ort_web
+    from .browser import CHROMIUM, CHROMIUM_ARGS
 
     try:
         from playwright.sync_api import sync_playwright
@@ -191,13 +191,14 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
         try:
             for name in codecs:
                 spec = registry.get(name)
-                folders = _folders(spec, work / name, seconds, precisions, frames, variant)
+                folders = _folders(spec, work / name, seconds, precisions, frames, preset)
                 for precision, folder in folders.items():
                     manifest = json.loads((folder / "manifest.json").read_text())
                     samples = manifest["geometry"]["samples"]
                     rate = int(manifest["sample_rate"])
                     x = clip(samples)[0]
-                    what = ("encode", "decode", *(("stream",) if "encoder_step" in manifest["graphs"] else ()))
+                    duplex = {"encoder", "decoder"} <= set(spec.runtime.streams)
+                    what = ("encode", "decode", *(("stream",) if duplex else ()))
                     frame_ms = 1000 * int(manifest["frame_size"]) / rate
                     server = WebServer(folder, ort_dir, 0).start()
                     try:
@@ -220,7 +221,7 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
                     entry = {label: _pooled(rs, samples / rate, frame_ms) for label, rs in results.items()}
                     dev = manifest.get("deviation", {})
                     report["codecs"].setdefault(name, {})[precision] = {
-                        "variant": manifest["variant"], "audio_seconds": samples / rate, "contenders": entry,
+                        "preset": manifest["preset"], "audio_seconds": samples / rate, "contenders": entry,
                         "deviation": {g: dev[g] for g in ("encoder", "decoder") if g in dev}}
         finally:
             browser.close()
@@ -234,7 +235,7 @@ def table(report: dict) -> list[str]:
               f"{report['runs']} runs x {report['rounds']} rounds taken in turn; RTF = compute s per audio s")]
     for name, by_precision in report["codecs"].items():
         for precision, r in by_precision.items():
-            lines.append(f"{name} {r['variant']} {precision}, {r['audio_seconds']:g} s a call:")
+            lines.append(f"{name} {r.get('preset', r.get('variant'))} {precision}, {r['audio_seconds']:g} s a call:")
             cs = r["contenders"]
             for label, c in cs.items():
                 parts = [f"encode RTF {c['encode']['rtf_median']:.3f}", f"decode RTF {c['decode']['rtf_median']:.3f}"]
@@ -260,7 +261,8 @@ def table(report: dict) -> list[str]:
 @click.command("web", context_settings={"show_default": True})
 @click.option("--codec", "codecs", multiple=True, default=None,
               help="Codecs to run (repeatable) [default: every codec codecport.mjs runs].")
-@click.option("--variant", default=None,
+@click.option("--variant", default=None, hidden=True)
+@click.option("--preset", default=None,
               help="Preset of every codec run [default: each codec's bench preset: 24khz for DAC, mimi for Mimi].")
 @click.option("--seconds", type=float, default=5.0, help="Audio per encode/decode call.")
 @click.option("--precision", "precisions", multiple=True, default=["fp32", "int8"],
@@ -277,7 +279,7 @@ def table(report: dict) -> list[str]:
 @click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
               help="Keep the web folders here and reuse them [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
-def web_cmd(codecs, variant, seconds, precisions, threads, runs, rounds, steps, frames, ort_web, work,
+def web_cmd(codecs, variant, preset, seconds, precisions, threads, runs, rounds, steps, frames, ort_web, work,
             json_out) -> None:
     """codecport.mjs in headless Chromium (wasm) against the native CPU EP, on the same folders."""
     web = [c.name for c in registry.codecs() if c.web]
@@ -286,4 +288,4 @@ def web_cmd(codecs, variant, seconds, precisions, threads, runs, rounds, steps, 
             raise click.BadParameter(f"{name}: codecport.mjs runs {', '.join(web)}", param_hint="--codec")
     run_report(work, "codec-bench-web-", lambda w: bench_web(
         list(codecs) or web, seconds, tuple(precisions), tuple(threads), runs, rounds, steps, w, ort_web, frames,
-        variant), table, json_out)
+        preset or variant), table, json_out)

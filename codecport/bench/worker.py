@@ -12,6 +12,7 @@ A contender that finds itself unable to run prints `{"skipped": reason}`.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -19,62 +20,89 @@ from pathlib import Path
 import numpy as np
 
 from .. import registry
-from .measure import clip, flat_codes, peak_rss_mb, percentiles, summary, timings
+from ..errors import CodecportError
+from .measure import children_peak_rss_mb, clip, flat_codes, peak_rss_mb, percentiles, summary, timings
 
 
 def run_onnx(job: dict) -> dict:
     """Our graphs through the public API: one fixed call each way, then the long-audio mode
-    (windows, when the codec has them) and the streaming steps (when it has those)."""
-    from .. import load
+    (windows, when the codec has them) and the streams (when it has those)."""
     from ..runtime.codes import Codes
 
     folder, runs = Path(job["dir"]) / job.get("model", "model"), job["runs"]
-    codec, hooks = load(folder, job["provider"]), registry.get(job["codec"]).module("bench")
-    sr, mode = codec.sample_rate, hooks.MODE
+    spec = registry.get(job["codec"])
+    codec, facts = spec.runtime(folder, job["provider"]), spec.bench
+    sr, mode = codec.sample_rate, facts.fixed_mode
     x = clip(codec.graph("encoder").int("samples"))
     codes = Codes(codec.encode(x, sr, mode=mode).arrays)  # bare: no resampling or loudness on the way back
     enc = timings(lambda: codec.encode(x, sr, mode=mode), runs)
     dec = timings(lambda: codec.decode(codes, mode=mode), runs)
     out = {}
-    if hooks.LONG and job.get("long"):
-        out = _long(codec, hooks, job)
-    if (streaming := hooks.stream_bench(codec, job)) is not None:
-        out["streaming"] = streaming
+    if facts.long and job.get("long"):
+        out = _long(codec, facts.long, job)
+    if codec.streams:
+        out["streaming"] = stream_bench(codec, job["steps"])
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "provider": codec.provider, "codes": flat_codes(codes.arrays).tolist()}
 
 
-def _long(codec, hooks, job: dict) -> dict:
-    """Long audio of `long` windows, as `codec-run` runs it (the codec's `LONG_MODE`)."""
+def _long(codec, long, job: dict) -> dict:
+    """Long audio of `long` windows, as `codec-run` runs it (the codec's long-audio mode)."""
     from ..runtime.codes import Codes
 
     manifest = json.loads((codec.dir / "manifest.json").read_text())
-    n, mode = hooks.long_samples(manifest, job["long"]), hooks.LONG_MODE
+    n = long.samples(manifest, job["long"])
     x, sr = clip(n), codec.sample_rate
-    codes = Codes(codec.encode(x, sr, mode=mode).arrays)
-    enc = timings(lambda: codec.encode(x, sr, mode=mode), job["runs"])
-    dec = timings(lambda: codec.decode(codes, mode=mode), job["runs"])
+    codes = Codes(codec.encode(x, sr, mode=long.mode).arrays)
+    enc = timings(lambda: codec.encode(x, sr, mode=long.mode), job["runs"])
+    dec = timings(lambda: codec.decode(codes, mode=long.mode), job["runs"])
     seconds = n / sr
     return {"encode-long": summary(enc, seconds), "decode-long": summary(dec, seconds),
-            "windows_at_once": codec.windows}
+            "windows_at_once": codec.parallel}
 
 
-def stream_steps(stream, frames: int, samples: int, rate: int, steps: int) -> dict:
+def stream_bench(codec, steps: int) -> dict:
+    """Latency of the codec's streams, a step of its step graphs pushed at a time, as a live
+    server pushes them: PCM through the encoder stream and its codes through the decoder stream
+    when it has both, else random codes through the decoder stream."""
+    dec = codec.decoder_stream() if "decoder" in codec.streams else None
+    if "encoder" in codec.streams:
+        enc = codec.encoder_stream()
+        out = stream_steps(enc, dec, enc.step_frames, enc.step_frames * codec.frame_size, codec.sample_rate,
+                           steps)
+    else:
+        rng, lat = np.random.default_rng(0), []
+        per = [dec.step_frames * codec.strides[0] // s for s in codec.strides]  # codes of each scale a push
+        for i in range(steps + 5):
+            codes = [rng.integers(0, codec.codebook_size, n) for n in per]
+            t0 = time.perf_counter()
+            dec.push(codes)
+            if i >= 5:  # the first steps warm the sessions up
+                lat.append(time.perf_counter() - t0)
+        frame = codec.strides[0] * codec.frame_size
+        out = {"decode_step": percentiles(lat), "steps": steps, "frames_per_step": dec.step_frames,
+               "frame_ms": 1000 * frame / codec.sample_rate}
+    out["latency_frames"] = (dec or enc).latency.frames
+    return out
+
+
+def stream_steps(encoder, decoder, frames: int, samples: int, rate: int, steps: int) -> dict:
     """Latency of one streaming step (`frames` code frames, `samples` samples at `rate`), encode
-    and decode separately."""
+    and decode separately: `encoder.push(pcm)` gives codes, `decoder.push(codes)` audio."""
     x = clip(samples * (steps + 5))[0]
     enc, dec = [], []
     for i in range(steps + 5):
         t0 = time.perf_counter()
-        codes = stream.encode_step(x[i * samples:(i + 1) * samples])
+        codes = encoder.push(x[i * samples:(i + 1) * samples])
         t1 = time.perf_counter()
-        stream.decode_step(codes)
+        if decoder is not None:
+            decoder.push(codes)
         t2 = time.perf_counter()
         if i >= 5:  # the first steps warm the sessions up
             enc.append(t1 - t0)
             dec.append(t2 - t1)
-    return {"encode_step": percentiles(enc), "decode_step": percentiles(dec), "steps": steps,
-            "frames_per_step": frames, "frame_ms": 1000 * samples / frames / rate}
+    return {"encode_step": percentiles(enc), **({"decode_step": percentiles(dec)} if decoder is not None else {}),
+            "steps": steps, "frames_per_step": frames, "frame_ms": 1000 * samples / frames / rate}
 
 
 def _torch_model(spec, job: dict):
@@ -93,17 +121,17 @@ def run_torch(job: dict) -> dict:
     import torch
 
     spec = registry.get(job["codec"])
-    hooks, model, runs = spec.module("bench"), _torch_model(spec, job), job["runs"]
+    facts, model, runs = spec.bench, _torch_model(spec, job), job["runs"]
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
     x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
     k = spec.runtime.default_codebooks  # as the ONNX contender: all (DAC), Moshi's 8 (Mimi)
     k = None if k is None else min(k, model.cfg.n_codebooks)
     with torch.inference_mode():
-        codes = hooks.torch_encode(model, x, k)
-        enc = timings(lambda: hooks.torch_encode(model, x, k), runs)
+        codes = facts.torch_encode(model, x, k)
+        enc = timings(lambda: facts.torch_encode(model, x, k), runs)
         dec = timings(lambda: model.decode(codes), runs)
-        out = hooks.torch_long(model, job, meta) if hooks.LONG and job.get("long") else {}
-        arrays = hooks.torch_codes(model, x, k)
+        out = facts.torch_long(model, job, meta) if facts.long and job.get("long") else {}
+        arrays = facts.torch_codes(model, x, k)
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "threads": torch.get_num_threads(), "codes": flat_codes(arrays).tolist()}
 
@@ -117,7 +145,7 @@ def run_transformers(job: dict) -> dict:
     conf = json.loads((Path(job["dir"]) / "config.json").read_text())
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
     x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
-    encode, decode = registry.get(job["codec"]).module("bench").transformers_model(conf)
+    encode, decode = registry.get(job["codec"]).bench.transformers_model(conf)
     with torch.inference_mode():
         codes = encode(x)
         enc = timings(lambda: encode(x), job["runs"])
@@ -128,16 +156,14 @@ def run_transformers(job: dict) -> dict:
 
 def run_memory(job: dict) -> dict:
     """`codec-run decode` of random codes in the codec's own file, or `codec-run encode` of a
-    44.1 kHz stereo WAV (`direction`), `minutes` long, in this process: its peak RSS is the
-    command's."""
+    44.1 kHz stereo WAV (`direction`), `minutes` long, in a process of its own: its peak RSS is
+    the command's."""
     import soundfile as sf
 
-    from ..cli import run_cli
+    from ..runtime.codes import Codes
 
     folder, out = Path(job["dir"]), Path(job["dir"]) / "memory"
     out.mkdir(exist_ok=True)
-    # From the manifest, not a loaded model: this process's peak RSS is what is measured.
-    meta = json.loads((folder / "model" / "manifest.json").read_text())
     spec = registry.get(job["codec"])
     if job.get("direction") == "encode":
         wav, rate = out / "input.wav", 44100
@@ -147,39 +173,42 @@ def run_memory(job: dict) -> dict:
                 n = min(left, rate)
                 f.write(np.tile(clip(n)[0][:, None], (1, 2)))
                 left -= n
-        args = ["encode", str(wav), "-m", str(folder / "model"), "-o", str(out / f"codes{spec.suffixes[-1]}")]
         written = out / f"codes{spec.suffixes[-1]}"
+        args = ["encode", str(wav), "-m", str(folder / "model"), "-o", str(written)]
     else:
-        # Codes in the codec's own file (DAC: .dac), as encode writes them, so that the original
-        # length, rate and loudness are restored on the way out as they would be.
-        from ..runtime.codes import Codes
-
-        rate = int(meta["sample_rate"])
+        # Codes in the codec's own file (DAC: .dac) as encode writes them for long audio, so that
+        # the original length, rate and loudness are restored on the way out as they would be.
+        codec, long = spec.runtime(folder / "model"), spec.bench.long
+        rate = codec.sample_rate
         n = round(job["minutes"] * 60 * rate)
-        hooks = spec.module("bench")
-        # One array of the first codebooks, or one codebook per time scale (`vq_strides`).
-        strides = [int(s) for s in meta.get("vq_strides", "1").split(",")]
-        k = min(8, int(meta["n_codebooks"])) if len(strides) == 1 else 1
-        frames, rng = hooks.long_frames(meta, n), np.random.default_rng(0)
-        codes = tuple(rng.integers(0, int(meta["codebook_size"]), (1, k, frames * strides[0] // s)) for s in strides)
+        mode = long.mode if long else None
+        coarse, rng = codec.expected_frames(n, mode), np.random.default_rng(0)
+        k = codec.codebooks(None) // codec.levels
+        codes = tuple(rng.integers(0, codec.codebook_size, (1, k, coarse * codec.strides[0] // s))
+                      for s in codec.strides)
+        fields = {"mode": mode, "chunk_frames": codec.chunk_frames() if mode == "chunked" else None,
+                  "loudness_db": -20.0 if codec.restores_loudness else None}
         source = out / f"codes{spec.suffixes[-1]}"
-        Codes(codes, codec=spec.name, sample_rate=rate, num_samples=n, **hooks.long_fields(meta)).save(source)
-        del codes
-        args = ["decode", str(source), "-m", str(folder / "model"), "-o", str(out / "decoded.wav")]
+        Codes(codes, codec=spec.name, sample_rate=rate, num_samples=n, **fields).save(source)
+        del codes, codec
         written = out / "decoded.wav"
+        args = ["decode", str(source), "-m", str(folder / "model"), "-o", str(written)]
     t0 = time.perf_counter()
-    run_cli.main(args, standalone_mode=False)
+    proc = subprocess.run([str(Path(sys.executable).parent / "codec-run"), *args], capture_output=True,
+                          text=True, check=False)
+    if proc.returncode != 0:
+        raise CodecportError(f"codec-run {args[0]} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
     return {"minutes": job["minutes"], "direction": job.get("direction", "decode"),
             "seconds": time.perf_counter() - t0, "output_mb": written.stat().st_size / 2 ** 20,
-            "from": Path(args[1]).suffix}
+            "from": Path(args[1]).suffix, "peak_rss_mb": children_peak_rss_mb()}
 
 
 def main() -> None:
     job = json.loads(sys.argv[1])
     runs = {"onnx": run_onnx, "torch": run_torch, "transformers": run_transformers, "memory": run_memory,
-            **registry.get(job["codec"]).module("bench").CONTENDERS}
+            **registry.get(job["codec"]).bench.contenders}
     result = runs[job["contender"]](job)
-    result["peak_rss_mb"] = peak_rss_mb()
+    result.setdefault("peak_rss_mb", peak_rss_mb())
     print(json.dumps(result))
 
 

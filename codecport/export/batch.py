@@ -36,14 +36,14 @@ def batched(spec: GraphSpec, batch: int) -> GraphSpec:
                      [resize(t) for t in spec.outputs], {**spec.metadata, "batch": str(batch)})
 
 
-def check_batch(batch: int | None, shaping) -> None:
+def check_batch(batch: int | None, build) -> None:
     """Refuse a `--batch` this export cannot honour, before any tracing."""
     if batch is None:
         return
     if not 1 < batch <= MAX_BATCH:
         raise ExportError(f"--batch must be between 2 and {MAX_BATCH}, got {batch}")
-    if not shaping.plain:
-        # A variant is measured through the runtime graph by graph; its batched rows would
+    if not build.plain:
+        # A build is measured through the runtime graph by graph; its batched rows would
         # need their own row-by-row check after the rewrite, which is not built yet.
         raise ExportError("--batch writes fp32 graphs for cpu, cuda or dml; leave out --precision "
                           "and the mobile/coreml targets")
@@ -69,12 +69,12 @@ def validate_batched(spec: GraphSpec, model: onnx.ModelProto, single: onnx.Model
 
 def export_batched(specs: list[GraphSpec], models: dict[str, onnx.ModelProto], batch: int | None,
                    names: tuple[str, ...], codes_of: Callable[[GraphSpec, np.ndarray], np.ndarray],
-                   report: dict, shaping) -> None:
+                   report: dict, build) -> None:
     """Add `<name>_b<batch>` for each graph of `names` in `models`, each validated row by row
     against its batch-1 graph; the validation goes into `report["validation"]`."""
     if batch is None:
         return
-    check_batch(batch, shaping)
+    check_batch(batch, build)
     for spec in [s for s in specs if s.name in names and s.name in models]:
         t0 = time.perf_counter()
         bspec = batched(spec, batch)

@@ -26,7 +26,6 @@ MOBILE_EPS = {
     "coreml-neuralnetwork": ("coreml_supported_neuralnetwork_ops.md", 5, True),
     "nnapi": ("nnapi_supported_ops.md", 999, True),
 }
-_FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16}
 _OTHER_FLOATS = {onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16}
 
 

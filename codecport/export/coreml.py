@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..atomic import atomic_dir
 from ..errors import ExportError, ModelFileError
 from .graph import GraphSpec

@@ -22,10 +22,10 @@ from ..errors import ExportError
 from ..models.dac import DAC
 from ..runtime.rvq import DacRvq
 from .batch import export_batched
-from .deviation import CodecHooks
+from .builds import Build, finish_export
+from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated, factorised_rvq_arrays
 from .validate import AUDIO_ATOL, check_close, check_codes, run
-from .variants import Shaping, finish_export
 
 log = logging.getLogger(__name__)
 
@@ -171,25 +171,25 @@ def validate(spec: GraphSpec, model, dac: DAC, rvq: DacRvq, seed: int = 1) -> di
 
 
 def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None, *,
-               variant: str, weights: str, weights_sha256: str,
-               in_graph_codebooks: int | None = None, shaping: Shaping | None = None,
+               preset: str, weights: str, weights_sha256: str,
+               in_graph_codebooks: int | None = None, build: Build | None = None,
                batch: int | None = None) -> dict:
     """Export, check and validate every graph, then write them all; returns the report.
 
     `batch` adds batched copies of both encoders (see batch.py).
-    `shaping` asks for a target/precision variant (see variants.py), measured against the
+    `build` asks for a target/precision build (see builds.py), measured against the
     validated fp32 graphs. Nothing is written unless every graph passes; each file is written
     atomically.
     """
-    shaping = shaping or Shaping()
-    shaping.check()
+    build = build or Build()
+    build.check()
     cfg = dac.cfg
     if samples < cfg.hop_length:
         raise ExportError(f"--len {samples} is shorter than one frame ({cfg.hop_length} samples)")
     if in_graph_codebooks is not None and not 1 <= in_graph_codebooks <= cfg.n_codebooks:
         raise ExportError(f"--codebooks must be between 1 and {cfg.n_codebooks}")
     geo = Geometry.of(dac, samples, window or samples)
-    meta = {"codec": "dac", "variant": variant, "sample_rate": str(cfg.sample_rate),
+    meta = {"codec": "dac", "preset": preset, "sample_rate": str(cfg.sample_rate),
             "frame_size": str(cfg.hop_length), "latent_dim": str(cfg.latent_dim),
             "codebook_size": str(cfg.codebook_size), "codebook_dim": str(cfg.codebook_dim),
             "weights": weights, "weights_sha256": weights_sha256}
@@ -202,11 +202,11 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
         from ..runtime.dac import DacCodec
 
         export_batched(specs, models, batch, DacCodec.batchable, lambda s, y: _codes_of(s, y, rvq),
-                       report, shaping)
+                       report, build)
         manifest = {**meta, "quantizer": "numpy" if in_graph_codebooks is None else "graph",
                     "n_codebooks": in_graph_codebooks or cfg.n_codebooks, **report}
         report.update(finish_export(out_dir, models, rvq.arrays() if in_graph_codebooks is None
-                                    else None, manifest, shaping, hooks(manifest, specs)))
+                                    else None, manifest, build, probe(manifest, specs)))
     finally:
         dac.set_padding(True)  # the graph wrappers switch it; hand the model back as it came
     return report
@@ -219,8 +219,8 @@ def _codes_of(spec: GraphSpec, y: np.ndarray, rvq: DacRvq) -> np.ndarray:
     return rvq.encode(y[0], int(spec.metadata["n_codebooks"]))[None]
 
 
-def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
-    """How the variant step runs each graph of the export `manifest` describes: the fixed pair
+def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
+    """How a build runs each graph of the export `manifest` describes: the fixed pair
     on a clip cut to its length, the chunked pair on the whole clip (a few windows)."""
     from ..runtime.dac import DacCodec
 
@@ -234,7 +234,7 @@ def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
     def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
         return codec.decode(codes, mode="fixed" if name == "decoder" else "chunked")[0]
 
-    return CodecHooks(open=DacCodec, encode=encode, decode=decode,
+    return Probe(open=DacCodec, encode=encode, decode=decode,
                       pairs={"encoder": "decoder", "encoder_chunked": "decoder_chunked"},
                       sample_rate=sr, clip_samples=max(geo["samples"], 2 * geo["window"]),
                       specs={s.name: s for s in specs})

@@ -1,6 +1,6 @@
-"""How a variant's graphs are run, fed and measured: through the runtime, as users run them.
+"""How a build's graphs are run, fed and measured: through the runtime, as users run them.
 
-The same clips go through the fp32 export folder and the variant folder; `deviation` compares
+The same clips go through the fp32 export folder and the build's folder; `deviation` compares
 what comes out, graph by graph. `record_feeds` captures the real inputs each graph receives (step
 state included) for calibration and range probes.
 """
@@ -18,8 +18,8 @@ MAX_FEEDS = 64
 
 
 @dataclass
-class CodecHooks:
-    """What the variant machinery needs from a codec exporter.
+class Probe:
+    """How the build machinery runs a codec's graphs (from its exporter's `probe(manifest)`).
 
     `open(dir)` builds the runtime codec for an export folder. `encode(codec, name, clip)` gives
     codes for a clip `[1, N]` at the model rate through encoder graph `name` (the clip cut to
@@ -30,20 +30,20 @@ class CodecHooks:
     `specs` the graphs' GraphSpecs, for the .mlpackage conversion.
     """
 
-    open: Callable[..., object]  # (dir, options=None) -> DacCodec | MimiCodec
+    open: Callable[..., object]  # (dir, options=None) -> the runtime `Codec`
     encode: Callable[[object, str, np.ndarray], np.ndarray]
     decode: Callable[[object, str, np.ndarray], np.ndarray]
     pairs: dict[str, str | tuple[str, ...]]
-
-    def decoders(self, encoder: str) -> tuple[str, ...]:
-        d = self.pairs[encoder]
-        return (d,) if isinstance(d, str) else d
     sample_rate: int
     clip_samples: int
     specs: dict
 
+    def decoders(self, encoder: str) -> tuple[str, ...]:
+        d = self.pairs[encoder]
+        return (d,) if isinstance(d, str) else d
 
-def exercise(hooks: CodecHooks, codec, clip: np.ndarray,
+
+def exercise(probe: Probe, codec, clip: np.ndarray,
              codes: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Every graph of `codec` run once on `clip`: encoder name -> codes, decoder name -> audio.
 
@@ -51,13 +51,13 @@ def exercise(hooks: CodecHooks, codec, clip: np.ndarray,
     decode the same codes), else this codec's own codes.
     """
     out = {}
-    for enc in hooks.pairs:
+    for enc in probe.pairs:
         if enc in codec.present:
-            out[enc] = hooks.encode(codec, enc, clip)
+            out[enc] = probe.encode(codec, enc, clip)
         src = (codes or out).get(enc)
-        for dec in hooks.decoders(enc):
+        for dec in probe.decoders(enc):
             if dec in codec.present and src is not None:
-                out[dec] = hooks.decode(codec, dec, src)
+                out[dec] = probe.decode(codec, dec, src)
     return out
 
 
@@ -77,24 +77,24 @@ def generated_clips(n: int, samples: int, sample_rate: int, seed: int) -> list[n
     return clips
 
 
-def calibration_clips(paths: list[Path] | None, hooks: CodecHooks, seed: int = 100) -> list[np.ndarray]:
+def calibration_clips(paths: list[Path] | None, probe: Probe, seed: int = 100) -> list[np.ndarray]:
     """The user's calibration audio (any format soundfile reads, resampled, mono) cut to the
     clip length, or generated clips when none is given."""
     if not paths:
-        return generated_clips(4, hooks.clip_samples, hooks.sample_rate, seed)
+        return generated_clips(4, probe.clip_samples, probe.sample_rate, seed)
     from ..runtime.audio import read_audio, resample
 
     clips = []
     for p in paths:
         audio, sr = read_audio(Path(p))
-        x = resample(audio, sr, hooks.sample_rate).mean(axis=0, keepdims=True)
-        for i in range(0, max(1, x.shape[1] - hooks.clip_samples + 1), hooks.clip_samples):
-            piece = x[:, i:i + hooks.clip_samples]
-            clips.append(np.pad(piece, ((0, 0), (0, hooks.clip_samples - piece.shape[1]))))
+        x = resample(audio, sr, probe.sample_rate).mean(axis=0, keepdims=True)
+        for i in range(0, max(1, x.shape[1] - probe.clip_samples + 1), probe.clip_samples):
+            piece = x[:, i:i + probe.clip_samples]
+            clips.append(np.pad(piece, ((0, 0), (0, probe.clip_samples - piece.shape[1]))))
     return clips[:16]  # calibration cost grows with it; 16 clips cover the ranges
 
 
-def record_feeds(codec, hooks: CodecHooks, clips: list[np.ndarray],
+def record_feeds(codec, probe: Probe, clips: list[np.ndarray],
                  keep: int = MAX_FEEDS) -> dict[str, list[dict]]:
     """The inputs each graph of `codec` receives while `exercise` runs on `clips`: the real
     feeds, state included for step graphs, for calibration and range measurement. At most `keep`
@@ -118,7 +118,7 @@ def record_feeds(codec, hooks: CodecHooks, clips: list[np.ndarray],
         graph.session.run = recording
     try:
         for clip in clips:
-            exercise(hooks, codec, clip)
+            exercise(probe, codec, clip)
     finally:
         for name in codec.present:
             del codec.graph(name).session.run
@@ -133,26 +133,26 @@ def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
     return 10 * np.log10(max(signal, 1e-30) / noise)
 
 
-def deviation(ref_dir: Path, var_dir: Path, hooks: CodecHooks, clips: list[np.ndarray]) -> dict[str, dict]:
+def deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarray]) -> dict[str, dict]:
     """Per graph: code agreement (encoders), SNR and max abs error of decoded audio vs fp32.
 
     An encoder's audio figures decode its codes with the fp32 decoder, so they show what the
     variant encoder alone costs; a decoder decodes the fp32 codes.
     """
-    ref, var = hooks.open(ref_dir), hooks.open(var_dir)
+    ref, var = probe.open(ref_dir), probe.open(build_dir)
     acc: dict[str, dict[str, list]] = {}
     for clip in clips:
-        want = exercise(hooks, ref, clip)
-        got = exercise(hooks, var, clip, codes=want)
-        for enc in hooks.pairs:
-            decs = hooks.decoders(enc)
+        want = exercise(probe, ref, clip)
+        got = exercise(probe, var, clip, codes=want)
+        for enc in probe.pairs:
+            decs = probe.decoders(enc)
             if enc in got:
                 a = acc.setdefault(enc, {"agree": [], "first": [], "ref": [], "got": []})
                 a["agree"].append((got[enc] == want[enc]).ravel())
                 a["first"].append((got[enc][:, 0] == want[enc][:, 0]).ravel())
                 if decs[0] in want:  # the encoder's audio through the first decoder
                     a["ref"].append(want[decs[0]].ravel())
-                    a["got"].append(hooks.decode(ref, decs[0], got[enc]).ravel())
+                    a["got"].append(probe.decode(ref, decs[0], got[enc]).ravel())
             for dec in decs:
                 if dec in got:
                     a = acc.setdefault(dec, {"agree": [], "first": [], "ref": [], "got": []})

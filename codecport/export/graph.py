@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import torch
 
-from .. import __version__
+from ..version import __version__
 from ..atomic import atomic_dir, atomic_path
 from ..errors import ExportError
 

@@ -5,16 +5,16 @@ Fixed-length pair (`--len`):
   multiple of the frame (1920) is zero-padded inside the graph, as moshi pads before encoding.
 - `decoder.onnx`: latent `[1, 512, frames]` -> audio `[1, 1, frames * 1920]`.
 
-Streaming pair (`--streaming --frames N`): one step of N frames with explicit state.
+Step pair (`--step-frames N`): one step of N frames with explicit state.
 - `encoder_step.onnx`: audio `[1, 1, N*1920]`, `offset_in`, `<state>_in`... -> latent
   `[1, 512, N]`, `offset_out`, `<state>_out`...
 - `decoder_step.onnx`: latent `[1, 512, N]`, `offset_in`, `<state>_in`... -> audio, ...
   State: each causal conv's last input samples, each polyphase transposed conv's last input
   frame, each attention layer's last `context` rotated keys and values `[2, 1, H, context, D]`,
   and the position offset (int64, SEANet frames). The initial state is all zeros, offset 0.
-  By default the steps equal the whole clip; `window="moshi-stream"` reproduces moshi's own
+  By default the steps equal the whole clip; `attention="moshi-stream"` reproduces moshi's own
   streaming mode instead, which differs from its whole clip past 250 positions, and
-  `window="rustymimi"` Kyutai's Rust Mimi, whose attention sees one position more (fixed and
+  `attention="rustymimi"` Kyutai's Rust Mimi, whose attention sees one position more (fixed and
   step graphs alike).
 
 With `in_graph_codebooks`, encoders output codes `[1, K, frames]` and decoders take them.
@@ -36,19 +36,19 @@ from ..models.layers import StreamState
 from ..models.mimi import MimiModel
 from ..runtime.rvq import MimiRvq
 from .batch import export_batched
-from .deviation import CodecHooks
+from .builds import Build, finish_export
+from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated
 from .validate import AUDIO_ATOL, check_close, check_codes, run
-from .variants import Shaping, finish_export
 
 log = logging.getLogger(__name__)
 
-WINDOWS = ("whole-clip", "moshi-stream", "rustymimi")  # attention past the window, see export_mimi
+ATTENTION = ("whole-clip", "moshi-stream", "rustymimi")  # attention past the context, see export_mimi
 
 
-def attention_context(context: int, window: str) -> int:
-    """Positions a query attends to under `window`: candle's mask (rustymimi) keeps one more."""
-    return context + 1 if window == "rustymimi" else context
+def attention_context(context: int, attention: str) -> int:
+    """Positions a query attends to under `attention`: candle's mask (rustymimi) keeps one more."""
+    return context + 1 if attention == "rustymimi" else context
 
 
 class EncoderGraph(nn.Module):
@@ -101,7 +101,7 @@ class Geometry:
 
 
 def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
-                k: int | None = None, window: str = "whole-clip") -> list[GraphSpec]:
+                k: int | None = None, attention: str = "whole-clip") -> list[GraphSpec]:
     """The fixed-length pair and/or the step pair; `k` puts the quantizer (k levels) inside."""
     cfg = model.cfg
     quant = {"quantizer": "numpy" if k is None else "graph",
@@ -112,10 +112,10 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
             Tensor("codes", (1, k, frames), "int64")
 
     specs = []
-    attention = {"attention_window": window, "context": str(attention_context(cfg.context, window))}
+    facts = {"attention": attention, "context": str(attention_context(cfg.context, attention))}
     if geo.samples is not None:
         n, f = geo.samples, geo.frames
-        fixed = {**meta, **quant, **attention, "mode": "fixed", "samples": str(n), "frames": str(f)}
+        fixed = {**meta, **quant, **facts, "mode": "fixed", "samples": str(n), "frames": str(f)}
         specs += [
             GraphSpec("encoder", EncoderGraph(model, k), [Tensor("audio", (1, 1, n), "float32")],
                       [frames_io(f)], {**fixed, "role": "encoder"}),
@@ -134,7 +134,7 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
             specs.append(GraphSpec(
                 f"{side}_step", StepGraph(model, side, k), [x, *offset, *states_in],
                 [y, Tensor("offset_out", (1,), "int64"), *states_out],
-                {**meta, **quant, **attention, "role": side, "mode": "step", "frames": str(f),
+                {**meta, **quant, **facts, "role": side, "mode": "step", "frames": str(f),
                  "samples": str(n), "positions_per_step": str(f * cfg.downsample_stride),
                  "states": ",".join(shapes),
                  "initial_state": "every <state>_in all zeros and offset_in = 0; then feed each "
@@ -206,7 +206,7 @@ def validate(spec: GraphSpec, onnx_model, model: MimiModel, rvq: MimiRvq, seed: 
         if offset != x.shape[-1] // (cfg.frame_size if encoder else 1) * cfg.downsample_stride:
             raise ExportError(f"{spec.name}: offset_out is {offset} after {steps} steps, expected "
                               f"{x.shape[-1] // (cfg.frame_size if encoder else 1) * cfg.downsample_stride}")
-        if meta["attention_window"] == "moshi-stream":
+        if meta["attention"] == "moshi-stream":
             with torch.no_grad():
                 want, _ = _run_steps(lambda xs: [t.numpy() for t in spec.module(*map(torch.from_numpy, xs))],
                                      spec, pieces, rvq)
@@ -221,24 +221,24 @@ def validate(spec: GraphSpec, onnx_model, model: MimiModel, rvq: MimiRvq, seed: 
 
 
 def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, step_frames: int | None = 1,
-                *, variant: str, weights: str, weights_sha256: str,
-                in_graph_codebooks: int | None = None, window: str = "whole-clip",
-                shaping: Shaping | None = None, batch: int | None = None) -> dict:
+                *, preset: str, weights: str, weights_sha256: str,
+                in_graph_codebooks: int | None = None, attention: str = "whole-clip",
+                build: Build | None = None, batch: int | None = None) -> dict:
     """Export, check and validate the requested graphs, then write them all; returns the report.
 
     `samples` gives the fixed-length pair, `step_frames` the streaming pair (any length; None
     leaves it out, which only tests of older folders want).
-    `window` is the attention past the config's window: "whole-clip" (streaming equals the
+    `attention` is what attention sees past the config's context: "whole-clip" (streaming equals the
     whole clip, as moshi's `encode`), "moshi-stream" (the step graphs follow moshi's streaming
     mode, ring cache and all) or "rustymimi" (both pairs let a query see `context + 1`
     positions, as candle's mask in Kyutai's Rust Mimi does; its streaming equals its whole clip).
-    `shaping` asks for a target/precision variant (see variants.py), measured against the
+    `build` asks for a target/precision build (see builds.py), measured against the
     validated fp32 graphs. `batch` adds a batched copy of the fixed-length encoder (batch.py).
     Nothing is written unless every graph passes; each file is written atomically.
     """
     cfg = model.cfg
-    shaping = shaping or Shaping()
-    shaping.check()
+    build = build or Build()
+    build.check()
     if samples is None and step_frames is None:
         raise ExportError("nothing to export: pass --len (fixed-length graphs) or step frames")
     if batch is not None and samples is None:
@@ -247,9 +247,9 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
     if samples is not None and samples < 1:
         raise ExportError(f"--len must be positive, got {samples}")
     if step_frames is not None and step_frames < 1:
-        raise ExportError(f"--frames must be at least 1, got {step_frames}")
-    if window not in WINDOWS:
-        raise ExportError(f"--window must be one of {', '.join(WINDOWS)}, got {window!r}")
+        raise ExportError(f"--step-frames must be at least 1, got {step_frames}")
+    if attention not in ATTENTION:
+        raise ExportError(f"--attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     k = in_graph_codebooks
     if k is not None and not 1 <= k <= cfg.n_codebooks:
         raise ExportError(f"--codebooks must be between 1 and {cfg.n_codebooks}")
@@ -258,37 +258,37 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
                  "inside the graph", samples, cfg.frame_size, math.ceil(samples / cfg.frame_size) * cfg.frame_size)
     geo = Geometry(samples, None if samples is None else math.ceil(samples / cfg.frame_size),
                    step_frames, cfg.frame_size)
-    meta = {"codec": "mimi", "variant": variant, "sample_rate": str(cfg.sample_rate),
+    meta = {"codec": "mimi", "preset": preset, "sample_rate": str(cfg.sample_rate),
             "frame_size": str(cfg.frame_size), "frame_rate": str(cfg.frame_rate),
             "latent_dim": str(cfg.dimension), "codebook_size": str(cfg.codebook_size),
             "codebook_dim": str(cfg.codebook_dim), "n_semantic": str(cfg.n_semantic),
             "weights": weights, "weights_sha256": weights_sha256}
-    meta["export_id"] = export_id(meta, vars(geo), k, window)
+    meta["export_id"] = export_id(meta, vars(geo), k, attention)
     rvq = rvq_of(model)
-    context = attention_context(cfg.context, window)
+    context = attention_context(cfg.context, attention)
     models, report = {}, {"validation": {}, "geometry": {**vars(geo), "step_samples": geo.step_samples},
-                          "attention_window": window, "context": context}
-    model.set_moshi_ring(window == "moshi-stream")
+                          "attention": attention, "context": context}
+    model.set_moshi_ring(attention == "moshi-stream")
     model.set_context(context)
-    specs = graph_specs(model.eval(), geo, meta, k, window)
+    specs = graph_specs(model.eval(), geo, meta, k, attention)
     try:
         export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, model, rvq))
         from ..runtime.mimi import MimiCodec
 
         export_batched(specs, models, batch, MimiCodec.batchable, lambda s, y: _codes_of(s, y, rvq),
-                       report, shaping)
+                       report, build)
         manifest = {**meta, "quantizer": "numpy" if k is None else "graph",
                     "n_codebooks": k or cfg.n_codebooks, **report}
         report.update(finish_export(out_dir, models, rvq.arrays() if k is None else None, manifest,
-                                    shaping, hooks(manifest, specs)))
+                                    build, probe(manifest, specs)))
     finally:
         model.set_moshi_ring(False)  # hand the model back as it came
         model.set_context(cfg.context)
     return report
 
 
-def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
-    """How the variant step runs each graph of the export `manifest` describes: the fixed pair
+def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
+    """How a build runs each graph of the export `manifest` describes: the fixed pair
     on a clip cut to its length, the step pair streaming the whole clip (a dozen steps), with the
     runtime's default codebooks."""
     from ..runtime.mimi import MimiCodec
@@ -304,7 +304,7 @@ def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
         return codec.decode(codes, mode="step" if name == "decoder_step" else "fixed")[0]
 
     clip = max(geo["samples"] or 0, 12 * (geo["step_samples"] or 0))
-    return CodecHooks(open=MimiCodec, encode=encode, decode=decode,
+    return Probe(open=MimiCodec, encode=encode, decode=decode,
                       pairs={"encoder": "decoder", "encoder_step": "decoder_step"},
                       sample_rate=sr, clip_samples=clip, specs={s.name: s for s in specs})
 
@@ -312,8 +312,8 @@ def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
 def export(model: MimiModel, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
     """`codec-export mimi`: the step graphs (any length, streaming) and, with `--len`, the
     fixed-length pair for clips up to that length."""
-    return export_mimi(model, out_dir, length, options.get("frames", 1),
-                       window=options.get("window", "whole-clip"), **common)
+    return export_mimi(model, out_dir, length, options.get("step_frames") or 1,
+                       attention=options.get("attention") or "whole-clip", **common)
 
 
 def describe(report: dict) -> list[str]:
@@ -325,5 +325,5 @@ def describe(report: dict) -> list[str]:
     if geo["step_frames"] is not None:
         lines.append(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
                      "per call, state in/out (zeros to start)")
-    lines.append(f"  attention    : {report['attention_window']} window, {report['context']} positions")
+    lines.append(f"  attention    : {report['attention']}, {report['context']} positions")
     return lines

@@ -1,7 +1,7 @@
 """ONNX-level rewrites that shape a validated graph for one execution provider.
 
-They work on the exported ONNX graph, never on a second torch trace, so the variant is the graph
-that was validated plus local substitutions whose effect `variants.py` measures.
+They work on the exported ONNX graph, never on a second torch trace, so a build is the graph
+that was validated plus local substitutions whose effect `builds.py` measures.
 
 - `conv_to_2d`: NNAPI and CoreML's NeuralNetwork take only 2-D Conv ("Only 2D Conv is
   supported"), so each 1-D conv is carried as `[N, C, T, 1]` with a `[k, 1]` kernel. The

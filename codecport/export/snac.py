@@ -5,7 +5,7 @@ Three graphs, all static, no ConvTranspose, no Conv pads:
   `[1, latent, frames]` (the RVQ runs in numpy, `rvq.npz`);
 - `decoder.onnx`: latent, `mask` and the noise of each decoder block (`noise_i`
   `[1, 1, frames * prod(rates[:i+1])]`) -> audio `[1, 1, frames * hop]`;
-- `decoder_stream.onnx`: the decoder on a short window (the receptive field either side of a
+- `decoder_step.onnx`: the decoder on a short window (the receptive field either side of a
   few coarse frames), for decoding codes as a language model emits them.
 
 `mask` marks the window's frames that belong to the clip: the graph then computes exactly what
@@ -27,10 +27,10 @@ from torch import nn
 from ..errors import ExportError
 from ..models.snac import SNAC
 from ..runtime.rvq import SnacRvq
-from .deviation import CodecHooks
+from .builds import Build, finish_export
+from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated, factorised_rvq_arrays
 from .validate import AUDIO_ATOL, check_close, check_codes, run
-from .variants import Shaping, finish_export
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,12 @@ class Geometry:
     unit_frames: int  # latent frames of a coarse frame (windows start and end on these)
     encoder_margin: int  # latent frames kept clear of a window's edges (receptive field)
     decoder_margin: int
-    stream_frames: int  # latent frames the stream decoder gives audio for per call
-    stream_window: int  # latent frames of its window
+    step_frames: int  # latent frames the step decoder gives audio for per call
+    step_window: int  # latent frames of its window
     sample_rate: int
 
     @classmethod
-    def of(cls, snac: SNAC, samples: int, stream_coarse: int) -> Geometry:
+    def of(cls, snac: SNAC, samples: int, step_coarse: int) -> Geometry:
         cfg = snac.cfg
         hop, unit = cfg.hop_length, cfg.unit_frames
         enc, dec = cfg.margins()
@@ -74,8 +74,8 @@ class Geometry:
         if frames < least:
             raise ExportError(f"--len {samples} is too short for windows that keep their receptive "
                               f"field: pass at least {least * hop} samples ({least * hop / cfg.sample_rate:.2f} s)")
-        stream = stream_coarse * unit
-        return cls(frames, frames * hop, unit, enc, dec, stream, stream + 2 * dec, cfg.sample_rate)
+        step = step_coarse * unit
+        return cls(frames, frames * hop, unit, enc, dec, step, step + 2 * dec, cfg.sample_rate)
 
 
 def rvq_of(snac: SNAC) -> SnacRvq:
@@ -103,7 +103,7 @@ def graph_specs(snac: SNAC, geo: Geometry, meta: dict[str, str]) -> list[GraphSp
                   {**meta, "role": "encoder", "mode": "whole", "frames": str(geo.frames),
                    "samples": str(geo.samples), "margin": str(geo.encoder_margin)}),
         dec("decoder", geo.frames, "whole", {}),
-        dec("decoder_stream", geo.stream_window, "step", {"stream_frames": str(geo.stream_frames)}),
+        dec("decoder_step", geo.step_window, "step", {"step_frames": str(geo.step_frames)}),
     ]
 
 
@@ -141,12 +141,12 @@ def validate(spec: GraphSpec, model, snac: SNAC, rvq: SnacRvq, seed: int = 1) ->
     return {"codes_identical": 1.0}
 
 
-def export_snac(snac: SNAC, out_dir: Path, samples: int, stream_coarse: int = 1, *, variant: str,
+def export_snac(snac: SNAC, out_dir: Path, samples: int, step_coarse: int = 1, *, preset: str,
                 weights: str, weights_sha256: str, in_graph_codebooks: int | None = None,
-                shaping: Shaping | None = None, batch: int | None = None) -> dict:
+                build: Build | None = None, batch: int | None = None) -> dict:
     """Export, check and validate every graph, then write them all; returns the report."""
-    shaping = shaping or Shaping()
-    shaping.check()
+    build = build or Build()
+    build.check()
     if in_graph_codebooks is not None:
         raise ExportError("SNAC's quantizer runs in numpy beside the graphs (rvq.npz); leave out "
                           "--in-graph-quantizer")
@@ -154,8 +154,8 @@ def export_snac(snac: SNAC, out_dir: Path, samples: int, stream_coarse: int = 1,
         raise ExportError("SNAC has no batched encoder yet (its window graph takes a mask beside the "
                           "audio); tokenize SNAC without --batch")
     cfg = snac.cfg
-    geo = Geometry.of(snac.eval(), samples, stream_coarse)
-    meta = {"codec": "snac", "variant": variant, "sample_rate": str(cfg.sample_rate),
+    geo = Geometry.of(snac.eval(), samples, step_coarse)
+    meta = {"codec": "snac", "preset": preset, "sample_rate": str(cfg.sample_rate),
             "frame_size": str(cfg.hop_length), "latent_dim": str(cfg.latent),
             "codebook_size": str(cfg.codebook_size), "codebook_dim": str(cfg.codebook_dim),
             "n_codebooks": str(cfg.n_codebooks), "quantizer": "numpy",
@@ -168,13 +168,13 @@ def export_snac(snac: SNAC, out_dir: Path, samples: int, stream_coarse: int = 1,
     specs = graph_specs(snac, geo, meta)
     export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, snac, rvq))
     manifest = {**meta, "n_codebooks": cfg.n_codebooks, **report}
-    report.update(finish_export(out_dir, models, rvq.arrays(), manifest, shaping, hooks(manifest, specs)))
+    report.update(finish_export(out_dir, models, rvq.arrays(), manifest, build, probe(manifest, specs)))
     return report
 
 
-def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
-    """How the variant step runs the graphs: a clip of a few windows encoded whole, its codes
-    decoded whole and streamed, without noise (so fp32 and the variant are compared on the same
+def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
+    """How a build runs the graphs: a clip of a few windows encoded whole, its codes
+    decoded whole and streamed, without noise (so fp32 and the build are compared on the same
     decode). Codes travel as `[1, levels, frames]`, each level repeated up to the finest rate."""
     from ..runtime.snac import SnacCodec
 
@@ -187,20 +187,20 @@ def hooks(manifest: dict, specs: list[GraphSpec] = ()) -> CodecHooks:
 
     def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
         levels = tuple(codes[:, i:i + 1, ::s] for i, s in enumerate(strides))
-        mode = "step" if name == "decoder_stream" else "whole"
+        mode = "step" if name == "decoder_step" else "whole"
         return codec.decode(levels, mode=mode, noise=0)[0]
 
-    return CodecHooks(open=SnacCodec, encode=encode, decode=decode,
-                      pairs={"encoder": ("decoder", "decoder_stream")}, sample_rate=sr,
+    return Probe(open=SnacCodec, encode=encode, decode=decode,
+                      pairs={"encoder": ("decoder", "decoder_step")}, sample_rate=sr,
                       clip_samples=2 * geo["samples"], specs={s.name: s for s in specs})
 
 
 def export(model: SNAC, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
-    """`codec-export snac`: the window graphs for `--len`, the stream decoder for `--stream-frames`."""
+    """`codec-export snac`: the window graphs for `--len`, the step decoder for `--step-frames`."""
     if length is None:
         raise ExportError("pass --len N: the samples of the window graphs (longer audio goes through "
                           "overlapping windows of it)")
-    return export_snac(model, out_dir, length, options.get("stream_frames") or 1, **common)
+    return export_snac(model, out_dir, length, options.get("step_frames") or 1, **common)
 
 
 def describe(report: dict) -> list[str]:
@@ -211,6 +211,6 @@ def describe(report: dict) -> list[str]:
     return [(f"  window graphs : {geo['samples']} samples <-> {geo['frames']} frames; receptive field "
              f"{geo['encoder_margin']} frames (encoder) / {geo['decoder_margin']} (decoder) either side, "
              f"so long audio keeps {keep} of every {geo['frames']} frames a window"),
-            (f"  stream decoder: {geo['stream_window']} frames in, {geo['stream_frames'] * hop} samples "
+            (f"  step decoder  : {geo['step_window']} frames in, {geo['step_frames'] * hop} samples "
              f"out per call; its audio is final {geo['decoder_margin']} frames "
              f"({1000 * geo['decoder_margin'] * hop / sr:.0f} ms) after the frame it belongs to")]

@@ -18,10 +18,10 @@ def load_state(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str)
     unexpected = [k for k in sd if k not in expected]
     if missing:
         raise CheckpointError(f"{source}: missing key {missing[0]} ({len(missing)} missing); "
-                              "is this a checkpoint of this model and variant?")
+                              "is this a checkpoint of this model and preset?")
     if unexpected:
         raise CheckpointError(f"{source}: unexpected key {unexpected[0]} ({len(unexpected)} "
-                              "unexpected); is this a checkpoint of this model and variant?")
+                              "unexpected); is this a checkpoint of this model and preset?")
     for k, v in expected.items():
         if tuple(sd[k].shape) != tuple(v.shape):
             raise CheckpointError(f"{source}: {k} has shape {tuple(sd[k].shape)}, the model "

@@ -106,11 +106,11 @@ def resolve_weights(weights: str) -> Path:
                              for name in RELEASES})
 
 
-def load(weights: str, variant: str | None = None, revision: str | None = None,
+def load(weights: str, preset: str | None = None, revision: str | None = None,
          polyphase: bool = True) -> tuple[DAC, str]:
     """Model with weights loaded, and the sha256 of the weights file (for export metadata).
 
-    The config comes from the checkpoint when it carries one, else from `variant`. DAC's
+    The config comes from the checkpoint when it carries one, else from `preset`. DAC's
     releases are GitHub assets, which have no revisions.
     """
     if revision is not None:
@@ -124,11 +124,11 @@ def load(weights: str, variant: str | None = None, revision: str | None = None,
         sd, cfg = read_official(path)
         digest = sha256_file(path)
     if cfg is None:
-        if variant is None:
-            raise CheckpointError(f"{path}: the checkpoint carries no config; pass --variant")
-        cfg = PRESETS[variant]
-    elif variant is not None and cfg != PRESETS[variant]:
-        log.warning("the checkpoint's config differs from preset %s; using the checkpoint's", variant)
+        if preset is None:
+            raise CheckpointError(f"{path}: the checkpoint carries no config; pass --preset")
+        cfg = PRESETS[preset]
+    elif preset is not None and cfg != PRESETS[preset]:
+        log.warning("the checkpoint's config differs from preset %s; using the checkpoint's", preset)
     model = DAC(cfg, polyphase=polyphase)
     load_state(model, sd, str(path))
     return model.eval(), digest

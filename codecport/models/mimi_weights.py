@@ -181,21 +181,21 @@ def resolve_weights(weights: str, revision: str | None = None) -> Path:
                              for name in RELEASES})
 
 
-def load(weights: str, variant: str | None = None, revision: str | None = None,
+def load(weights: str, preset: str | None = None, revision: str | None = None,
          polyphase: bool = True) -> tuple[MimiModel, str]:
     """Model with weights loaded, and the sha256 of the weights file(s).
 
     A transformers folder (or its safetensors beside config.json) brings its own config; moshi's
-    file carries none, so it takes preset `variant` (default `mimi`).
+    file carries none, so it takes preset `preset` (default `mimi`).
     """
     path = resolve_weights(weights, revision)
     if path.is_dir() or (path.suffix == ".safetensors" and _is_transformers_file(path)):
         sd, cfg = read_transformers(path)
         digest = sha256_file(*(sorted(path.glob("*.safetensors")) if path.is_dir() else [path]))
-        if variant is not None and cfg != PRESETS[variant]:
-            log.warning("the checkpoint's config differs from preset %s; using the checkpoint's", variant)
+        if preset is not None and cfg != PRESETS[preset]:
+            log.warning("the checkpoint's config differs from preset %s; using the checkpoint's", preset)
     elif path.suffix == ".safetensors":
-        sd, cfg, digest = read_official(path), PRESETS[variant or "mimi"], sha256_file(path)
+        sd, cfg, digest = read_official(path), PRESETS[preset or "mimi"], sha256_file(path)
     else:
         raise CheckpointError(f"{path}: Mimi weights are .safetensors (moshi's file or a "
                               "transformers folder); other formats are not read")

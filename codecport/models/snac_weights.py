@@ -1,6 +1,6 @@
 """Loading SNAC weights in the official Hugging Face layout: `config.json` (the model's kwargs)
 beside `pytorch_model.bin` (a state dict, weight norm unfolded), by released name through the
-Hub client, from a folder, or a `.bin` file with `--variant` (or a config.json beside it).
+Hub client, from a folder, or a `.bin` file with `--preset` (or a config.json beside it).
 
 The official `SNAC.from_pretrained` calls `torch.load` without `weights_only`, which runs any
 code a pickle holds; here the state dict is read with `weights_only=True`.
@@ -60,7 +60,7 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
     return fold_weight_norm(sd)
 
 
-def load(weights: str, variant: str | None = None, revision: str | None = None) -> tuple[SNAC, str]:
+def load(weights: str, preset: str | None = None, revision: str | None = None) -> tuple[SNAC, str]:
     """Model with weights loaded, and the sha256 of the weights file (for export metadata)."""
     releases = {name: (lambda name=name: _release(name, revision)) for name in RELEASES}
     if revision is not None and weights not in RELEASES:
@@ -73,12 +73,12 @@ def load(weights: str, variant: str | None = None, revision: str | None = None) 
     config = folder / CONFIG_FILE
     if config.is_file():
         cfg = read_config(config)
-        if variant is not None and cfg != PRESETS[variant]:
-            log.warning("the checkpoint's config differs from preset %s; using the checkpoint's", variant)
-    elif variant is not None:
-        cfg = PRESETS[variant]
+        if preset is not None and cfg != PRESETS[preset]:
+            log.warning("the checkpoint's config differs from preset %s; using the checkpoint's", preset)
+    elif preset is not None:
+        cfg = PRESETS[preset]
     else:
-        raise CheckpointError(f"{folder}: no config.json beside the weights; pass --variant")
+        raise CheckpointError(f"{folder}: no config.json beside the weights; pass --preset")
     model = SNAC(cfg)
     sd = read_state(file)
     # The official checkpoints carry the rotary table's inverse frequencies; a model without

@@ -1,6 +1,7 @@
 """Audio in and out, block by block: sources that can be read more than once, streamed
 resampling, and writers that never leave a half-written file. Memory never grows with the length
-of a file.
+of a file. soundfile and soxr are imported where they are used: the CLI's `--help` and the code
+files need neither.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
-import soxr
 
 from ..atomic import atomic_path
 from ..errors import AudioError
@@ -86,13 +85,17 @@ class FileSource:
         if self.channels > MAX_CHANNELS:
             raise AudioError(f"{self.what}: {self.channels} channels is more than {MAX_CHANNELS}")
 
-    def _open(self) -> sf.SoundFile:
+    def _open(self):
+        import soundfile as sf
+
         try:
             return sf.SoundFile(str(self.path) if self.data is None else io.BytesIO(self.data))
         except (sf.LibsndfileError, RuntimeError, OSError, TypeError) as e:
             raise AudioError(f"{self.path}: cannot read audio ({e}); pass a WAV, FLAC or OGG file") from e
 
     def blocks(self) -> Iterator[np.ndarray]:
+        import soundfile as sf
+
         n = 0
         with self._open() as f:
             while True:
@@ -131,6 +134,8 @@ def resampled(blocks: Iterable[np.ndarray], sr_in: int, sr_out: int, channels: i
     if sr_in == sr_out:
         yield from blocks
         return
+    import soxr
+
     stream = soxr.ResampleStream(sr_in, sr_out, channels, dtype="float32", quality="VHQ")
     it = iter(blocks)
     block = next(it, None)
@@ -146,6 +151,8 @@ def resample(audio: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
     """`[channels, samples]` from `sr_in` to `sr_out` with soxr (VHQ)."""
     if sr_in == sr_out:
         return audio
+    import soxr
+
     out = soxr.resample(audio.T, sr_in, sr_out, quality="VHQ")
     return np.ascontiguousarray(out.reshape(-1, audio.shape[0]).T, dtype=np.float32)
 
@@ -165,6 +172,8 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
 def audio_format(path: Path, channels: int = 1, frames: int = 0) -> str:
     """The soundfile format for `path` by its suffix; a WAV too big for RIFF's 32-bit sizes
     becomes RF64 (which players and soundfile read as WAV)."""
+    import soundfile as sf
+
     fmt = path.suffix.lstrip(".").upper()
     if fmt not in sf.available_formats() or fmt == "RAW":
         raise AudioError(f"{path}: {fmt or 'no suffix'} is not an audio format codecport writes; "
@@ -185,6 +194,8 @@ def write_audio_pieces(path: Path, pieces: Iterable[np.ndarray], sr: int,
     `frames`, the total when known, picks RF64 for a WAV past 4 GiB.
 
     Returns (channels, samples) written."""
+    import soundfile as sf
+
     it = iter(pieces)
     first = next(it)  # before the file exists: a bad first piece leaves nothing behind
     fmt = audio_format(path, first.shape[0], frames or 0)

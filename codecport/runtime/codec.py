@@ -8,7 +8,8 @@
 A subclass declares its graphs and implements two things: `encode_source` (audio blocks in,
 `Codes` out) and `raw_pieces` (codes in, audio at the model rate out, piece by piece). Restoring
 the original loudness, rate and length is shared, and so is block-by-block reading and writing:
-memory stays flat however long the audio is.
+memory stays flat however long the audio is. A codec that streams gives the streams of
+stream.py (`encoder_stream`, `decoder_stream`; `streams` says which it has).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .codes import Codes
 from .folder import GraphFolder
 from .loudness import LoudnessMeter
 from .rvq import check_code_values, check_n_codebooks
+from .stream import DecoderStream, EncoderStream
 
 log = logging.getLogger(__name__)
 
@@ -34,23 +36,28 @@ log = logging.getLogger(__name__)
 class Codec(GraphFolder):
     """An export folder's codec on one ONNX Runtime provider.
 
-    Facts (from the graphs' metadata): `name`, `variant`, `sample_rate` (Hz), `frame_size`
-    (samples per code frame), `frame_rate` (frames per second), `n_codebooks`, `codebook_size`,
-    `export_id`, `provider` (the ORT provider that runs), `modes` (the ways through the graphs:
-    `fixed` is one call of the fixed-length graphs; `chunked` (DAC) slides fixed windows over
-    long audio; `step` (Mimi) streams through step graphs with explicit state).
+    Facts (from the graphs' metadata): `name`, `preset`, `sample_rate` (Hz), `frame_size`
+    (samples per code frame), `frame_rate` (frames per second), `n_codebooks` (codebooks over
+    every time scale), `levels` (time scales), `codebook_size`, `export_id`, `provider` (the ORT
+    provider that runs), `modes` (the ways through the graphs: `fixed` is one call of the
+    fixed-length graphs; `chunked` (DAC) slides fixed windows over long audio; `whole` (DAC,
+    SNAC) runs windows overlapping by the receptive field; `step` streams through step graphs),
+    `streams` (the stream sides it has: "encoder", "decoder").
     """
 
     default_codebooks: int | None = None  # codebooks `encode` uses unless told (None: all)
     levels: int = 1  # time scales of its codes: arrays in `Codes` (a multi-scale codec has more)
+    strides: tuple[int, ...] = (1,)  # latent frames per code of each time scale, coarse first
     draws_noise: bool = False  # its decoder adds noise (`decode(..., noise=...)` says which)
     in_graph_quantizer: bool = True  # `codec-export --in-graph-quantizer` can put its RVQ in the graphs
+    streams: tuple[str, ...] = ()  # the stream sides it has ("encoder", "decoder"; see stream.py)
+    restores_loudness: bool = False  # encode measures the input's loudness, decode restores it (DAC)
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
                  options: dict[str, str] | None = None):
         super().__init__(model_dir, provider, fallback, options)
         g = self.first
-        self.variant, self.export_id = g.text("variant"), g.text("export_id")
+        self.preset, self.export_id = g.text("preset"), g.text("export_id")
         self.sample_rate, self.frame_size = g.int("sample_rate"), g.int("frame_size")
         self.n_codebooks, self.codebook_size = g.int("n_codebooks"), g.int("codebook_size")
         self.quantizer = g.choice("quantizer", ("numpy", "graph"))
@@ -67,6 +74,16 @@ class Codec(GraphFolder):
     @property
     def frame_rate(self) -> float:
         return self.sample_rate / self.frame_size
+
+    @property
+    def variant(self) -> str:
+        """The preset, by the name codecport 0.2 gave it."""
+        return self.preset
+
+    @property
+    def codebooks_per_level(self) -> int:
+        """Codebooks of each time scale (all of them for a codec of one time scale)."""
+        return self.n_codebooks // self.levels
 
     def codebooks(self, n_codebooks: int | None) -> int:
         """The number of codebooks to encode: `n_codebooks`, else the codec's default."""
@@ -107,7 +124,8 @@ class Codec(GraphFolder):
         return
 
     def run_plan(self, plan, progress: bool = False) -> Codes:
-        """`Codes` of a `WindowPlan`, one window at a time (`windows` at once on sliding graphs)."""
+        """`Codes` of a `WindowPlan` (plan.py), one window at a time (`parallel` at once on
+        sliding graphs)."""
         g = self.graph(plan.graph)
         call = lambda x: self.latent_codes(g(x[None, None])[0], plan.k)
         codes = self.map_windows(call, plan.windows) if plan.graph in self.sliding else map(call, plan.windows)
@@ -126,7 +144,7 @@ class Codec(GraphFolder):
 
     def codes(self, arrays, source, counted: int, **fields) -> Codes:
         """`Codes` made by this model from `source` (`counted` samples at its rate)."""
-        return Codes(tuple(arrays), codec=self.name, variant=self.variant, export_id=self.export_id,
+        return Codes(tuple(arrays), codec=self.name, preset=self.preset, export_id=self.export_id,
                      sample_rate=source.sample_rate, num_samples=counted, **fields)
 
     # ---- decoding ------------------------------------------------------------------------
@@ -190,12 +208,12 @@ class Codec(GraphFolder):
             codes = Codes((codes,))
         if codes.codec not in (None, self.name):
             raise CodesError(f"these are {codes.codec} codes; this folder holds {self.name}")
-        if codes.variant not in (None, self.variant):
-            raise CodesError(f"these codes were made by {self.name} {codes.variant}; this folder "
-                             f"holds {self.name} {self.variant}")
+        if codes.preset not in (None, self.preset):
+            raise CodesError(f"these codes were made by {self.name} {codes.preset}; this folder "
+                             f"holds {self.name} {self.preset}")
         for a in codes.arrays:
-            if a.shape[1] > self.n_codebooks:
-                raise CodesError(f"codes must be [channels, codebooks<={self.n_codebooks}, frames], "
+            if a.shape[1] > self.codebooks_per_level:
+                raise CodesError(f"codes must be [channels, codebooks<={self.codebooks_per_level}, frames], "
                                  f"got shape {list(a.shape)}")
             check_code_values(a, self.codebook_size)
         if codes.num_samples is not None:
@@ -234,10 +252,28 @@ class Codec(GraphFolder):
                 p = np.frombuffer(f.read(4 * channels * n), np.float32).reshape(channels, n)
                 yield p * gain
 
+    # ---- streaming (stream.py) -------------------------------------------------------------
+    def no_stream(self, side: str) -> CodecportError:
+        have = " and ".join(self.streams)
+        why = f"it streams only its {have} side" if have else \
+            f"it has no streaming graphs; its modes are {', '.join(self.modes)}"
+        return CodecportError(f"{self.label} has no {side} stream: {why}")
+
+    def encoder_stream(self, n_codebooks: int | None = None) -> EncoderStream:
+        """A stream that takes PCM a piece at a time and gives the codes now final (stream.py)."""
+        raise self.no_stream("encoder")
+
+    def decoder_stream(self, **settings) -> DecoderStream:
+        """A stream that takes code frames a piece at a time and gives the audio now final
+        (stream.py); `noise=` for a decoder that draws it."""
+        raise self.no_stream("decoder")
+
     def stream(self, n_codebooks: int | None = None):
-        """A live stream through the step graphs; only codecs with step graphs have one."""
-        raise CodecportError(f"{self.label} has no streaming step graphs; its modes are "
-                             f"{', '.join(self.modes)}")
+        """Both streams in one object, with codecport 0.2's names (`encode_step`, `decode_step`,
+        `flush_encoder`, `flush_decoder`, `reset`)."""
+        from .stream import Duplex
+
+        return Duplex(self.encoder_stream(n_codebooks), self.decoder_stream())
 
 
 def _exactly(pieces: Iterator[np.ndarray], n: int, channels: int) -> Iterator[np.ndarray]:

@@ -1,29 +1,23 @@
-"""`Codes`: what every codec's `encode` returns and its `decode` takes, and the files they live in.
+"""`Codes`: what every codec's `encode` returns and its `decode` takes.
 
 The codes of one clip are one or more integer arrays `[channels, codebooks, frames]`: one for a
 codec whose codebooks share a frame rate (DAC, Mimi), one per time scale for a multi-scale codec,
-coarse to fine. Beside them travels what it takes to give the original audio back: its length and
-sample rate, its loudness where the codec restores it, and which model made them.
-
-Files, picked by suffix (`Codes.save`, `load_codes`):
-- `.npy`: the bare array (codecs with one array only); decodes to the model's full frames.
-- `.npz`: `codes_0`, `codes_1`, ... plus every other field; what decodes back to the original.
-- a codec's own format, declared in its registration (DAC: `.dac`, the official `DACFile`).
+coarse to fine (SNAC). Beside them travels what it takes to give the original audio back: its
+length and sample rate, its loudness where the codec restores it, and which model made them.
+`Codes.save` and `load_codes` write and read the files of codefile.py, picked by suffix.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_path
 from ..errors import CodesError
+from . import codefile
 from .audio import RATES
-from .npyfile import read_npy, read_npz
 
 MODES = ("fixed", "chunked", "step", "whole")  # how the audio went through the graphs (see Codec.modes)
 MAX_SAMPLES = 1 << 40  # an original length past this (25 years at 1 MHz) is a lying file
@@ -34,7 +28,7 @@ class Codes:
     """Codes of one clip.
 
     arrays: one `[channels, codebooks, frames]` int64 array per time scale (DAC and Mimi have one).
-    codec, variant, export_id: the model that made them (None where the file does not say).
+    codec, preset, export_id: the model that made them (None where the file does not say).
     sample_rate, num_samples: the original audio's rate (Hz) and length (samples at that rate);
         None for bare codes, which decode to the model's rate and full frames.
     loudness_db: the input's loudness (dB LUFS) where the codec restores it on decoding (DAC).
@@ -50,7 +44,7 @@ class Codes:
     loudness_db: float | None = None
     mode: str | None = None
     chunk_frames: int | None = None
-    variant: str | None = None
+    preset: str | None = None
     export_id: str | None = None
 
     def __post_init__(self):
@@ -112,119 +106,41 @@ class Codes:
         """Frames of each time scale."""
         return tuple(a.shape[2] for a in self.arrays)
 
+    @property
+    def fields(self) -> dict:
+        """Everything but the arrays, by name."""
+        return {f.name: getattr(self, f.name) for f in dataclass_fields(self) if f.name != "arrays"}
+
+    @property
+    def bare(self) -> bool:
+        """Codes that name no codec (a bare `.npy` or `.npz`): decoded with the folder's."""
+        return self.codec is None
+
+    def frames(self, start: int, stop: int | None = None) -> Codes:
+        """Bare codes of frames [start, stop) of the coarsest time scale, every time scale cut
+        alike (one with r codes a coarse frame keeps [r * start, r * stop))."""
+        n = self.n_frames[0]
+        stop = n if stop is None else min(stop, n)
+        if not 0 <= start < stop:
+            raise CodesError(f"frames [{start}, {stop}) are not within the codes' {n} frames")
+        return Codes(tuple(a[..., start * (a.shape[2] // n):stop * (a.shape[2] // n)] for a in self.arrays))
+
     def replace(self, **changes) -> Codes:
-        return Codes(**{f.name: changes.get(f.name, getattr(self, f.name)) for f in fields(self)})
+        return Codes(**{f.name: changes.get(f.name, getattr(self, f.name)) for f in dataclass_fields(self)})
 
     # ---- files ---------------------------------------------------------------------------
-    def save(self, path: str | Path) -> None:
-        """Write to `path` (atomically) in the format its suffix names; see the module doc."""
-        path = Path(path)
-        if path.suffix == ".npy":
-            check_npy(path, len(self.arrays))
-            with atomic_path(path) as tmp, open(tmp, "wb") as f:
-                np.save(f, self.data)
-        elif path.suffix == ".npz":
-            with atomic_path(path) as tmp, open(tmp, "wb") as f:
-                np.savez(f, **_npz_fields(self))
-        else:
-            _codec_format(path, self.codec).save(self, path)
+    def save(self, path: str | Path, layout: str | None = None) -> None:
+        """Write to `path` (atomically) in the format its suffix names, or in `layout`
+        (codefile.py)."""
+        codefile.write(Path(path), list(self.arrays), self.fields, layout)
 
 
-def check_npy(path: Path, levels: int) -> None:
-    """A bare `.npy` holds one array: codes of several time scales need `.npz` or a layout."""
-    if levels > 1:
-        from .. import registry
-
-        names = registry.layout_names()
-        hint = f" (or a flat layout: --layout {' / '.join(names)})" if names else ""
-        raise CodesError(f"{path}: codes of {levels} time scales do not fit one .npy; write .npz{hint}")
-
-
-def _level_arrays(codec: str | None) -> bool:
-    """Whether `codec` keeps one codebook per time scale, written `[channels, frames]` (SNAC's
-    official shape) rather than `[channels, codebooks, frames]`."""
-    from .. import registry
-
-    return codec in registry.names() and registry.get(codec).level_arrays
-
-
-def _npz_fields(codes: Codes) -> dict[str, np.ndarray]:
-    flat = _level_arrays(codes.codec) and all(a.shape[1] == 1 for a in codes.arrays)
-    out = {f"codes_{i}": a[:, 0] if flat else a for i, a in enumerate(codes.arrays)}
-    for f in fields(codes):
-        value = getattr(codes, f.name)
-        if f.name != "arrays" and value is not None:
-            out[f.name] = np.array(value)
-    return out
-
-
-_INTS, _FLOATS, _TEXTS = ("sample_rate", "num_samples", "chunk_frames"), ("loudness_db",), \
-    ("codec", "mode", "variant", "export_id")
-
-
-def _codes_from_npz(path: Path, z: dict[str, np.ndarray]) -> Codes:
-    names = list(itertools.takewhile(z.__contains__, (f"codes_{i}" for i in itertools.count())))
-    if not names and "codes" in z:  # written before codecport 0.2: one array, `length`
-        names, z = ["codes"], {**z, "num_samples": z.get("length")}
-    if not names:
-        raise CodesError(f"{path}: not a codes file written by codec-run encode (no codes_0 array)")
-    if "codec" not in z:
-        raise CodesError(f"{path}: not a codes file written by codec-run encode (it names no codec)")
-    kw = {}
-    for key in (*_INTS, *_FLOATS, *_TEXTS):
-        if key not in z or z[key] is None:
-            continue
-        v = z[key]
-        if v.shape != ():
-            raise CodesError(f"{path}: {key} must be one value, got shape {list(v.shape)}")
-        if key in _TEXTS:
-            if v.dtype.kind != "U":
-                raise CodesError(f"{path}: {key} must be text, got {v.dtype}")
-            kw[key] = str(v)
-        elif key in _INTS:
-            if v.dtype.kind not in "ui":
-                raise CodesError(f"{path}: {key} must be an integer, got {v.dtype}")
-            kw[key] = int(v)
-        else:
-            if v.dtype.kind != "f" or not math.isfinite(float(v)):
-                raise CodesError(f"{path}: {key} must be a finite number, got {v}")
-            kw[key] = float(v)
-    arrays = [z[n] for n in names]
-    if _level_arrays(kw.get("codec")):  # [channels, frames] per time scale
-        arrays = [a[:, None] if a.ndim == 2 else a for a in arrays]
+def load_codes(path: str | Path, layout: str | None = None) -> Codes:
+    """Codes from a file `Codes.save` or `codec-run encode` wrote (or the official packages:
+    `.dac`, arrays saved with `np.save`/`np.savez`), every field checked."""
+    path = Path(path)
+    arrays, fields_ = codefile.read(path, layout)
     try:
-        return Codes(tuple(arrays), **kw)
+        return Codes(tuple(arrays), **fields_)
     except CodesError as e:
         raise CodesError(f"{path}: {e}") from None
-
-
-def load_codes(path: str | Path) -> Codes:
-    """Codes from a `.npy`, `.npz` or codec-format file (see the module doc), every field checked."""
-    path = Path(path)
-    if not path.is_file():
-        raise CodesError(f"{path}: no such codes file")
-    if path.suffix == ".npy":
-        array = read_npy(path, CodesError)
-        try:
-            return Codes((array,))
-        except CodesError as e:
-            raise CodesError(f"{path}: {e}") from None
-    if path.suffix == ".npz":
-        try:
-            z = read_npz(path, CodesError)
-        except CodesError as e:
-            raise CodesError(f"{e}; not a codes file written by codec-run encode") from None
-        return _codes_from_npz(path, z)
-    return _codec_format(path, None).load(path)
-
-
-def _codec_format(path: Path, codec: str | None):
-    """The codec-declared format for `path`'s suffix (from the registry)."""
-    from .. import registry
-
-    fmt = registry.code_format(path.suffix, codec)
-    if fmt is None:
-        known = sorted({".npy", ".npz", *registry.code_suffixes()})
-        raise CodesError(f"{path}: {path.suffix or 'no suffix'} is not a codes format; use "
-                         f"{', '.join(known)}")
-    return fmt

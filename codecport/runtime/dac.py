@@ -7,7 +7,7 @@ Two ways through the graphs (`mode`), both from the official package:
   `delay` on both sides, fixed windows stepping by the valid output (`chunk_step`). Codes equal
   `compress(win_duration=window/sample_rate, normalize_db=None)`, and `.dac` files hold them;
 - whole (asked for by name): the fixed graphs in windows that overlap by their receptive field
-  (runtime/overlap.py), so that codes equal the official `DAC.encode` of the whole clip, and
+  (plan.py), so that codes equal the official `DAC.encode` of the whole clip, and
   audio its `decode` of them, however long the clip (at least one fixed call long).
 
 Like `compress`, encoding first measures the whole input (its loudness, stored with the codes,
@@ -25,15 +25,12 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import CodesError, ModelFileError
-from ..registry import CodecSpec, CodeFormat, Option, register
 from .audio import Counted
-from .batch import WindowPlan
 from .codec import Codec
 from .codes import Codes
-from .dacfile import load_dac, save_dac
 from .graph import Graph
 from .loudness import LoudnessMeter
-from .overlap import windows as overlap_windows
+from .plan import WindowPlan, overlap_windows
 from .rvq import DacRvq
 
 
@@ -45,6 +42,7 @@ class DacCodec(Codec):
               "encoder_chunked": ("encoder", "chunked"), "decoder_chunked": ("decoder", "chunked")}
     sliding = ("encoder_chunked", "decoder_chunked")
     batchable = ("encoder", "encoder_chunked")
+    restores_loudness = True
 
     def load_rvq(self) -> DacRvq:
         return DacRvq.load(self.dir / "rvq.npz", self.first)
@@ -249,16 +247,3 @@ def _windows(blocks: Iterator[np.ndarray], starts, window: int, delay: int) -> I
         yield buf[:, s - pos:s - pos + window]
         drop = min((starts[i + 1] if i + 1 < len(starts) else s + window) - pos, buf.shape[1])
         buf, pos = buf[:, drop:], pos + drop
-
-
-register(CodecSpec(
-    runtime=DacCodec,
-    default_variant="44khz",
-    export_options=(
-        Option("--chunk-len", int, None, "Window in samples of the chunked graphs for long audio "
-                                         "[default: --len].", minimum=1),
-    ),
-    formats=(CodeFormat(".dac", load_dac, save_dac),),
-    web=True,
-    smoke=("--variant", "tiny", "--len", "160000"),  # 10 s at 16 kHz
-))

@@ -17,7 +17,6 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..errors import CodesError
-from .codes import Codes
 from .npyfile import read_header
 
 DAC_VERSION = "1.0.0"
@@ -100,24 +99,26 @@ class _NumpyOnly(pickle.Unpickler):
 MAX_BYTES = 4 << 30  # a .dac of 10 hours of DAC-44k codes is 60 MB
 
 
-def save_dac(codes: Codes, path: Path) -> None:
-    """`codes` as an official `.dac` file: they must carry what `decompress` needs."""
-    missing = [f for f in ("num_samples", "loudness_db", "mode") if getattr(codes, f) is None]
+def write(path: Path, arrays: list[np.ndarray], fields: dict) -> None:
+    """Codes as an official `.dac` file: they must carry what `decompress` needs."""
+    missing = [f for f in ("num_samples", "loudness_db", "mode") if fields.get(f) is None]
     if missing:
         raise CodesError(f"{path}: a .dac file needs the original length, rate and loudness, which "
                          f"these codes lack ({', '.join(missing)}); encode the audio itself, or "
                          "write .npy")
-    if codes.mode not in ("fixed", "chunked", "whole") or codes.data.max() > np.iinfo(np.uint16).max:
+    codes = arrays[0]
+    if len(arrays) != 1 or fields["mode"] not in ("fixed", "chunked", "whole") or \
+            codes.max() > np.iinfo(np.uint16).max:
         raise CodesError(f"{path}: these codes do not fit the .dac format (DAC codes, uint16)")
     # Whole-clip codes are what `decompress` decodes in one call: padding on, one chunk of all.
-    chunk = codes.chunk_frames if codes.mode == "chunked" else codes.data.shape[-1]
-    DacFile(codes=codes.data, chunk_length=chunk, original_length=codes.num_samples,
-            input_db=codes.loudness_db, channels=codes.channels, sample_rate=codes.sample_rate,
-            padding=codes.mode != "chunked").save(path)
+    chunked = fields["mode"] == "chunked"
+    DacFile(codes=codes, chunk_length=fields["chunk_frames"] if chunked else codes.shape[-1],
+            original_length=fields["num_samples"], input_db=fields["loudness_db"], channels=codes.shape[0],
+            sample_rate=fields["sample_rate"], padding=not chunked).save(path)
 
 
-def load_dac(path: Path) -> Codes:
-    """An official `.dac` file as `Codes`, every field checked against the others."""
+def read(path: Path) -> tuple[list[np.ndarray], dict]:
+    """An official `.dac` file's codes and fields, every field checked against the others."""
     f = DacFile.load(path)
     if f.channels != f.codes.shape[0]:
         raise CodesError(f"{path}: {f.codes.shape[0]} code rows for {f.channels} channels; the "
@@ -126,12 +127,9 @@ def load_dac(path: Path) -> Codes:
             (not f.padding and f.codes.shape[-1] % f.chunk_length):
         raise CodesError(f"{path}: chunk_length {f.chunk_length} does not divide its "
                          f"{f.codes.shape[-1]} frames; the file is inconsistent")
-    try:
-        return Codes((f.codes,), codec="dac", sample_rate=f.sample_rate, num_samples=f.original_length,
-                     loudness_db=f.input_db, mode="fixed" if f.padding else "chunked",
-                     chunk_frames=None if f.padding else f.chunk_length)
-    except CodesError as e:
-        raise CodesError(f"{path}: {e}") from None
+    return [f.codes], {"sample_rate": f.sample_rate, "num_samples": f.original_length,
+                       "loudness_db": f.input_db, "mode": "fixed" if f.padding else "chunked",
+                       "chunk_frames": None if f.padding else f.chunk_length}
 
 
 def _restricted_load(path: Path):

@@ -3,13 +3,15 @@
 Every graph opened is checked against the first: the same codec and the same `shared` facts
 (export id, rates, quantizer...), the role and mode its file name promises, and input/output
 shapes that agree with its metadata. A graph is read from `{name}.onnx`, or from `{name}.ort`
-where there is no `.onnx`.
+where there is no `.onnx`. Graphs are opened under a lock: threads of a server may ask for the
+same graph at once, and each must get the one session.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +19,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import ModelFileError
-from .graph import Graph, graph_file, open_graph
-from .providers import codecport_option, concurrent_windows, cpu_cores, intra_op_threads, resolve_provider
+from .graph import Graph, current_names, graph_file, open_graph
+from .providers import codecport_option, cpu_cores, intra_op_threads, parallel_windows, resolve_provider
 from .rvq import blas_on_one_thread
 
 MANIFEST = "manifest.json"
@@ -38,8 +40,9 @@ def split_batched(stem: str) -> tuple[str, int]:
 
 
 def read_manifest(folder: Path) -> dict | None:
-    """manifest.json of an export folder as a dict; None when there is none. A manifest that
-    is there but unreadable is a `ModelFileError`: it is what says which codec the folder is."""
+    """manifest.json of an export folder as a dict (keys of older versions under their current
+    names); None when there is none. A manifest that is there but unreadable is a
+    `ModelFileError`: it is what says which codec the folder is."""
     path = folder / MANIFEST
     if not path.is_file():
         return None
@@ -51,17 +54,17 @@ def read_manifest(folder: Path) -> dict | None:
         raise ModelFileError(f"{path}: not a readable manifest ({e}); re-run codec-export") from e
     if not isinstance(manifest, dict) or not isinstance(manifest.get("codec"), str):
         raise ModelFileError(f"{path}: not a codecport manifest (no codec named); re-run codec-export")
-    return manifest
+    return current_names(manifest)
 
 
 class GraphFolder:
     """The graphs of one export folder, opened lazily on one provider.
 
-    Subclasses declare `name`/`label` (the codec), `graphs` (file stem -> (role, mode)) and
-    `sliding` (graphs run over long signals one window at a time; `map_windows` runs `windows`
-    of those calls at once, each session on its share of the cores) and `batchable` (graphs
-    `codec-export --batch B` also writes with batch dimension B, as `<name>_b<B>`; `batches`
-    says which the folder holds).
+    Subclasses declare `name`/`label` (the codec), `graphs` (file stem -> (role, mode)),
+    `old_names` (file stems older versions wrote for a graph), `sliding` (graphs run over long
+    signals one window at a time; `map_windows` runs `parallel` of those calls at once, each
+    session on its share of the cores) and `batchable` (graphs `codec-export --batch B` also
+    writes with batch dimension B, as `<name>_b<B>`; `batches` says which the folder holds).
 
     `options` are the provider's (see `provider_options`) plus `CODECPORT_OPTIONS`, e.g.
     `{"io_binding": "0"}` to stream through numpy state instead of IO binding.
@@ -70,9 +73,10 @@ class GraphFolder:
     name = ""  # the codec: metadata "codec", registry name
     label = ""  # the codec's name in messages
     graphs: ClassVar[dict[str, tuple[str, str]]] = {}
+    old_names: ClassVar[dict[str, str]] = {}
     sliding: tuple[str, ...] = ()
     batchable: tuple[str, ...] = ()
-    shared: tuple[str, ...] = ("codec", "export_id", "variant", "sample_rate", "frame_size",
+    shared: tuple[str, ...] = ("codec", "export_id", "preset", "sample_rate", "frame_size",
                                "weights_sha256", "quantizer", "n_codebooks", "codebook_size")
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
@@ -83,7 +87,13 @@ class GraphFolder:
         if not self.dir.is_dir():
             raise ModelFileError(f"{self.dir}: no such model folder; run codec-export {self.name} "
                                  f"-o {self.dir}")
-        self.files = {g: p for g in self.graphs if (p := graph_file(self.dir, g)) is not None}
+        self.files = {}
+        for g in self.graphs:
+            path = graph_file(self.dir, g)
+            if path is None and g in self.old_names:
+                path = graph_file(self.dir, self.old_names[g])
+            if path is not None:
+                self.files[g] = path
         self.present = list(self.files)
         self.batches: dict[str, list[int]] = {}  # graph -> batch sizes of its batched copies
         for g in self.batchable:
@@ -102,9 +112,10 @@ class GraphFolder:
             raise ModelFileError(f"{self.dir / MANIFEST} is for {manifest['codec']}, not "
                                  f"{self.name}; re-export the folder")
         self.provider = resolve_provider(provider, fallback)
-        self.windows = concurrent_windows(self.provider, self.options)
+        self.parallel = parallel_windows(self.provider, self.options)
         self.threads = intra_op_threads(self.options)
         self._graphs: dict[str, Graph] = {}
+        self._lock = threading.Lock()
         self.first = self.graph(self.present[0])
         self.meta = self.first.meta
 
@@ -117,37 +128,45 @@ class GraphFolder:
         metadata. `ModelFileError` when they disagree."""
 
     def graph(self, name: str) -> Graph:
-        if name not in self._graphs:
-            if name not in self.files:
-                raise ModelFileError(f"{self.dir} has no {name}.onnx (or {name}.ort); "
-                                     f"{self.missing(name)}")
-            threads = self.threads
-            if threads is None and name in self.sliding and self.windows > 1 and self.provider == "CPUExecutionProvider":
-                threads = max(1, cpu_cores() // self.windows)
-            g = open_graph(self.files[name], self.provider, self.options, threads)
-            if g.meta.get("codec") != self.name:
-                raise ModelFileError(f"{g.path}: holds a {g.meta.get('codec')} model, not "
-                                     f"{self.name}; use a {self.name} export")
-            if self._manifest_id not in (None, g.meta.get("export_id")):
-                raise ModelFileError(f"{g.path} does not belong with {self.dir}/manifest.json "
-                                     f"(export_id {g.meta.get('export_id')} vs {self._manifest_id}); "
+        """Graph `name`, opened on first use (once, whatever the threads asking) and checked."""
+        g = self._graphs.get(name)
+        if g is None:
+            with self._lock:
+                g = self._graphs.get(name) or self._open(name)
+        return g
+
+    def _open(self, name: str) -> Graph:
+        if name not in self.files:
+            raise ModelFileError(f"{self.dir} has no {name}.onnx (or {name}.ort); "
+                                 f"{self.missing(name)}")
+        threads = self.threads
+        if threads is None and name in self.sliding and self.parallel > 1 and \
+                self.provider == "CPUExecutionProvider":
+            threads = max(1, cpu_cores() // self.parallel)
+        g = open_graph(self.files[name], self.provider, self.options, threads)
+        if g.meta.get("codec") != self.name:
+            raise ModelFileError(f"{g.path}: holds a {g.meta.get('codec')} model, not "
+                                 f"{self.name}; use a {self.name} export")
+        if self._manifest_id not in (None, g.meta.get("export_id")):
+            raise ModelFileError(f"{g.path} does not belong with {self.dir}/manifest.json "
+                                 f"(export_id {g.meta.get('export_id')} vs {self._manifest_id}); "
+                                 "re-export the folder")
+        if self._graphs:
+            ref = next(iter(self._graphs.values()))
+            bad = [k for k in self.shared if g.meta.get(k) != ref.meta.get(k)]
+            if bad:
+                raise ModelFileError(f"{g.path} does not belong with {ref.path} ({bad[0]}: "
+                                     f"{g.meta.get(bad[0])} vs {ref.meta.get(bad[0])}); "
                                      "re-export the folder")
-            if self._graphs:
-                ref = next(iter(self._graphs.values()))
-                bad = [k for k in self.shared if g.meta.get(k) != ref.meta.get(k)]
-                if bad:
-                    raise ModelFileError(f"{g.path} does not belong with {ref.path} ({bad[0]}: "
-                                         f"{g.meta.get(bad[0])} vs {ref.meta.get(bad[0])}); "
-                                         "re-export the folder")
-            base, batch = split_batched(name)
-            role, mode = self.graphs[base]
-            for key, want in (("role", role), ("mode", mode), ("batch", str(batch))):
-                if g.meta.get(key, "1" if key == "batch" else None) != want:
-                    raise ModelFileError(f"{g.path}: has {key} {g.meta.get(key)}, expected {want} "
-                                         f"for {g.path.name}; re-export the folder")
-            self.check_graph(base, g)
-            self._graphs[name] = g
-        return self._graphs[name]
+        base, batch = split_batched(name)
+        role, mode = self.graphs[base]
+        for key, want in (("role", role), ("mode", mode), ("batch", str(batch))):
+            if g.meta.get(key, "1" if key == "batch" else None) != want:
+                raise ModelFileError(f"{g.path}: has {key} {g.meta.get(key)}, expected {want} "
+                                     f"for {g.path.name}; re-export the folder")
+        self.check_graph(base, g)
+        self._graphs[name] = g
+        return g
 
     def window_graph(self, name: str) -> Graph:
         """Graph `name` for `map_windows` calls, when it also serves single calls (it is not in
@@ -155,34 +174,33 @@ class GraphFolder:
         on its share of the cores, so that a single call keeps every core and windows run side by
         side (SNAC decoder, 4 windows on 2 cores: 1.37x faster than one at a time on both)."""
         base = self.graph(name)
-        if name in self.sliding or self.windows == 1 or self.threads is not None or \
+        if name in self.sliding or self.parallel == 1 or self.threads is not None or \
                 self.provider != "CPUExecutionProvider":
             return base
         key = f"{name}@windows"
-        if key not in self._graphs:
-            self._graphs[key] = open_graph(self.files[name], self.provider, self.options,
-                                           max(1, cpu_cores() // self.windows))
-        return self._graphs[key]
+        with self._lock:
+            if key not in self._graphs:
+                self._graphs[key] = open_graph(self.files[name], self.provider, self.options,
+                                               max(1, cpu_cores() // self.parallel))
+            return self._graphs[key]
 
     def map_windows(self, fn: Callable, items: Iterable) -> Iterator:
-        """`map(fn, items)` with up to `windows` calls running at once, lazily and in order.
+        """`map(fn, items)` with up to `parallel` calls running at once, lazily and in order.
 
         ORT lets go of the GIL while a session runs, so the calls run on their own cores; one
         more result than that waits for the caller at most, so memory stays bounded however
         long the signal. The graphs `fn` uses must be opened (`graph(name)`) before.
         """
-        if self.windows == 1:
+        if self.parallel == 1:
             yield from map(fn, items)
             return
-        pool = ThreadPoolExecutor(self.windows, thread_name_prefix="codecport-window")
+        pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="codecport-window")
         pending: deque = deque()
         try:
-            # BLAS on one thread for the whole map: the RVQ's per-call limit, taken and given
-            # back from several threads at once, could leave BLAS on the wrong setting.
             with blas_on_one_thread():
                 for item in items:
                     pending.append(pool.submit(fn, item))
-                    if len(pending) > self.windows:
+                    if len(pending) > self.parallel:
                         yield pending.popleft().result()
                 while pending:
                     yield pending.popleft().result()

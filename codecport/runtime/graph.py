@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 
 from ..errors import ModelFileError, ProviderError
-from .providers import provider_options, session_options
+from .providers import onnxruntime, provider_options, session_options
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 # .onnx first: an .ort beside it is a copy converted for one build or target, not the export itself.
 SUFFIXES = (".onnx", ".ort")
@@ -31,9 +34,22 @@ INT_RANGES = {
     "samples": (1, 1 << 31), "frames": (1, 1 << 31), "window": (1, 1 << 31),
     "chunk_step": (1, 1 << 31), "chunk_frames": (1, 1 << 31), "delay": (0, 1 << 31),
     "positions_per_step": (1, 1 << 20), "batch": (1, 4096), "context": (1, 1 << 20), "n_semantic": (0, 1024),
-    "unit_frames": (1, 1 << 16), "stream_frames": (1, 1 << 20), "margin": (0, 1 << 20), "vq_strides": (1, 4096), "decoder_rates": (1, 64),
+    "unit_frames": (1, 1 << 16), "step_frames": (1, 1 << 20), "margin": (0, 1 << 20), "vq_strides": (1, 4096), "decoder_rates": (1, 64),
 }
 RERUN = "re-export it with this version of codec-export"
+# Metadata and manifest keys that codecport 0.2 wrote under other names: folders it exported
+# still load, read as if written today.
+RENAMED = {"variant": "preset", "attention_window": "attention", "stream_frames": "step_frames"}
+
+
+def current_names(meta: dict) -> dict:
+    """`meta` with the keys of `RENAMED` under their current names (a current name wins)."""
+    out = dict(meta)
+    for old, new in RENAMED.items():
+        if old in out:
+            value = out.pop(old)
+            out.setdefault(new, value)
+    return out
 
 
 @dataclass
@@ -155,6 +171,7 @@ def open_graph(path: Path, provider: str, options: dict[str, str] | None = None,
         raise ModelFileError(f"{path}: no such model file; run codec-export first")
     if path.stat().st_size == 0:
         raise ModelFileError(f"{path}: the file is empty; re-run codec-export")
+    ort = onnxruntime()
     opts = session_options()
     if threads:
         opts.intra_op_num_threads = threads
@@ -168,7 +185,7 @@ def open_graph(path: Path, provider: str, options: dict[str, str] | None = None,
     except Exception as e:  # ORT raises its own untyped Fail/InvalidProtobuf errors
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelFileError(f"{path}: not a loadable model ({first}); re-run codec-export") from e
-    meta = dict(sess.get_modelmeta().custom_metadata_map)
+    meta = current_names(sess.get_modelmeta().custom_metadata_map)
     if "codec" not in meta:
         raise ModelFileError(f"{path}: has no codecport metadata; export it with codec-export")
     if provider not in sess.get_providers():
@@ -181,73 +198,3 @@ def open_graph(path: Path, provider: str, options: dict[str, str] | None = None,
             raise ModelFileError(f"{path}: {arg.name} has the shape {arg.shape}, not a static one; "
                                  "codecport's graphs have static shapes, re-run codec-export")
     return Graph(path, sess, meta)
-
-
-class StepRunner:
-    """A streaming step graph with its state carried between calls: each `<state>_out` (and
-    `offset_out`) of one step is the `<state>_in` of the next; `reset()` zeroes it all, which is
-    the initial state the step graphs document in their `initial_state` metadata.
-
-    `io_binding=False` keeps the state as numpy arrays and calls `session.run`. `io_binding=True`
-    keeps it as OrtValues on `graph.device`, in two sets that swap roles every step (one bound as
-    the inputs, the other as the outputs: an output never overwrites the input it is computed
-    from, and nothing is allocated per step); only the step's first input goes in from the host
-    and its first output comes back, into a new array the caller owns. Both give the same bits.
-    """
-
-    def __init__(self, graph: Graph, io_binding: bool):
-        self.graph, self.io_binding = graph, io_binding
-        inputs, outputs = graph.session.get_inputs(), graph.session.get_outputs()
-        self.input, self.output = inputs[0].name, outputs[0]
-        self.out_dtype = dtype_of(self.output, graph.path)
-        self.pairs = [(o.name, o.name[:-len("_out")] + "_in") for o in outputs[1:]]
-        self.states = {i.name: i for i in inputs[1:]}
-        if any(not o.endswith("_out") for o, _ in self.pairs) or {i for _, i in self.pairs} != set(self.states):
-            raise ModelFileError(f"{graph.path}: its state inputs and outputs are not <name>_in/<name>_out "
-                                 "pairs; re-export it")
-        outs = {o.name: o for o in outputs[1:]}
-        for out_name, in_name in self.pairs:
-            if tuple(outs[out_name].shape) != tuple(self.states[in_name].shape):
-                raise ModelFileError(f"{graph.path}: {out_name} {outs[out_name].shape} cannot feed "
-                                     f"{in_name} {self.states[in_name].shape}; re-export it")
-        self.reset()
-
-    def _zeros(self, name: str) -> np.ndarray:
-        arg = self.states[name]
-        return np.zeros(arg.shape, dtype_of(arg, self.graph.path))
-
-    def reset(self) -> None:
-        """Back to the initial state (all zeros)."""
-        if not self.io_binding:
-            self._state = {name: self._zeros(name) for name in self.states}
-            return
-        device, device_id = self.graph.device
-        zeros = {n: ort.OrtValue.ortvalue_from_numpy(self._zeros(n), device, device_id) for n in self.states}
-        spare = {n: ort.OrtValue.ortvalue_from_shape_and_type(a.shape, dtype_of(a, self.graph.path), device,
-                                                              device_id)
-                 for n, a in self.states.items()}
-        self._bindings = [self._bind(zeros, spare), self._bind(spare, zeros)]
-        self._turn = 0
-
-    def _bind(self, src: dict[str, ort.OrtValue], dst: dict[str, ort.OrtValue]) -> ort.IOBinding:
-        """Binding that reads the state from `src` and writes the next one into `dst`."""
-        binding = self.graph.session.io_binding()
-        for out_name, in_name in self.pairs:
-            binding.bind_ortvalue_input(in_name, src[in_name])
-            binding.bind_ortvalue_output(out_name, dst[in_name])
-        return binding
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """The step's first output for its first input `x`; the state moves on one step."""
-        if not self.io_binding:
-            outs = self.graph.session.run(None, {self.input: x, **self._state})
-            self._state = {in_name: v for (_, in_name), v in zip(self.pairs, outs[1:])}
-            return outs[0]
-        binding = self._bindings[self._turn]
-        binding.bind_cpu_input(self.input, np.ascontiguousarray(x))
-        # A new host array each step: the caller keeps it while the next step writes elsewhere.
-        out = np.empty(self.output.shape, self.out_dtype)
-        binding.bind_ortvalue_output(self.output.name, ort.OrtValue.ortvalue_from_numpy(out))
-        self.graph.session.run_with_iobinding(binding)
-        self._turn ^= 1
-        return out

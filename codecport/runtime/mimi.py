@@ -6,7 +6,10 @@ Mimi is causal end to end, so both ways through the graphs (`mode`) give moshi's
 - step: anything longer goes through `encoder_step`/`decoder_step`, carrying the state between
   calls, which equals the whole-clip result with no seams (the step graphs are validated
   against the whole clip at export). The state stays on the provider's device between steps
-  through IO binding (see `MimiStream`).
+  through IO binding (see `StepRunner`).
+
+Both sides stream (`encoder_stream`, `decoder_stream`): one step graph call per `step_frames`
+code frames, the state carried between calls.
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import AudioError, CodesError, ModelFileError
-from ..registry import CodecSpec, Option, register
 from .audio import Counted
-from .batch import WindowPlan
 from .codec import Codec
 from .codes import Codes
-from .graph import Graph, StepRunner
+from .graph import Graph
+from .plan import WindowPlan
 from .rvq import MimiRvq
+from .stream import DecoderStream, EncoderStream, Latency, StepRunner, as_levels
 
 MOSHI_CODEBOOKS = 8  # what Moshi uses; the default unless asked for more (up to all 32)
 
@@ -35,7 +38,7 @@ class MimiCodec(Codec):
     """The graphs of one `codec-export mimi` folder, opened lazily on one provider.
 
     `options={"io_binding": "0"}` (CLI: `--provider-option io_binding=0`) makes every stream
-    carry its state as numpy arrays instead of through IO binding; see `MimiStream`.
+    carry its state as numpy arrays instead of through IO binding; see `StepRunner`.
     """
 
     name, label = "mimi", "Mimi"
@@ -43,6 +46,7 @@ class MimiCodec(Codec):
               "encoder_step": ("encoder", "step"), "decoder_step": ("decoder", "step")}
     default_codebooks = MOSHI_CODEBOOKS
     batchable = ("encoder",)
+    streams = ("encoder", "decoder")
 
     def load_rvq(self) -> MimiRvq:
         return MimiRvq.load(self.dir / "rvq.npz", self.first)
@@ -73,11 +77,7 @@ class MimiCodec(Codec):
         return "encoder" in self.present and n <= self.graph("encoder").int("samples")
 
     # ---- codes <-> what the graphs take --------------------------------------------------
-    def _to_codes(self, y: np.ndarray, k: int) -> np.ndarray:
-        """Encoder output `[1, C|K, T]` -> codes `[k, T]`."""
-        return self.latent_codes(y[0], k)
-
-    def _from_codes(self, codes: np.ndarray) -> np.ndarray:
+    def decoder_input(self, codes: np.ndarray) -> np.ndarray:
         """Codes `[K, T]` -> decoder input `[1, C|K, T]`."""
         if self.rvq is None:
             if codes.shape[0] != self.n_codebooks:
@@ -86,7 +86,7 @@ class MimiCodec(Codec):
             return codes[None].astype(np.int64)
         return self.rvq.decode(codes)[None]
 
-    def _need_steps(self, side: str) -> None:
+    def need_steps(self, side: str) -> None:
         if f"{side}_step" not in self.present:
             raise ModelFileError(f"{self.dir} has no {side}_step.onnx (or .ort) to stream through "
                                  "(an export older than codecport 0.2?); re-export it with "
@@ -135,17 +135,17 @@ class MimiCodec(Codec):
         if mode == "fixed":
             raise CodesError(f"the audio is longer than the fixed {self.graph('encoder').int('samples')}"
                              "-sample encoder; use the step mode (or leave the mode out)")
-        self._need_steps("encoder")
-        streams = [MimiStream(self, k) for _ in range(source.channels)]
+        self.need_steps("encoder")
+        streams = [self.encoder_stream(k) for _ in range(source.channels)]
         out: list[list[np.ndarray]] = [[] for _ in streams]
         bar = tqdm(total=source.frames, desc="encode", unit="sample", unit_scale=True,
                    disable=None if progress else True)
         with bar:
             for block in itertools.chain(head, blocks):
                 for s, row, o in zip(streams, block, out):
-                    o.append(s.encode_step(row))
+                    o.append(s.push(row))
                 bar.update(block.shape[1] * source.sample_rate / self.sample_rate)
-        codes = np.stack([np.concatenate([*o, s.flush_encoder()], axis=1) for s, o in zip(streams, out)])
+        codes = np.stack([np.concatenate([*o, s.flush()], axis=1) for s, o in zip(streams, out)])
         return self.codes([codes], source, counter.counted, mode="step")
 
     # ---- decoding ------------------------------------------------------------------------
@@ -161,133 +161,139 @@ class MimiCodec(Codec):
             g = self.graph("decoder")
             # Code 0 pads the tail; being causal, the decoder's first samples do not see it.
             padded = np.pad(data, ((0, 0), (0, 0), (0, g.int("frames") - frames)))
-            yield np.stack([g(self._from_codes(c))[0, 0, :frames * self.frame_size] for c in padded])
+            yield np.stack([g(self.decoder_input(c))[0, 0, :frames * self.frame_size] for c in padded])
             return
         if mode == "fixed":
             raise CodesError(f"{frames} frames are more than the fixed decoder's "
                              f"{self.graph('decoder').int('frames')}; use the step mode")
-        self._need_steps("decoder")
-        streams = [MimiStream(self) for _ in data]
+        self.need_steps("decoder")
+        streams = [self.decoder_stream() for _ in data]
         n = streams[0].step_frames
         for i in tqdm(range(0, frames, n), desc="decode", unit="step", disable=None if progress else True):
-            yield np.stack([s.decode_step(c[:, i:i + n]) for s, c in zip(streams, data)])
-        yield np.stack([s.flush_decoder() for s in streams])
+            yield np.stack([s.push(c[:, i:i + n]) for s, c in zip(streams, data)])
+        yield np.stack([s.flush() for s in streams])
 
-    def stream(self, n_codebooks: int | None = None, io_binding: bool | None = None) -> MimiStream:
-        """A live stream through the step graphs (see `MimiStream`)."""
-        return MimiStream(self, n_codebooks, io_binding)
+    # ---- streaming -----------------------------------------------------------------------
+    def encoder_stream(self, n_codebooks: int | None = None, io_binding: bool | None = None) -> MimiEncoderStream:
+        return MimiEncoderStream(self, n_codebooks, io_binding)
+
+    def decoder_stream(self, io_binding: bool | None = None) -> MimiDecoderStream:
+        return MimiDecoderStream(self, io_binding)
 
 
-class MimiStream:
-    """Streaming encode and decode through the step graphs, carrying their state between steps.
+class _Steps:
+    """What both of Mimi's streams share: one step graph, its state, and a buffer of the input
+    of a step not yet whole. Partial steps wait in the buffer until the next push, or until
+    `flush()` pads them (zeros, code 0, as moshi pads) and returns the rest."""
 
-    `encode_step(pcm)` takes any number of 24 kHz samples and returns the codes `[K, t]` of every
-    step completed so far (t may be 0); `decode_step(codes)` takes any number of code frames and
-    returns the audio of every completed step. Partial steps wait in a buffer until the next call,
-    or until `flush_encoder()`/`flush_decoder()` pads them with zeros and returns the rest.
-    `reset()` starts a new stream. Codes have `n_codebooks` levels (default Moshi's 8).
-    `latency_frames` is how many code frames a step holds back: `step_frames - 1` at most.
-
-    `io_binding` (default: the codec's `io_binding` option, on unless `options` say
-    `io_binding=0`) keeps the state as OrtValues on the provider's device through IO binding:
-    on CUDA it never leaves GPU memory, only the step's audio or codes cross to the host.
-    Without it the state is numpy arrays passed to `session.run`. The results are the same bits.
-    """
-
-    def __init__(self, codec: MimiCodec, n_codebooks: int | None = None, io_binding: bool | None = None):
-        self.codec = codec
-        self.k = codec.codebooks(n_codebooks)
-        sides = [s for s in ("encoder", "decoder") if f"{s}_step" in codec.present]
-        if not sides:
-            codec._need_steps("encoder")
-        self.step_frames = codec.graph(f"{sides[0]}_step").int("frames")
+    def _steps(self, codec: MimiCodec, side: str, io_binding: bool | None) -> None:
+        codec.need_steps(side)
+        g = codec.graph(f"{side}_step")
+        self.step_frames = g.int("frames")
         self.step_samples = self.step_frames * codec.frame_size
         self.io_binding = codec.io_binding if io_binding is None else io_binding
-        self._runners = {side: StepRunner(codec.graph(f"{side}_step"), self.io_binding) for side in sides}
-        self._clear_buffers()
+        self.runner = StepRunner(g, self.io_binding)
 
-    def reset(self) -> None:
-        for runner in self._runners.values():
-            runner.reset()
-        self._clear_buffers()
+    @property
+    def latency(self) -> Latency:
+        """A frame's result waits for the rest of its step: `step_frames - 1` frames at most."""
+        return Latency(self.step_frames - 1, (self.step_frames - 1) * self.codec.frame_size)
 
-    def _clear_buffers(self) -> None:
+
+class MimiEncoderStream(_Steps, EncoderStream):
+    """`push(pcm)`: any number of 24 kHz samples in, the codes `[K, t]` of every whole step out
+    (t may be 0); `flush()`: the codes of the rest, zero-padded to whole frames (moshi's padding).
+    Codes have `n_codebooks` levels (default Moshi's 8)."""
+
+    def __init__(self, codec: MimiCodec, n_codebooks: int | None = None, io_binding: bool | None = None):
+        super().__init__(codec)
+        self.k = codec.codebooks(n_codebooks)
+        self._steps(codec, "encoder", io_binding)
         self._pcm = np.zeros(0, np.float32)
-        self._codes = np.zeros((self.k, 0), np.int64)
 
-    def _step(self, side: str, x: np.ndarray) -> np.ndarray:
-        runner = self._runners.get(side)
-        if runner is None:
-            self.codec._need_steps(side)
-        return runner(x)
+    def settings(self) -> str:
+        return f"codebooks={self.k}"
 
-    def encode_step(self, pcm: np.ndarray) -> np.ndarray:
-        """Codes `[K, t]` for every whole step now buffered; the rest waits for more samples."""
+    def push(self, pcm) -> np.ndarray:
         pcm = np.asarray(pcm, np.float32).reshape(-1)
         if not np.isfinite(pcm).all():
             raise AudioError("audio contains NaN or infinite samples; fix the input before encoding")
         self._pcm = np.concatenate([self._pcm, pcm])
         n = len(self._pcm) // self.step_samples * self.step_samples
-        out = [self.codec._to_codes(self._step("encoder", self._pcm[i:i + self.step_samples][None, None]), self.k)
+        out = [self.codec.latent_codes(self.runner(self._pcm[i:i + self.step_samples][None, None])[0], self.k)
                for i in range(0, n, self.step_samples)]
         self._pcm = self._pcm[n:]
         return np.concatenate(out, axis=1) if out else np.zeros((self.k, 0), np.int64)
 
-    def flush_encoder(self) -> np.ndarray:
-        """Codes of the buffered remainder, zero-padded to whole frames (moshi's padding)."""
+    def flush(self) -> np.ndarray:
         rem = len(self._pcm)
         if rem == 0:
             return np.zeros((self.k, 0), np.int64)
-        codes = self.encode_step(np.zeros(self.step_samples - rem, np.float32))
+        codes = self.push(np.zeros(self.step_samples - rem, np.float32))
         return codes[:, :math.ceil(rem / self.codec.frame_size)]
 
-    def decode_step(self, codes: np.ndarray) -> np.ndarray:
-        """Audio for every whole step of codes `[K, t]` now buffered; the rest waits for more frames."""
-        codes = np.asarray(codes)
-        if codes.ndim == 3 and codes.shape[0] == 1:  # [1, K, t]: one channel's
-            codes = codes[0]
-        if codes.ndim != 2:
-            raise CodesError(f"codes must be [codebooks, frames] of one channel, got shape "
-                             f"{list(codes.shape)}; use one stream per channel")
-        codes = self.codec.check_codes(codes).data[0]
-        if self._codes.shape[1] == 0:
+    def reset(self) -> None:
+        self.runner.reset()
+        self._pcm = np.zeros(0, np.float32)
+
+    def _get_state(self):
+        return {**self.runner.state, "pcm": self._pcm}, {}
+
+    def _set_state(self, arrays, values) -> None:
+        arrays = dict(arrays)
+        pcm = arrays.pop("pcm", None)
+        if pcm is None or pcm.ndim != 1 or len(pcm) >= self.step_samples:
+            raise CodesError("this stream state has no buffered audio of less than a step; it is not "
+                             "a Mimi encoder stream's")
+        self.runner.state = arrays
+        self._pcm = np.array(pcm, np.float32)
+
+
+class MimiDecoderStream(_Steps, DecoderStream):
+    """`push(codes)`: any number of code frames `[K, t]` in, the audio of every whole step out;
+    `flush()`: the audio of the rest (padded with code 0, then trimmed)."""
+
+    def __init__(self, codec: MimiCodec, io_binding: bool | None = None):
+        super().__init__(codec)
+        self._steps(codec, "decoder", io_binding)
+        self._codes: np.ndarray | None = None  # frames of a step not yet whole, [K, t]
+
+    def push(self, codes) -> np.ndarray:
+        codes = self.codec.check_codes(as_levels(codes, 1)[0]).data[0]
+        if self._codes is None:
             self._codes = np.zeros((codes.shape[0], 0), np.int64)
         elif codes.shape[0] != self._codes.shape[0]:
             raise CodesError(f"this stream is decoding {self._codes.shape[0]} codebooks, got "
                              f"{codes.shape[0]}")
         self._codes = np.concatenate([self._codes, codes], axis=1)
         n = self._codes.shape[1] // self.step_frames * self.step_frames
-        out = [self._step("decoder", self.codec._from_codes(self._codes[:, i:i + self.step_frames]))[0, 0]
+        out = [self.runner(self.codec.decoder_input(self._codes[:, i:i + self.step_frames]))[0, 0]
                for i in range(0, n, self.step_frames)]
         self._codes = self._codes[:, n:]
         return np.concatenate(out) if out else np.zeros(0, np.float32)
 
-    def flush_decoder(self) -> np.ndarray:
-        """Audio of the buffered remainder (padded with code 0, then trimmed)."""
-        rem = self._codes.shape[1]
+    def flush(self) -> np.ndarray:
+        rem = 0 if self._codes is None else self._codes.shape[1]
         if rem == 0:
             return np.zeros(0, np.float32)
         pad = np.zeros((self._codes.shape[0], self.step_frames - rem), np.int64)
-        return self.decode_step(pad)[:rem * self.codec.frame_size]
+        return self.push(pad)[:rem * self.codec.frame_size]
 
-    @property
-    def latency_frames(self) -> int:
-        return self.step_frames - 1
+    def reset(self) -> None:
+        self.runner.reset()
+        self._codes = None
+
+    def _get_state(self):
+        codes = {} if self._codes is None else {"codes": self._codes}
+        return {**self.runner.state, **codes}, {}
+
+    def _set_state(self, arrays, values) -> None:
+        arrays = dict(arrays)
+        codes = arrays.pop("codes", None)
+        if codes is not None and (codes.ndim != 2 or codes.shape[1] >= self.step_frames):
+            raise CodesError("this stream state holds more than a step of codes; it is not a Mimi "
+                             "decoder stream's")
+        self.runner.state = arrays
+        self._codes = None if codes is None else np.array(codes, np.int64)
 
 
-register(CodecSpec(
-    runtime=MimiCodec,
-    default_variant="mimi",
-    web=True,
-    export_options=(
-        Option("--frames", int, 1, "Code frames per streaming step (80 ms each for the released "
-                                   "Mimi).", minimum=1),
-        Option("--window", ("whole-clip", "moshi-stream", "rustymimi"), "whole-clip",
-               "Attention past 250 frames (10 s): equal to the whole clip (moshi's encode), moshi's "
-               "streaming mode (step graphs), whose ring cache drops a step's oldest keys, or "
-               "Kyutai's Rust Mimi (fixed and step graphs), which sees one key more."),
-    ),
-    # 0.1 s: the tiny preset's attention masks are constants of frames squared, so a short fixed
-    # pair keeps the folder small (1.7 MiB at 0.2 s); the step graphs take any length.
-    smoke=("--variant", "tiny", "--len", "2400"),
-))

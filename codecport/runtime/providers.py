@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-
-import onnxruntime as ort
+from typing import TYPE_CHECKING
 
 from ..errors import ProviderError
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 log = logging.getLogger(__name__)
 
@@ -39,27 +41,36 @@ DEFAULT_OPTIONS = {
 #   OrtValues on the provider's device (`Graph.device`: CUDA memory for the CUDA EP), so only the
 #   step's input and output cross to the host; 0 runs them through plain `run` with numpy state.
 #   Bit-identical results either way; 0 is there to rule the binding out when a provider misbehaves.
-# - windows: how many windows of a long signal run at once through the graphs a folder slides
+# - parallel: how many windows of a long signal run at once through the graphs a folder slides
 #   over it (DAC's chunked pair; their windows are independent). `auto` is 2 on the CPU EP with
 #   2 or more cores, each run on half of them, and 1 elsewhere. Two runs keep both cores busy
 #   through the kernels ORT runs on one thread: `Sin` (DAC's Snake) is 15 % of a DAC-44k
 #   decoder's time and does not use the thread pool. Same results either way.
 # - threads: CPU threads of each graph's kernels (ORT's intra-op pool). `auto` is ORT's default
-#   (one per core), shared out between the windows above; a number fixes it, as each worker of
+#   (one per core), shared out between the parallel windows above; a number fixes it, as each worker of
 #   `codec-run tokenize` does with its share of the cores.
-CODECPORT_OPTIONS = {"io_binding": "1", "windows": "auto", "threads": "auto"}
+CODECPORT_OPTIONS = {"io_binding": "1", "parallel": "auto", "threads": "auto"}
+# Older names of those keys, still taken (codecport 0.2 called `parallel` `windows`).
+OLD_OPTIONS = {"windows": "parallel"}
 
 
 def provider_options(provider: str, overrides: dict[str, str] | None = None) -> dict[str, str]:
     """Options for ORT provider `provider`: our defaults, then the caller's overrides, less the
     `CODECPORT_OPTIONS` keys (ORT refuses keys it does not know for some providers)."""
     merged = {**DEFAULT_OPTIONS.get(provider, {}), **(overrides or {})}
-    return {k: v for k, v in merged.items() if k not in CODECPORT_OPTIONS}
+    return {k: v for k, v in merged.items() if k not in CODECPORT_OPTIONS and k not in OLD_OPTIONS}
+
+
+def _own(key: str, overrides: dict[str, str] | None) -> str:
+    """codecport's own option `key` from `overrides` (under its old name too), else its default."""
+    overrides = overrides or {}
+    old = next((o for o, new in OLD_OPTIONS.items() if new == key and o in overrides), None)
+    return str(overrides.get(key, overrides.get(old, CODECPORT_OPTIONS[key]))).strip().lower()
 
 
 def codecport_option(key: str, overrides: dict[str, str] | None = None) -> bool:
     """A 0/1 `CODECPORT_OPTIONS` value: its default unless `overrides` set it."""
-    value = str((overrides or {}).get(key, CODECPORT_OPTIONS[key])).strip().lower()
+    value = _own(key, overrides)
     if value not in ("0", "1", "false", "true"):
         raise ProviderError(f"option {key} must be 0 or 1, got {value!r}")
     return value in ("1", "true")
@@ -72,19 +83,19 @@ def cpu_cores() -> int:
     return os.cpu_count() or 1
 
 
-def concurrent_windows(provider: str, overrides: dict[str, str] | None = None) -> int:
-    """The `windows` option (see `CODECPORT_OPTIONS`) as a number of windows run at once."""
-    value = str((overrides or {}).get("windows", CODECPORT_OPTIONS["windows"])).strip().lower()
+def parallel_windows(provider: str, overrides: dict[str, str] | None = None) -> int:
+    """The `parallel` option (see `CODECPORT_OPTIONS`) as a number of windows run at once."""
+    value = _own("parallel", overrides)
     if value == "auto":
         return 2 if provider == "CPUExecutionProvider" and cpu_cores() >= 2 else 1
     if not value.isdigit() or int(value) < 1:
-        raise ProviderError(f"option windows must be auto or a whole number of at least 1, got {value!r}")
+        raise ProviderError(f"option parallel must be auto or a whole number of at least 1, got {value!r}")
     return int(value)
 
 
 def intra_op_threads(overrides: dict[str, str] | None = None) -> int | None:
     """The `threads` option (see `CODECPORT_OPTIONS`): None for ORT's default."""
-    value = str((overrides or {}).get("threads", CODECPORT_OPTIONS["threads"])).strip().lower()
+    value = _own("threads", overrides)
     if value == "auto":
         return None
     if not value.isdigit() or not 1 <= int(value) <= 1024:
@@ -92,9 +103,17 @@ def intra_op_threads(overrides: dict[str, str] | None = None) -> int | None:
     return int(value)
 
 
+def onnxruntime():
+    """ONNX Runtime, imported when a graph is first opened: `import codecport`, the registry and
+    the CLI's `--help` stay light (half a second less, and no native library loaded)."""
+    import onnxruntime
+
+    return onnxruntime
+
+
 def session_options() -> ort.SessionOptions:
     """Session options for every graph; DirectML needs its own (see `open_graph`)."""
-    opts = ort.SessionOptions()
+    opts = onnxruntime().SessionOptions()
     opts.log_severity_level = 3
     # Worker threads spin between the kernels of a run (waking a sleeping thread for each of a
     # step graph's ~600 small kernels cost an int8 Mimi step a fifth of its time), and stop
@@ -107,7 +126,7 @@ def session_options() -> ort.SessionOptions:
 
 def resolve_provider(provider: str, fallback: str | None = None) -> str:
     """ORT provider name for `cpu|cuda|dml|coreml|auto`, or `ProviderError` saying what to install."""
-    available = ort.get_available_providers()
+    available = onnxruntime().get_available_providers()
     if provider == "auto":
         return next(PROVIDERS[p] for p in AUTO_ORDER if PROVIDERS[p] in available)
     if provider not in PROVIDERS:

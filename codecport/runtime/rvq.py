@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +22,29 @@ def _blas() -> ThreadpoolController:
     return ThreadpoolController()
 
 
-def blas_on_one_thread():
-    """Context in which BLAS runs on one thread."""
-    return _blas().limit(limits=1, user_api="blas")
+_blas_lock = threading.Lock()
+_blas_users = 0  # callers inside `blas_on_one_thread` now
+_blas_limiter = None
+
+
+@contextmanager
+def blas_on_one_thread() -> Iterator[None]:
+    """BLAS on one thread while any caller is inside. The limit is process-wide, so it is taken
+    when the first caller enters and given back when the last leaves: threads of a server share
+    it, and none gives back the limit another still relies on (or keeps one it took from it)."""
+    global _blas_users, _blas_limiter
+    with _blas_lock:
+        if _blas_users == 0:
+            _blas_limiter = _blas().limit(limits=1, user_api="blas")
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                _blas_limiter.restore_original_limits()
+                _blas_limiter = None
 
 
 def one_blas_thread(fn):

@@ -12,6 +12,9 @@ Codes are multi-scale: level `l` is `[channels, 1, frames_l]`, coarse first, as 
 `encode` returns them (one codebook per level). The decoder's noise is an input: drawn per
 position from a seed (`noise=SEED`), random (`None`, as the official decode), zero (`"zero"`), or
 given (one array per decoder block over the whole clip).
+
+The decoder streams (`decoder_stream`): codes a coarse frame at a time, as a language model
+emits them, through `decoder_step.onnx` (`decoder_stream.onnx` in folders of codecport 0.2).
 """
 
 from __future__ import annotations
@@ -25,68 +28,17 @@ from typing import ClassVar
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import AudioError, CodecportError, CodesError, ModelFileError
-from ..registry import CodecSpec, Layout, Option, register
+from ..errors import AudioError, CodesError, ModelFileError
 from .audio import Counted
 from .codec import Codec
 from .codes import Codes
 from .graph import Graph
-from .npyfile import read_npy
-from .overlap import windows
+from .noise import Noise
+from .plan import overlap_windows
 from .rvq import SnacRvq
+from .stream import DecoderStream, Latency, as_levels
 
 log = logging.getLogger(__name__)
-NOISE_HELP = "None (random, as the official decode), an int seed, 'zero', or one array per block"
-
-
-class Noise:
-    """The decoder's noise at every position of a clip, so that any window of it (the whole
-    decode's, the stream's) sees the same values. A seed draws each coarse frame's noise of each
-    block and channel from its own generator, keyed by its position."""
-
-    def __init__(self, noise, rates: Sequence[int], unit: int, channels: int):
-        self.up = list(np.cumprod(rates))  # positions per latent frame at each block
-        self.unit, self.arrays, self.zero, self.seed = unit, None, False, None
-        if noise is None:
-            self.seed = int(np.random.SeedSequence().entropy % (1 << 63))
-        elif isinstance(noise, str):
-            if noise != "zero":
-                raise CodecportError(f"noise {noise!r}: pass {NOISE_HELP}")
-            self.zero = True
-        elif isinstance(noise, (int, np.integer)) and not isinstance(noise, bool):
-            if noise < 0:
-                raise CodecportError(f"noise seed {noise} must be >= 0")
-            self.seed = int(noise)
-        elif isinstance(noise, (list, tuple)) and len(noise) == len(rates):
-            try:
-                self.arrays = [np.asarray(a, np.float32).reshape(channels, -1) if np.size(a) else None
-                               for a in noise]
-            except (TypeError, ValueError) as e:
-                raise CodecportError(f"noise arrays must be [channels, positions] per block ({e})") from None
-        else:
-            raise CodecportError(f"noise must be {NOISE_HELP} ({len(rates)} blocks)")
-
-    def window(self, channel: int, block: int, start: int, frames: int, n: int) -> np.ndarray:
-        """`[1, 1, frames * up]` noise of `block` for latent frames [start, start + frames);
-        zeros outside the clip's `n` frames (masked there anyway)."""
-        up = self.up[block]
-        out = np.zeros((1, 1, frames * up), np.float32)
-        lo, hi = max(start, 0), min(start + frames, n)
-        if self.zero or hi <= lo:
-            return out
-        if self.arrays is not None:
-            a = self.arrays[block]
-            if a is None or a.shape[1] < hi * up:
-                raise CodesError(f"noise for block {block} must hold {n * up} values a channel")
-            out[0, 0, (lo - start) * up:(hi - start) * up] = a[channel, lo * up:hi * up]
-            return out
-        per = self.unit * up
-        for u in range(lo // self.unit, -(-hi // self.unit)):
-            rng = np.random.default_rng([self.seed, channel, block, u])
-            chunk = rng.standard_normal(per, dtype=np.float32)
-            a, b = max(u * self.unit, lo), min((u + 1) * self.unit, hi)
-            out[0, 0, (a - start) * up:(b - start) * up] = chunk[(a - u * self.unit) * up:(b - u * self.unit) * up]
-        return out
 
 
 class SnacCodec(Codec):
@@ -94,14 +46,16 @@ class SnacCodec(Codec):
 
     name, label = "snac", "SNAC"
     graphs: ClassVar = {"encoder": ("encoder", "whole"), "decoder": ("decoder", "whole"),
-                        "decoder_stream": ("decoder", "step")}
+                        "decoder_step": ("decoder", "step")}
+    old_names: ClassVar = {"decoder_step": "decoder_stream"}
     shared = (*Codec.shared, "vq_strides", "unit_frames", "decoder_rates", "noise", "latent_dim")
     in_graph_quantizer = False
+    streams = ("decoder",)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         g = self.first
-        self.strides, self.rates = g.ints("vq_strides"), g.ints("decoder_rates")
+        self.strides, self.rates = tuple(g.ints("vq_strides")), g.ints("decoder_rates")
         self.unit = g.int("unit_frames")
         self.levels = len(self.strides)
         self.draws_noise = g.choice("noise", ("0", "1")) == "1"
@@ -226,19 +180,19 @@ class SnacCodec(Codec):
         return Noise(noise, self.rates if self.draws_noise else [], self.unit, channels)
 
     def raw_pieces(self, codes: Codes, mode: str | None, progress: bool, noise=None) -> Iterator[np.ndarray]:
-        name = "decoder_stream" if mode == "step" else "decoder"
+        name = "decoder_step" if mode == "step" else "decoder"
         if mode not in (None, "whole", "step"):
             raise CodesError(f"{self.label} decodes in the whole or step mode, not {mode}")
         g = self.graph(name)
         window, margin = g.int("frames"), g.int("margin")
         n = codes.arrays[0].shape[2] * self.strides[0]
         source = self.noise_of(noise, codes.channels)
-        plan = list(windows(n, window, margin))
+        plan = list(overlap_windows(n, window, margin))
         hop = self.frame_size
 
         def run(graph, w):
             start, lo, hi = w
-            return np.stack([self._decode_window(graph, [a[c, 0] for a in codes.arrays], 0, n, start, source, c)
+            return np.stack([self.decode_window(graph, [a[c, 0] for a in codes.arrays], 0, n, start, source, c)
                              [(lo - start) * hop:(hi - start) * hop] for c in range(codes.channels)])
 
         if len(plan) == 1:  # one window: every core on it
@@ -248,8 +202,8 @@ class SnacCodec(Codec):
             pieces = self.map_windows(lambda w: run(wg, w), plan)
         yield from tqdm(pieces, total=len(plan), desc="decode", unit="window", disable=None if progress else True)
 
-    def _decode_window(self, g: Graph, levels: list[np.ndarray], offset: int, n: int, start: int,
-                       noise: Noise, channel: int) -> np.ndarray:
+    def decode_window(self, g: Graph, levels: list[np.ndarray], offset: int, n: int, start: int,
+                      noise: Noise, channel: int) -> np.ndarray:
         """Audio `[window * hop]` of the window at latent frame `start` of a clip of `n` frames;
         `levels` hold its codes from latent frame `offset` on."""
         window = g.int("frames")
@@ -264,70 +218,82 @@ class SnacCodec(Codec):
             feeds[f"noise_{b}"] = noise.window(channel, b, start, window, n)
         return g.run(feeds)[0][0, 0]
 
-    def stream(self, n_codebooks: int | None = None):
-        raise CodecportError(f"{self.label} streams decoding only (its encoder is not causal): use "
-                             "decode_stream() for codes that arrive a frame at a time")
+    def decoder_stream(self, noise=None) -> SnacDecoderStream:
+        """Codes that arrive a coarse frame at a time (mono), e.g. from a TTS model: see
+        `SnacDecoderStream`."""
+        return SnacDecoderStream(self, noise)
 
-    def decode_stream(self, noise=None) -> SnacStream:
-        """A decoder for codes that arrive a coarse frame at a time (mono): see `SnacStream`."""
-        return SnacStream(self, noise)
+    def decode_stream(self, noise=None) -> SnacDecoderStream:
+        """`decoder_stream`, by the name codecport 0.2 gave it."""
+        return self.decoder_stream(noise)
 
 
-class SnacStream:
-    """Decodes coarse frames as a language model emits them, through `decoder_stream.onnx`.
+class SnacDecoderStream(DecoderStream):
+    """Decodes coarse frames as a language model emits them, through `decoder_step.onnx`.
 
-    `push(levels)` takes the next coarse frame(s): one array per time scale, coarse first, each
+    `push(codes)` takes the next coarse frame(s): one array per time scale, coarse first, each
     with `strides[0] // strides[l]` codes a coarse frame (one Orpheus group of 7 codes is
-    `[c0], [c1, c1'], [c2 x4]`), and returns the audio now final (possibly none). `finish()`
+    `[c0], [c1, c1'], [c2 x4]`), and returns the audio now final (possibly none). `flush()`
     returns the rest. Together they give the audio `decode` gives for the whole sequence with the
     same noise: each call's window holds the receptive field on both sides of what it keeps, so
-    audio comes out `latency_frames` coarse frames after the frame it belongs to.
+    audio comes out `latency.frames` coarse frames after the frame it belongs to.
     """
 
     def __init__(self, codec: SnacCodec, noise=None):
-        self.codec, self.g = codec, codec.graph("decoder_stream")
+        super().__init__(codec)
+        self.g = codec.graph("decoder_step")
         self.window, self.margin = self.g.int("frames"), self.g.int("margin")
+        self.step_frames = max(1, self.g.int("step_frames") // codec.strides[0])
         self.noise = codec.noise_of(noise, 1)
-        self.levels: list[np.ndarray] = [np.zeros(0, np.int64) for _ in codec.strides]
+        self.reset()
+
+    def reset(self) -> None:
+        self.levels: list[np.ndarray] = [np.zeros(0, np.int64) for _ in self.codec.strides]
         self.offset = 0  # latent frame of levels[...][0] (older codes are dropped)
         self.done = 0  # latent frames whose audio has been returned
         self.received = 0  # latent frames pushed
 
     @property
-    def latency_frames(self) -> float:
+    def latency(self) -> Latency:
         """Coarse frames that must follow a frame before its audio comes out: the receptive
-        field, and the rest of the frames one call decodes (`--stream-frames`)."""
-        per_call = self.window - 2 * self.margin
-        return (self.margin + per_call) / self.codec.strides[0] - 1
+        field, and the rest of the frames one call decodes (`--step-frames`)."""
+        frames = (self.margin + self.window - 2 * self.margin) / self.codec.strides[0] - 1
+        return Latency(frames, round(frames * self.frame_samples))
+
+    @property
+    def latency_frames(self) -> float:
+        return self.latency.frames
 
     @property
     def frame_samples(self) -> int:
         """Audio samples per coarse frame."""
         return self.codec.strides[0] * self.codec.frame_size
 
-    def push(self, levels: Sequence) -> np.ndarray:
+    def push(self, codes: Sequence) -> np.ndarray:
         coarse = self.codec.strides[0]
-        arrays = [np.asarray(a, np.int64).reshape(-1) for a in levels]
-        if len(arrays) != len(self.levels):
-            raise CodesError(f"push one array per time scale ({len(self.levels)}), got {len(arrays)}")
+        arrays = [a.reshape(-1) for a in as_levels(codes, len(self.levels))]
         frames = arrays[0].shape[0]
         for a, s in zip(arrays, self.codec.strides):
             if a.shape[0] != frames * coarse // s:
                 raise CodesError(f"each coarse frame holds {[coarse // s for s in self.codec.strides]} "
                                  f"codes of its time scales, got {[len(a) for a in arrays]}")
-            if a.size and (a.min() < 0 or a.max() >= self.codec.codebook_size):
-                raise CodesError(f"codes must be in [0, {self.codec.codebook_size})")
-        self.levels = [np.concatenate([old, a]) for old, a in zip(self.levels, arrays)]
+            if a.size and (a.dtype.kind not in "ui" or a.min() < 0 or a.max() >= self.codec.codebook_size):
+                raise CodesError(f"codes must be integers in [0, {self.codec.codebook_size})")
+        self.levels = [np.concatenate([old, a.astype(np.int64)]) for old, a in zip(self.levels, arrays)]
         self.received += frames * coarse
         return self._run(final=False)
 
-    def finish(self) -> np.ndarray:
+    def flush(self) -> np.ndarray:
         """The audio of every frame not returned yet (the sequence has ended)."""
         if self.received % self.codec.unit:
             raise CodesError(f"the stream ended after {self.received // self.codec.strides[0]} coarse "
                              f"frames; {self.codec.label} decodes whole groups of "
                              f"{self.codec.unit // self.codec.strides[0]}")
         return self._run(final=True)
+
+    def finish(self) -> np.ndarray:
+        """`flush`, by the name codecport 0.2 gave it."""
+        return self.flush()
 
     def _run(self, final: bool) -> np.ndarray:
         out, hop, n = [], self.codec.frame_size, self.received
@@ -337,8 +303,8 @@ class SnacStream:
             if end > n and not final:
                 break  # its right margin has not arrived yet
             keep = n if final and end >= n else end - self.margin
-            audio = self.codec._decode_window(self.g, self.levels, self.offset, n if final else end, start,
-                                              self.noise, 0)
+            audio = self.codec.decode_window(self.g, self.levels, self.offset, n if final else end, start,
+                                             self.noise, 0)
             out.append(audio[(self.done - start) * hop:(keep - start) * hop])
             self.done = keep
             self._drop(max(0, self.done - self.margin))
@@ -351,70 +317,16 @@ class SnacStream:
             self.levels = [lv[(frame - self.offset) // s:] for lv, s in zip(self.levels, self.codec.strides)]
             self.offset = frame
 
+    def _get_state(self):
+        arrays, values = self.noise.state()
+        arrays.update({f"level_{i}": lv for i, lv in enumerate(self.levels)})
+        return arrays, {**values, "offset": self.offset, "done": self.done, "received": self.received}
 
-# ---- Orpheus TTS's flat layout ---------------------------------------------------------------
-ORPHEUS_STRIDES = [4, 2, 1]
-
-
-def _orpheus_check(strides: Sequence[int]) -> None:
-    if list(strides) != ORPHEUS_STRIDES:
-        raise CodesError(f"the Orpheus layout is for 3 time scales of strides 4, 2, 1 (snac 24khz); "
-                         f"these codes have strides {list(strides)}")
-
-
-def to_orpheus(codes: Codes) -> np.ndarray:
-    """`[channels, 7 * coarse frames]`: per coarse frame j, c0[j], c1[2j], c2[4j], c2[4j+1],
-    c1[2j+1], c2[4j+2], c2[4j+3], as Orpheus orders them (without its token offsets)."""
-    if len(codes.arrays) != 3:
-        raise CodesError(f"the Orpheus layout is for 3 time scales, these codes have {len(codes.arrays)}")
-    c0, c1, c2 = (a[:, 0] for a in codes.arrays)
-    j = c0.shape[1]
-    if c1.shape[1] != 2 * j or c2.shape[1] != 4 * j:
-        raise CodesError("the Orpheus layout needs 1, 2 and 4 codes a coarse frame")
-    flat = np.stack([c0, c1[:, 0::2], c2[:, 0::4], c2[:, 1::4], c1[:, 1::2], c2[:, 2::4], c2[:, 3::4]], axis=-1)
-    return flat.reshape(c0.shape[0], 7 * j)
-
-
-def from_orpheus(flat: np.ndarray) -> Codes:
-    """`Codes` of an Orpheus sequence `[7 * frames]` (mono) or `[channels, 7 * frames]`."""
-    flat = np.asarray(flat)
-    if flat.dtype.kind not in "ui":
-        raise CodesError(f"an Orpheus sequence holds integer codes, got {flat.dtype}")
-    flat = flat[None] if flat.ndim == 1 else flat
-    if flat.ndim != 2 or flat.shape[1] == 0 or flat.shape[1] % 7:
-        raise CodesError(f"an Orpheus sequence is 7 codes a coarse frame, [channels, 7 * frames]; got "
-                         f"shape {list(flat.shape)}")
-    g = flat.reshape(flat.shape[0], -1, 7).astype(np.int64)
-    c0 = g[..., 0]
-    c1 = np.stack([g[..., 1], g[..., 4]], axis=-1).reshape(flat.shape[0], -1)
-    c2 = np.stack([g[..., 2], g[..., 3], g[..., 5], g[..., 6]], axis=-1).reshape(flat.shape[0], -1)
-    return Codes((c0[:, None], c1[:, None], c2[:, None]), codec="snac")
-
-
-def save_orpheus(codes: Codes, path) -> None:
-    from ..atomic import atomic_path
-
-    flat = to_orpheus(codes)
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.save(f, flat[0] if flat.shape[0] == 1 else flat)
-
-
-def load_orpheus(path) -> Codes:
-    try:
-        return from_orpheus(read_npy(path, CodesError))
-    except CodesError as e:
-        raise CodesError(f"{path}: {e}") from None
-
-
-register(CodecSpec(
-    runtime=SnacCodec,
-    default_variant="24khz",
-    export_options=(
-        Option("--stream-frames", int, 1, "Coarse frames the stream decoder gives audio for per "
-                                          "call (decoder_stream.onnx).", minimum=1),
-    ),
-    layouts=(Layout("orpheus", ".npy", load_orpheus, save_orpheus,
-                    "the flat sequence Orpheus TTS uses, 7 codes a coarse frame"),),
-    level_arrays=True,
-    smoke=("--variant", "tiny", "--len", "4800"),
-))
+    def _set_state(self, arrays, values) -> None:
+        levels = [arrays.get(f"level_{i}") for i in range(len(self.codec.strides))]
+        if any(lv is None or lv.ndim != 1 for lv in levels) or \
+                not all(isinstance(values.get(k), int) for k in ("offset", "done", "received")):
+            raise CodesError("this stream state lacks the codes or counters of a SNAC decoder stream")
+        self.noise.set_state(dict(arrays), dict(values))
+        self.levels = [np.array(lv, np.int64) for lv in levels]
+        self.offset, self.done, self.received = values["offset"], values["done"], values["received"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CodecportError
-from .audio import FileSource
+from ..runtime.audio import FileSource
 
 # Suffixes of the formats soundfile (libsndfile) reads.
 AUDIO_SUFFIXES = frozenset({".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aif", ".aiff",

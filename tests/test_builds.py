@@ -18,12 +18,13 @@ import codecport
 from codecport.cli import TARGET_CHOICES
 from codecport.errors import ExportError
 from codecport.export import dac as export_dac_mod
-from codecport.export import deviation, precision, variants
+from codecport.export import builds, deviation, precision
 from codecport.export import mimi as export_mimi_mod
 from codecport.export.check import check_graph
 from codecport.export.graph import write_export
 from codecport.export.rewrite import conv_to_2d, nnapi_ops
-from codecport.export.variants import TARGETS, Shaping, finish_export
+from codecport.export.builds import Build, finish_export
+from codecport.export.targets import TARGETS
 
 # The web target needs the quantizer in the graphs: tests/test_web.py exports and runs it.
 COMBOS = [(t, p) for t, spec in TARGETS.items() for p in spec.precisions if not spec.web]
@@ -37,9 +38,9 @@ def _stage(monkeypatch, module, export, *args, **kwargs):
     """Run the real exporter, keeping what it hands the variant step (the validated fp32 graphs)."""
     seen = {}
 
-    def capture(out_dir, models, rvq, manifest, shaping, hooks):
-        seen.update(models=models, rvq=rvq, manifest=manifest, hooks=hooks)
-        return variants.finish_export(out_dir, models, rvq, manifest, shaping, hooks)
+    def capture(out_dir, models, rvq, manifest, build, probe):
+        seen.update(models=models, rvq=rvq, manifest=manifest, probe=probe)
+        return builds.finish_export(out_dir, models, rvq, manifest, build, probe)
 
     with monkeypatch.context() as m:
         m.setattr(module, "finish_export", capture)
@@ -51,7 +52,7 @@ def _stage(monkeypatch, module, export, *args, **kwargs):
 def dac_stage(tmp_path_factory, tiny_dac):
     with pytest.MonkeyPatch.context() as mp:
         return _stage(mp, export_dac_mod, export_dac_mod.export_dac, tiny_dac,
-                      tmp_path_factory.mktemp("dac_fp32"), TINY_LEN, TINY_CHUNK, variant="tiny",
+                      tmp_path_factory.mktemp("dac_fp32"), TINY_LEN, TINY_CHUNK, preset="tiny",
                       weights="random-init seed 0", weights_sha256="none")
 
 
@@ -60,7 +61,7 @@ def mimi_stage(tmp_path_factory, tiny_mimi):
     with pytest.MonkeyPatch.context() as mp:
         return _stage(mp, export_mimi_mod, export_mimi_mod.export_mimi, tiny_mimi,
                       tmp_path_factory.mktemp("mimi_fp32"), MIMI_TINY_FRAMES * tiny_mimi.cfg.frame_size,
-                      MIMI_TINY_STEP, variant="tiny", weights="random-init seed 0", weights_sha256="none")
+                      MIMI_TINY_STEP, preset="tiny", weights="random-init seed 0", weights_sha256="none")
 
 
 def test_cli_targets_match_the_exporter():
@@ -73,7 +74,7 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
     stage = dac_stage if codec == "dac" else mimi_stage
     out = tmp_path / "out"
     report = finish_export(out, stage["models"], stage["rvq"], stage["manifest"],
-                           Shaping(target, precision), stage["hooks"])
+                           Build(target, precision), stage["probe"])
     manifest = json.loads((out / "manifest.json").read_text())
     graphs = list(stage["models"])
     t = TARGETS[target]
@@ -152,7 +153,7 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
         for name in graphs:
             spec = report["mlpackage"][name]
             assert (out / f"{name}.mlpackage").is_dir()
-            want = {i.name: list(i.shape) for i in stage["hooks"].specs[name].inputs}
+            want = {i.name: list(i.shape) for i in stage["probe"].specs[name].inputs}
             assert {k: v["shape"] for k, v in spec["inputs"].items()} == want
 
 
@@ -160,17 +161,17 @@ def test_nothing_is_written_when_a_variant_fails(dac_stage, tmp_path, monkeypatc
     def broken(model, feeds):
         raise ExportError("quantizer broke")
 
-    monkeypatch.setattr(variants, "to_int8", broken)
+    monkeypatch.setattr(builds, "to_int8", broken)
     with pytest.raises(ExportError, match="quantizer broke"):
         finish_export(tmp_path / "out", dac_stage["models"], dac_stage["rvq"], dac_stage["manifest"],
-                      Shaping("mobile", "int8"), dac_stage["hooks"])
+                      Build("mobile", "int8"), dac_stage["probe"])
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
 @pytest.mark.parametrize("shaping,msg", [
-    (Shaping("dml", "int8"), "dml takes"), (Shaping("coreml", "int8"), "coreml takes"),
-    (Shaping("phone", "fp32"), "--target must be"), (Shaping("cpu", "fp8"), "--precision must be"),
-    (Shaping("cpu", "fp16", calibration=["x.wav"]), "--calibration only applies"),
+    (Build("dml", "int8"), "dml takes"), (Build("coreml", "int8"), "coreml takes"),
+    (Build("phone", "fp32"), "--target must be"), (Build("cpu", "fp8"), "--precision must be"),
+    (Build("cpu", "fp16", calibration=["x.wav"]), "--calibration only applies"),
 ])
 def test_refused_combinations(shaping, msg):
     with pytest.raises(ExportError, match=msg):
@@ -182,18 +183,18 @@ def test_int8_calibrates_on_the_users_audio(dac_stage, tmp_path):
 
     wav = tmp_path / "calib.wav"
     sf.write(wav, noise(3 * TINY_CHUNK, seed=3).T, 16000)
-    hooks = dac_stage["hooks"]
-    clips = deviation.calibration_clips([wav], hooks)
-    assert len(clips) >= 1 and all(c.shape == (1, hooks.clip_samples) for c in clips)
-    generated = deviation.calibration_clips(None, hooks)
+    probe = dac_stage["probe"]
+    clips = deviation.calibration_clips([wav], probe)
+    assert len(clips) >= 1 and all(c.shape == (1, probe.clip_samples) for c in clips)
+    generated = deviation.calibration_clips(None, probe)
     assert not np.allclose(clips[0], generated[0][:, :clips[0].shape[1]])
     out = tmp_path / "out"
     finish_export(out, dac_stage["models"], dac_stage["rvq"], dac_stage["manifest"],
-                  Shaping("cpu", "int8", [wav]), hooks)
+                  Build("cpu", "int8", [wav]), probe)
     # Calibrated on other audio, the quantization scales differ from the default's.
     default = tmp_path / "default"
     finish_export(default, dac_stage["models"], dac_stage["rvq"], dac_stage["manifest"],
-                  Shaping("cpu", "int8"), hooks)
+                  Build("cpu", "int8"), probe)
     scales = lambda d: sorted(float(numpy_helper.to_array(i).ravel()[0]) for i in
                               onnx.load(str(d / "decoder.onnx")).graph.initializer if i.name.endswith("_scale"))
     assert scales(out) != scales(default)
@@ -285,13 +286,13 @@ def test_fp16_keeps_the_nodes_that_overflow_in_fp32():
 
 def test_recorded_feeds_are_a_bounded_sample(mimi_stage, tmp_path):
     """Calibration keeps at most `keep` real feeds per graph, step state included."""
-    hooks = mimi_stage["hooks"]
+    probe = mimi_stage["probe"]
     folder = tmp_path / "fp32"
     write_export(folder, mimi_stage["models"], mimi_stage["rvq"], mimi_stage["manifest"])
-    clips = deviation.generated_clips(2, hooks.clip_samples, hooks.sample_rate, seed=1)
-    everything = deviation.record_feeds(hooks.open(folder, options={"io_binding": "0"}), hooks, clips,
+    clips = deviation.generated_clips(2, probe.clip_samples, probe.sample_rate, seed=1)
+    everything = deviation.record_feeds(probe.open(folder, options={"io_binding": "0"}), probe, clips,
                                        keep=10_000)
-    sample = deviation.record_feeds(hooks.open(folder, options={"io_binding": "0"}), hooks, clips, keep=5)
+    sample = deviation.record_feeds(probe.open(folder, options={"io_binding": "0"}), probe, clips, keep=5)
     steps = everything["encoder_step"]
     assert len(steps) > 5 and {"offset_in", "audio"} <= set(steps[0])
     # Real state: the stream's offset advances step by step from 0.
@@ -306,5 +307,5 @@ def test_web_target_refuses_a_numpy_quantizer(dac_stage, tmp_path):
     refused before anything is written."""
     with pytest.raises(ExportError, match="puts the quantizer in the graphs"):
         finish_export(tmp_path / "out", dac_stage["models"], dac_stage["rvq"], dac_stage["manifest"],
-                      Shaping("web", "fp32"), dac_stage["hooks"])
+                      Build("web", "fp32"), dac_stage["probe"])
     assert not (tmp_path / "out").exists()

@@ -1,7 +1,7 @@
-"""Shipping variants of an export: where the graphs run (`--target`) and in what precision
-(`--precision`), each measured against the fp32 graphs before anything is written.
+"""Builds of an export: where the graphs run (`--target`) and in what precision (`--precision`),
+each measured against the fp32 graphs before anything is written (the targets: targets.py).
 
-The fp32 graphs come out of the codec exporters already validated against torch. A variant is a
+The fp32 graphs come out of the codec exporters already validated against torch. A build is a
 rewrite of those ONNX graphs, never a second trace, so it cannot drift from what was validated:
 - layout: NNAPI and CoreML's NeuralNetwork take only 2-D Conv, so `nnapi` and `mobile` carry each
   1-D conv as `[1, C, T, 1]` with a `[k, 1]` kernel, and spell the ops NNAPI lacks with ops it
@@ -13,7 +13,7 @@ rewrite of those ONNX graphs, never a second trace, so it cannot drift from what
   and each graph's facts in the manifest, which is all the browser can read (web.py).
 
 Deviation is measured through the runtime, the way users will run the files (deviation.py): the
-same clip set goes through the fp32 folder and the variant folder, and each file's metadata and
+same clip set goes through the fp32 folder and the build's folder, and each file's metadata and
 the report record code agreement, SNR and max abs error of the decoded audio, and the file's size.
 """
 
@@ -29,48 +29,22 @@ from pathlib import Path
 import onnx
 
 from ..errors import ExportError
-from .deviation import CodecHooks, calibration_clips, deviation, generated_clips, record_feeds
+from .deviation import Probe, calibration_clips, deviation, generated_clips, record_feeds
 from .graph import copy_model, export_folder, export_id, write_export, write_graphs, write_manifest
 from .precision import overflowing_nodes, quiet, to_fp16, to_int8
 from .rewrite import conv_to_2d, nnapi_ops
+from .targets import PRECISIONS, TARGETS
 from .web import int32_indices, web_manifest
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "fp16", "int8")
 # fp32 rewrites (layout, NNAPI spellings) must reproduce fp32 up to rounding: anything past this
 # is a bug in the rewrite, not a property of the target.
 REWRITE_MIN_AGREEMENT, REWRITE_MIN_SNR = 99.0, 60.0
 
 
-@dataclass(frozen=True)
-class Target:
-    layout_2d: bool = False  # 1-D convs carried as 2-D
-    ort_format: bool = False  # .ort files + required_operators_and_types.config
-    mlpackage: bool = False  # CoreML .mlpackage per graph
-    web: bool = False  # quantizer in the graphs, graph facts in the manifest (export/web.py)
-    precisions: tuple[str, ...] = PRECISIONS
-
-
-TARGETS = {
-    "cpu": Target(),
-    "cuda": Target(),
-    # DirectML's int8 story is QDQ-on-GPU with its own caveats; we only claim what the rule table
-    # checks (fp32/fp16 tensors).
-    "dml": Target(precisions=("fp32", "fp16")),
-    # coremltools quantizes its own way (ct.optimize), not from ONNX QDQ, and ORT's ML Program
-    # partitioner takes no Q/DQ: no int8 here.
-    "coreml": Target(mlpackage=True, precisions=("fp32", "fp16")),
-    "nnapi": Target(layout_2d=True),
-    "mobile": Target(layout_2d=True, ort_format=True),
-    # onnxruntime-web's wasm is the CPU EP, so every precision runs there; which ones pay on
-    # WebGPU is measured (docs/web.md), not assumed (fp16 breaks on some GPUs, onnxruntime #29807).
-    "web": Target(web=True),
-}
-
-
 @dataclass
-class Shaping:
+class Build:
     """What the user asked for: `codec-export ... --target T --precision P [--calibration F]`."""
 
     target: str = "cpu"
@@ -102,90 +76,91 @@ class Shaping:
 
 # ---- the whole step ------------------------------------------------------------------------
 def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict | None, manifest: dict,
-                  shaping: Shaping, hooks: CodecHooks) -> dict:
-    """Write the export for `shaping`: the validated fp32 graphs as they are, or their variant
+                  build: Build, probe: Probe) -> dict:
+    """Write the export for `build`: the validated fp32 graphs as they are, or their build
     with its measured deviation. Everything is built in a staging folder that then replaces
     `out_dir` whole: a failed step leaves `out_dir` as it was, a new export leaves nothing of an
     old one. Returns the report additions (files, deviation, target)."""
-    shaping.check()
-    target = TARGETS[shaping.target]
+    build.check()
+    target = TARGETS[build.target]
     if target.web and rvq is not None:
         raise ExportError("the browser cannot read rvq.npz: --target web puts the quantizer in the graphs")
-    if shaping.plain:
+    if build.plain:
         with export_folder(out_dir) as stage:
             return {"files": write_export(stage, models, rvq, manifest)}
-    new_id = export_id(manifest["export_id"], shaping.target, shaping.precision)
-    tag = {"target": shaping.target, "precision": shaping.precision, "export_id": new_id}
+    new_id = export_id(manifest["export_id"], build.target, build.precision)
+    tag = {"target": build.target, "precision": build.precision, "export_id": new_id}
     with tempfile.TemporaryDirectory(prefix="codecport-") as tmp:
-        ref_dir, var_dir = Path(tmp) / "fp32", Path(tmp) / "variant"
+        ref_dir, build_dir = Path(tmp) / "fp32", Path(tmp) / "build"
         write_export(ref_dir, models, rvq, manifest)
         calib = None
-        if shaping.precision != "fp32":
-            clips = calibration_clips(shaping.calibration, hooks)
+        if build.precision != "fp32":
+            clips = calibration_clips(build.calibration, probe)
             # Without IO binding, every feed (state included) passes through session.run; with one
             # window at a time, through the sessions of `codec.present` (record_feeds' view).
-            calib = record_feeds(hooks.open(ref_dir, options={"io_binding": "0", "windows": "1"}), hooks, clips)
-        variants = {}
+            calib = record_feeds(probe.open(ref_dir, options={"io_binding": "0", "parallel": "1"}), probe, clips)
+        built = {}
         for name, model in models.items():
             m = nnapi_ops(conv_to_2d(model)) if target.layout_2d else copy_model(model)
             if target.web:
                 m = int32_indices(m)
-            if shaping.precision == "fp16":
+            if build.precision == "fp16":
                 m = to_fp16(m, overflowing_nodes(m, calib[name][:4]))
-            elif shaping.precision == "int8":
+            elif build.precision == "int8":
                 m = to_int8(m, calib[name])
             _set_metadata(m, tag)
             onnx.checker.check_model(m)
-            variants[name] = m
-            log.info("%s: %s/%s variant built", name, shaping.target, shaping.precision)
-        var_manifest = {**manifest, **tag, "fp32_export_id": manifest["export_id"]}
-        write_export(var_dir, variants, rvq, var_manifest)
-        clips = generated_clips(2, hooks.clip_samples, hooks.sample_rate, seed=7)
-        dev = deviation(ref_dir, var_dir, hooks, clips)
-        if shaping.precision == "fp32":
+            built[name] = m
+            log.info("%s: %s/%s build done", name, build.target, build.precision)
+        build_manifest = {**manifest, **tag, "fp32_export_id": manifest["export_id"]}
+        write_export(build_dir, built, rvq, build_manifest)
+        clips = generated_clips(2, probe.clip_samples, probe.sample_rate, seed=7)
+        dev = deviation(ref_dir, build_dir, probe, clips)
+        if build.precision == "fp32":
             _check_lossless(dev)
-        for name, m in variants.items():
+        for name, m in built.items():
             d = {**dev.get(name, {}), "size_bytes": 0, "fp32_size_bytes": models[name].ByteSize()}
             while d["size_bytes"] != m.ByteSize():  # the record is part of the size it records
                 d["size_bytes"] = m.ByteSize()
                 _set_metadata(m, {"deviation": json.dumps(d, sort_keys=True)})
             dev[name] = d
-        report = {"target": shaping.target, "precision": shaping.precision, "deviation": dev,
+        report = {"target": build.target, "precision": build.precision, "deviation": dev,
                   "clip_set": "2 generated clips (tones with moving pitch, envelope, noise), "
-                              f"{hooks.clip_samples} samples each, seed 7"}
+                              f"{probe.clip_samples} samples each, seed 7"}
         with export_folder(out_dir) as stage:
-            files = write_graphs(stage, variants, rvq, new_id)
+            files = write_graphs(stage, built, rvq, new_id)
             if target.ort_format:
-                files.update(write_ort(stage, list(variants)))
+                files.update(write_ort(stage, list(built)))
             if target.mlpackage:
-                files.update(write_mlpackages(stage, hooks, tag, report))
+                files.update(write_mlpackages(stage, probe, tag, report))
             if target.web:
-                var_manifest.update(web_manifest(variants, files))
-            report["files"] = write_manifest(stage, {**var_manifest, **report}, files)
+                build_manifest.update(web_manifest(built, files))
+            report["files"] = write_manifest(stage, {**build_manifest, **report}, files)
     return report
 
 
-def variant_of_folder(fp32_dir: Path, out_dir: Path, shaping: Shaping) -> dict:
-    """`finish_export` from a written fp32 export folder instead of a fresh trace (no weights
-    needed); the .mlpackage conversion needs the torch modules, so not `--target coreml`."""
-    from .. import registry
+def build_of_folder(spec, fp32_dir: Path, out_dir: Path, build: Build) -> dict:
+    """`finish_export` from a written fp32 export folder of codec `spec` (its registry entry)
+    instead of a fresh trace (no weights needed); the .mlpackage conversion needs the torch
+    modules, so not `--target coreml`."""
     from ..runtime.folder import read_manifest
 
-    if TARGETS[shaping.target].mlpackage:
+    if TARGETS[build.target].mlpackage:
         raise ExportError("a .mlpackage is converted from the torch model: export with --target coreml")
     manifest = read_manifest(fp32_dir)
     if manifest is None:
         raise ExportError(f"{fp32_dir} has no manifest.json; pass a folder written by codec-export")
     if "precision" in manifest:
-        raise ExportError(f"{fp32_dir} is already a {manifest['precision']} variant; start from an "
+        raise ExportError(f"{fp32_dir} is already a {manifest['precision']} build; start from an "
                           "fp32 export")
-    spec = registry.get(manifest["codec"])
+    if manifest["codec"] != spec.name:
+        raise ExportError(f"{fp32_dir} holds a {manifest['codec']} export, not {spec.name}")
     models = {name: onnx.load(str(fp32_dir / file)) for name, file in manifest["files"].items()
               if file.endswith(".onnx")}
     codec = spec.runtime(fp32_dir)
     rvq = None if codec.rvq is None else codec.rvq.arrays()
     base = {k: v for k, v in manifest.items() if k != "files"}
-    return finish_export(out_dir, models, rvq, base, shaping, spec.module("export").hooks(manifest))
+    return finish_export(out_dir, models, rvq, base, build, spec.module("export").probe(manifest))
 
 
 def _check_lossless(dev: dict[str, dict]) -> None:
@@ -227,13 +202,13 @@ def write_ort(out_dir: Path, names: list[str]) -> dict[str, str]:
     return files
 
 
-def write_mlpackages(out_dir: Path, hooks: CodecHooks, tag: dict, report: dict) -> dict:
+def write_mlpackages(out_dir: Path, probe: Probe, tag: dict, report: dict) -> dict:
     """One `.mlpackage` per graph, converted from the torch reference (see export/coreml.py);
     the inspected specs go into `report["mlpackage"]`."""
     from .coreml import to_mlpackage
 
     files, specs = {}, {}
-    for name, spec in hooks.specs.items():
+    for name, spec in probe.specs.items():
         spec.metadata = {**spec.metadata, **tag}
         specs[name] = to_mlpackage(spec, out_dir / f"{name}.mlpackage", tag["precision"])
         files[f"{name}_mlpackage"] = f"{name}.mlpackage"

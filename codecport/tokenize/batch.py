@@ -1,37 +1,25 @@
 """Windows of many clips through one graph call: the batched encoders of `codec-export --batch`.
 
-A codec describes how it would encode a clip as a `WindowPlan`: the independent windows it
-would put through one encoder graph, and how the codes of those windows make the clip's `Codes`.
-`Codec.encode_source` runs a plan one window at a time; `Batcher` takes the windows of many
-plans, fills the rows of the batched copy of that graph with them (B windows a call, from any
-clips; a last call padded with silence, or run row by row when it is less than half full) and
-finishes each clip when its last window is done.
+A codec describes how it would encode a clip as a `WindowPlan` (runtime/plan.py): the
+independent windows it would put through one encoder graph, and how the codes of those windows
+make the clip's `Codes`. `Batcher` takes the windows of many plans, fills the rows of the
+batched copy of that graph with them (B windows a call, from any clips; a last call padded with
+silence, or run row by row when it is less than half full) and finishes each clip when its last
+window is done.
 The codes are the same either way: each row of a batched graph is checked against the batch-1
 graph when it is exported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import CodecportError, ModelFileError
-from .codes import Codes
-from .folder import batched_name
-
-
-@dataclass
-class WindowPlan:
-    """How one clip is encoded through encoder graph `graph`: its `windows` (each `[samples]`
-    float32, in order, read lazily) give codes `[k, frames]` each, and `finish` turns the list of
-    them, in order, into the clip's `Codes`."""
-
-    graph: str
-    windows: Iterator[np.ndarray]
-    k: int
-    finish: Callable[[list[np.ndarray]], Codes]
+from ..runtime.codes import Codes
+from ..runtime.folder import batched_name
+from ..runtime.plan import WindowPlan
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import ClassVar
 from urllib.parse import unquote, urlsplit
 
 from ..errors import CodecportError, ModelFileError
-from .folder import read_manifest
+from ..runtime.folder import read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +31,6 @@ TYPES = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript", ".js": 
 ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp",
              "Cross-Origin-Resource-Policy": "same-origin", "Cache-Control": "no-store"}
 ORT_ENTRY = "ort.all.min.mjs"  # the bundle with both wasm and webgpu (JSEP) the page imports
-# The browser the tests and `codec-bench web` drive: Debian's Chromium, never one Playwright
-# downloads. Its flags work as root and make no network noise (../shared/reference/web.md).
-CHROMIUM = os.environ.get("CODECPORT_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage")
 
 
 def web_asset(name: str) -> Path:

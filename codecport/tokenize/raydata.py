@@ -25,8 +25,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 
 from ..errors import CodecportError
+from ..runtime.providers import cpu_cores
 from .corpus import Item
-from .providers import cpu_cores
+from .worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,6 @@ class RayWorker:
     """A `map_batches` actor: one `Worker` (its sessions built once, in `__init__`)."""
 
     def __init__(self, settings):
-        from .tokenize import Worker
-
         self.worker = Worker(settings)
 
     def __call__(self, batch):

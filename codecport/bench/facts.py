@@ -1,0 +1,71 @@
+"""What the bench, the demo and the GPU check need of one codec, as one typed value: each
+`bench/<codec>.py` declares a `FACTS = BenchFacts(...)` stating only what differs from the
+defaults. Facts the runtime knows (frames of a length, its streams, its modes) are asked of the
+runtime, not restated here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class Official:
+    """The codec's official package as a `--contender official`."""
+
+    label: str  # its name in the report
+    module: str | None  # the module that says it is installed (None: it runs elsewhere, see `script`)
+    install: str  # what to do when it is not there
+    script: Path | None = None  # run by path with `--official-python`, in an environment of its own
+
+
+@dataclass(frozen=True)
+class LongAudio:
+    """How `codec-bench --long N` times audio of N windows."""
+
+    mode: str  # the runtime's mode for it ("chunked", "whole", "step")
+    graphs: tuple[str, str]  # the encoder and decoder graphs each window goes through
+    label: str  # how the report says it
+    torch: str  # how the torch reference runs the same audio
+    samples: Callable[[dict, int], int]  # (manifest, windows) -> samples of audio that take them
+
+
+def _seconds_of_frames(cfg, seconds: float) -> int:
+    return round(seconds * cfg.sample_rate / cfg.frame_size) * cfg.frame_size
+
+
+def _no_skip(contender: str, preset: str) -> str | None:
+    return None
+
+
+def _no_options(step_frames: int) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class BenchFacts:
+    demo_preset: str  # the preset the demo exports (small, for a quick offline run)
+    demo_seconds: float  # audio per call of the demo's fixed graphs
+    torch_encode: Callable  # (model, x [B, 1, T], k) -> what the torch reference's encode returns
+    torch_codes: Callable  # (model, x, k) -> its codes as `Codes` arrays
+    torch_decode: Callable  # (model, arrays) -> audio [B, samples], noise as `compare_noise` asks
+    transformers_model: Callable | None = None  # (config kwargs) -> (encode, decode) of transformers' port
+    clip_samples: Callable = _seconds_of_frames  # (config, seconds) -> samples of one fixed call
+    export_options: Callable = _no_options  # (step frames) -> the exporter's `options`
+    skip: Callable = _no_skip  # (contender, preset) -> why it cannot run, or None
+    web_preset: str | None = None  # `codec-bench web`'s preset (None: codecport.mjs does not run it)
+    web_codebooks: int | None = None  # codebooks in the web graphs (None: all)
+    fixed_mode: str = "fixed"  # the mode of one call of the fixed graphs
+    compare_noise: Mapping = field(default_factory=dict)  # decode settings that match torch's decode
+    long: LongAudio | None = None  # None: no `--long` path
+    torch_long: Callable | None = None  # (model, job, manifest) -> the torch timings of `long`
+    step_frames: bool = False  # `--frames` (code frames a step) applies: it has step graphs
+    official: Official | None = None
+    prepare_official: Callable | None = None  # (bench folder) -> the weights in the official layout
+    contenders: Mapping[str, Callable] = field(default_factory=dict)  # worker runners of its own
+
+    def __post_init__(self):
+        object.__setattr__(self, "compare_noise", MappingProxyType(dict(self.compare_noise)))
+        object.__setattr__(self, "contenders", MappingProxyType(dict(self.contenders)))

@@ -1,0 +1,52 @@
+"""The bench's model: a codec exported with random weights (timings do not depend on them), kept
+beside its weights and config so the torch and official contenders run the same model, and its
+fp16/int8 builds."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import click
+
+
+def prepare(spec, preset: str, seconds: float, step_frames: int, seed: int, out: Path,
+            batch: int | None = None) -> dict:
+    """Export `spec`'s `preset` (random weights) into `out/model`, with `weights.safetensors` and
+    `config.json` beside it."""
+    from safetensors.torch import save_file
+
+    facts, models = spec.bench, spec.module("model")
+    cfg = spec.presets[preset]
+    model = models.init_random(models.MODEL(cfg), seed).eval()
+    samples = facts.clip_samples(cfg, seconds)
+    spec.module("export").export(model, out / "model", samples, options=facts.export_options(step_frames),
+                                 preset=preset, weights=f"random-init seed {seed}", weights_sha256="none",
+                                 batch=batch)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "weights.safetensors"))
+    (out / "config.json").write_text(json.dumps(cfg.to_kwargs()))
+    return {"samples": samples, "sample_rate": cfg.sample_rate}
+
+
+def export_source_hash() -> str:
+    """Hash of the code that builds the graphs: a kept `--dir` export is rebuilt when it changed
+    (the version number stays the same between releases)."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted([*(root / "models").glob("*.py"), *(root / "export").glob("*.py")]):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build_folder(spec, work: Path, precision: str) -> Path:
+    """The fp32 export's `precision` build, made once and kept beside it."""
+    from ..export.builds import Build, build_of_folder
+
+    folder = work / f"model-{precision}"
+    fp32_id = json.loads((work / "model" / "manifest.json").read_text())["export_id"]
+    manifest = folder / "manifest.json"
+    if not manifest.is_file() or json.loads(manifest.read_text()).get("fp32_export_id") != fp32_id:
+        click.echo(f"building the {precision} build (calibration and deviation measured) ...")
+        build_of_folder(spec, work / "model", folder, Build("cpu", precision))
+    return folder

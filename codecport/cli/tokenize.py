@@ -1,0 +1,54 @@
+"""`codec-run tokenize`: the corpus tokenizer's command (the tokenizer is codecport/tokenize/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .. import registry
+from ..tokenize.driver import ENGINES
+from .common import guard, note, provider_options, setup_logging, verbose_option
+
+
+@click.command("tokenize")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
+              help="Folder written by codec-export (with --batch B for batched graphs).")
+@click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), required=True,
+              help="Output folder: a Parquet dataset, one row per input; rerun to resume.")
+@click.option("--engine", type=click.Choice(ENGINES), default="local",
+              help="local: worker processes on this machine; ray: Ray Data (pip install "
+                   "'codecport[ray]'), a private local cluster or --address.")
+@click.option("--address", default=None, help="Ray cluster to attach to [default: RAY_ADDRESS, "
+                                              "else a private local cluster].")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes (local) or actors (ray) [default: one per core; on a Ray "
+                   "cluster its CPUs less one].")
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="Rows per call of the batched encoders [default: the folder's, else 1].")
+@click.option("--codebooks", type=click.IntRange(min=1), default=None,
+              help="Use the first K codebooks [default: all for DAC, 8 for Mimi].")
+@click.option("--shard-rows", type=click.IntRange(min=1), default=1000,
+              help="Rows per Parquet shard (a shard is also written every minute when rows come slower).")
+@provider_options
+@verbose_option
+@guard
+def tokenize_cmd(inputs, model_dir, out_dir, engine, address, workers, batch, codebooks, shard_rows,
+                 provider, fallback, options, verbose) -> None:
+    """Tokenize a corpus: audio files, folders, globs, manifests (.txt, .csv, .jsonl, .parquet
+    with a path column) or Hugging Face Parquet datasets, into a resumable Parquet dataset.
+    Each row's id is its path as the inputs name it (a folder's files under the folder's name)."""
+    from ..tokenize import tokenize
+
+    setup_logging(verbose)
+    registry.codec_of_folder(model_dir)  # says what the folder is before anything starts
+    summary = tokenize(list(inputs), model_dir, out_dir, engine=engine, address=address, workers=workers,
+                       batch=batch, codebooks=codebooks, provider=provider, fallback=fallback,
+                       options=options, shard_rows=shard_rows, progress=True)
+    for ident, error in summary.errors[:5]:
+        note(f"failed: {ident}: {error}")
+    if summary.failed > 5:
+        note(f"... and {summary.failed - 5} more: see {out_dir / '__errors__' / 'errors.parquet'}")
+    click.echo(summary.line())
+    click.echo(f"wrote {out_dir}/")

@@ -1,0 +1,54 @@
+"""How a clip goes through a codec's graphs, as data: the plans the runtime and its applications
+share.
+
+- `WindowPlan`: a clip's encode as independent windows through one encoder graph, and how their
+  codes make the clip's `Codes`. `Codec.encode_source` runs a plan one window at a time; the
+  corpus tokenizer fills batched graphs with the windows of many clips (tokenize/batch.py).
+- `overlap_windows`: windows that overlap by a graph's receptive field, which give the official
+  whole-clip result of a non-causal codec (DAC, SNAC) from fixed-length graphs, whatever the
+  length. Each window keeps only the frames `margin` or more inside its edges, where every input
+  the result depends on lies inside the window; at the clip's own edges it keeps everything,
+  since there the window's edge is the clip's. The margin is computed from the config at export
+  (models/geometry.py) and stored in each graph's metadata. What it costs: a window of `window`
+  frames keeps `window - 2 * margin` of them, so long audio computes `window / (window - 2 *
+  margin)` times the frames of one call over the whole clip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .codes import Codes
+
+
+@dataclass
+class WindowPlan:
+    """How one clip is encoded through encoder graph `graph`: its `windows` (each `[samples]`
+    float32, in order, read lazily) give codes `[k, frames]` each, and `finish` turns the list of
+    them, in order, into the clip's `Codes`."""
+
+    graph: str
+    windows: Iterator[np.ndarray]
+    k: int
+    finish: Callable[[list[np.ndarray]], Codes]
+
+
+def overlap_windows(n: int, window: int, margin: int, end_aligned: bool = False) -> Iterator[tuple[int, int, int]]:
+    """(start, keep_from, keep_to) in frames for the windows over a clip of `n` frames: the
+    first window starts at the clip, each next one `margin` before the frames still to do.
+
+    A graph that masks what lies past the clip (SNAC's) takes a last window running past the
+    end; with `end_aligned` (a graph whose edge must be the clip's, DAC's) the last window is
+    moved back to end at the clip, which needs `n >= window`."""
+    pos = 0
+    while pos < n:
+        start = 0 if pos == 0 else pos - margin
+        end = start + window
+        if end >= n:
+            yield (max(0, n - window) if end_aligned else start), pos, n
+            return
+        yield start, pos, end - margin
+        pos = end - margin

@@ -1,0 +1,282 @@
+"""The one stream protocol of every codec that streams, and the step-graph runner under it.
+
+A codec streams through two objects (`Codec.streams` says which it has):
+
+- an encoder stream: `push(pcm)` takes mono samples at the model's rate, any number, and returns
+  the codes now final (`[codebooks, frames]`, frames >= 0); `flush()` ends the input (zero-padded
+  as the codec's whole-clip encode pads it) and returns the rest;
+- a decoder stream: `push(codes)` takes code frames, any number (`[codebooks, frames]`, or one
+  such array per time scale for a multi-scale codec), and returns the audio now final;
+  `flush()` ends the codes and returns the rest.
+
+Any split of the input gives the same output as the whole (tested for every codec that streams).
+`step_frames` is how many code frames one graph call takes or gives: pushing that many at a time
+(or their samples) is the live rhythm. Each states its `latency` (how far behind the input its final output runs, in code frames and
+samples), `reset()`s to a new stream, and keeps its whole state as a value: `s.state` takes it
+out (a copy), `s.state = value` puts it back, on this stream or another of the same folder, so a
+server can move a stream between slots.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import CodecportError, CodesError, ModelFileError
+from .codes import Codes
+from .graph import Graph, dtype_of
+from .providers import onnxruntime
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
+
+@dataclass(frozen=True)
+class Latency:
+    """How far a stream's final output runs behind its input: `frames` code frames (of the
+    coarsest time scale) and `samples` samples at the model's rate, counted from the moment the
+    input of a frame is complete."""
+
+    frames: float
+    samples: int
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """Everything a stream holds, as a value: `kind` names the stream it came from (its codec
+    folder's export and its settings) and is checked when it is put back."""
+
+    kind: str
+    arrays: Mapping[str, np.ndarray] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        # Copies, read-only: a value, not a window onto a live stream.
+        frozen = {}
+        for k, a in self.arrays.items():
+            a = np.array(a, copy=True)
+            a.setflags(write=False)
+            frozen[k] = a
+        object.__setattr__(self, "arrays", MappingProxyType(frozen))
+        object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
+
+
+def as_levels(codes, levels: int) -> list[np.ndarray]:
+    """Code frames of one channel as `[codebooks, frames]` arrays, one per time scale: from a
+    `Codes` of one channel, a sequence of arrays (one per time scale, each `[frames]`,
+    `[codebooks, frames]` or `[1, codebooks, frames]`) or, for a codec of one time scale, one
+    array."""
+    if isinstance(codes, Codes):
+        if codes.channels != 1:
+            raise CodesError(f"a stream takes one channel's codes, got {codes.channels}; use one "
+                             "stream per channel")
+        return [a[0] for a in codes.arrays]
+    if levels == 1 and isinstance(codes, np.ndarray):
+        codes = [codes]
+    if not isinstance(codes, (list, tuple)) or len(codes) != levels:
+        raise CodesError(f"push one array per time scale ({levels}), got "
+                         f"{len(codes) if isinstance(codes, (list, tuple)) else type(codes).__name__}")
+    out = []
+    for a in codes:
+        a = np.asarray(a)
+        if a.ndim == 3 and a.shape[0] == 1:  # [1, codebooks, frames]: one channel's
+            a = a[0]
+        if a.ndim == 1:
+            a = a[None]
+        if a.ndim != 2:
+            raise CodesError(f"codes must be [codebooks, frames] of one channel, got shape "
+                             f"{list(a.shape)}; use one stream per channel")
+        out.append(a)
+    return out
+
+
+class Stream(ABC):
+    """What encoder and decoder streams share; see the module doc."""
+
+    side = ""  # "encoder" or "decoder"
+    step_frames = 1  # code frames (of the coarsest time scale) one graph call takes or gives
+
+    def __init__(self, codec):
+        self.codec = codec
+
+    @property
+    def kind(self) -> str:
+        """Which streams a state may move between: the same export, side and settings."""
+        return f"{self.codec.name} {self.side} {self.codec.export_id} {self.settings()}"
+
+    def settings(self) -> str:
+        """What, beyond the export, makes this stream's state its own (codebooks, noise...)."""
+        return ""
+
+    @property
+    @abstractmethod
+    def latency(self) -> Latency: ...
+
+    @abstractmethod
+    def push(self, x): ...
+
+    @abstractmethod
+    def flush(self): ...
+
+    @abstractmethod
+    def reset(self) -> None: ...
+
+    @abstractmethod
+    def _get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]: ...
+
+    @abstractmethod
+    def _set_state(self, arrays: Mapping[str, np.ndarray], values: Mapping[str, Any]) -> None: ...
+
+    @property
+    def state(self) -> StreamState:
+        arrays, values = self._get_state()
+        return StreamState(self.kind, arrays, values)
+
+    @state.setter
+    def state(self, value: StreamState) -> None:
+        if not isinstance(value, StreamState) or value.kind != self.kind:
+            got = value.kind if isinstance(value, StreamState) else type(value).__name__
+            raise CodecportError(f"this state belongs to another stream ({got}); a state goes back "
+                                 f"into a stream of the same folder and settings ({self.kind})")
+        self._set_state(value.arrays, value.values)
+
+
+class EncoderStream(Stream):
+    side = "encoder"
+
+
+class DecoderStream(Stream):
+    side = "decoder"
+
+
+class StepRunner:
+    """A streaming step graph with its state carried between calls: each `<state>_out` (and
+    `offset_out`) of one step is the `<state>_in` of the next; `reset()` zeroes it all, which is
+    the initial state the step graphs document in their `initial_state` metadata.
+
+    `io_binding=False` keeps the state as numpy arrays and calls `session.run`. `io_binding=True`
+    keeps it as OrtValues on `graph.device`, in two sets that swap roles every step (one bound as
+    the inputs, the other as the outputs: an output never overwrites the input it is computed
+    from, and nothing is allocated per step); only the step's first input goes in from the host
+    and its first output comes back, into a new array the caller owns. Both give the same bits.
+    `state` copies the state out to numpy; setting it copies it back in.
+    """
+
+    def __init__(self, graph: Graph, io_binding: bool):
+        self.graph, self.io_binding = graph, io_binding
+        inputs, outputs = graph.session.get_inputs(), graph.session.get_outputs()
+        self.input, self.output = inputs[0].name, outputs[0]
+        self.out_dtype = dtype_of(self.output, graph.path)
+        self.pairs = [(o.name, o.name[:-len("_out")] + "_in") for o in outputs[1:]]
+        self.states = {i.name: i for i in inputs[1:]}
+        if any(not o.endswith("_out") for o, _ in self.pairs) or {i for _, i in self.pairs} != set(self.states):
+            raise ModelFileError(f"{graph.path}: its state inputs and outputs are not <name>_in/<name>_out "
+                                 "pairs; re-export it")
+        outs = {o.name: o for o in outputs[1:]}
+        for out_name, in_name in self.pairs:
+            if tuple(outs[out_name].shape) != tuple(self.states[in_name].shape):
+                raise ModelFileError(f"{graph.path}: {out_name} {outs[out_name].shape} cannot feed "
+                                     f"{in_name} {self.states[in_name].shape}; re-export it")
+        self.reset()
+
+    def _zeros(self, name: str) -> np.ndarray:
+        arg = self.states[name]
+        return np.zeros(arg.shape, dtype_of(arg, self.graph.path))
+
+    def reset(self) -> None:
+        """Back to the initial state (all zeros)."""
+        if not self.io_binding:
+            self._state = {name: self._zeros(name) for name in self.states}
+            return
+        ort = onnxruntime()
+        device, device_id = self.graph.device
+        zeros = {n: ort.OrtValue.ortvalue_from_numpy(self._zeros(n), device, device_id) for n in self.states}
+        spare = {n: ort.OrtValue.ortvalue_from_shape_and_type(a.shape, dtype_of(a, self.graph.path), device,
+                                                              device_id)
+                 for n, a in self.states.items()}
+        self._sets = [zeros, spare]
+        self._bindings = [self._bind(zeros, spare), self._bind(spare, zeros)]
+        self._turn = 0
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """The state the next step reads, `<name>_in` -> a copy."""
+        if not self.io_binding:
+            return {n: np.array(v, copy=True) for n, v in self._state.items()}
+        return {n: v.numpy().copy() for n, v in self._sets[self._turn].items()}
+
+    @state.setter
+    def state(self, values: Mapping[str, np.ndarray]) -> None:
+        if set(values) != set(self.states):
+            raise CodecportError(f"a state of {self.graph.path.name} holds {sorted(self.states)}, got "
+                                 f"{sorted(values)}")
+        for n, v in values.items():
+            want = self._zeros(n)
+            if v.shape != want.shape or v.dtype != want.dtype:
+                raise CodecportError(f"state {n} of {self.graph.path.name} is {want.dtype} "
+                                     f"{list(want.shape)}, got {v.dtype} {list(v.shape)}")
+        if not self.io_binding:
+            self._state = {n: np.array(v, copy=True) for n, v in values.items()}
+            return
+        for n, v in values.items():
+            self._sets[self._turn][n].update_inplace(np.ascontiguousarray(v))
+
+    def _bind(self, src: dict[str, ort.OrtValue], dst: dict[str, ort.OrtValue]) -> ort.IOBinding:
+        """Binding that reads the state from `src` and writes the next one into `dst`."""
+        binding = self.graph.session.io_binding()
+        for out_name, in_name in self.pairs:
+            binding.bind_ortvalue_input(in_name, src[in_name])
+            binding.bind_ortvalue_output(out_name, dst[in_name])
+        return binding
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """The step's first output for its first input `x`; the state moves on one step."""
+        if not self.io_binding:
+            outs = self.graph.session.run(None, {self.input: x, **self._state})
+            self._state = {in_name: v for (_, in_name), v in zip(self.pairs, outs[1:])}
+            return outs[0]
+        binding = self._bindings[self._turn]
+        binding.bind_cpu_input(self.input, np.ascontiguousarray(x))
+        # A new host array each step: the caller keeps it while the next step writes elsewhere.
+        out = np.empty(self.output.shape, self.out_dtype)
+        binding.bind_ortvalue_output(self.output.name, onnxruntime().OrtValue.ortvalue_from_numpy(out))
+        self.graph.session.run_with_iobinding(binding)
+        self._turn ^= 1
+        return out
+
+
+class Duplex:
+    """An encoder stream and a decoder stream in one object, under codecport 0.2's names: what a
+    live loop (microphone in, speaker out) holds."""
+
+    def __init__(self, encoder: EncoderStream, decoder: DecoderStream):
+        self.encoder, self.decoder = encoder, decoder
+
+    def encode_step(self, pcm):
+        return self.encoder.push(pcm)
+
+    def decode_step(self, codes):
+        return self.decoder.push(codes)
+
+    def flush_encoder(self):
+        return self.encoder.flush()
+
+    def flush_decoder(self):
+        return self.decoder.flush()
+
+    def reset(self) -> None:
+        self.encoder.reset()
+        self.decoder.reset()
+
+    @property
+    def latency_frames(self) -> float:
+        return self.encoder.latency.frames
+
+    def __getattr__(self, name: str):
+        # The step geometry (step_frames, step_samples, io_binding...) is the encoder's.
+        return getattr(self.__dict__["encoder"], name)

@@ -1,0 +1,1 @@
+"""Servers on top of the runtime: `codec-run web`, the browser demo (web.py)."""

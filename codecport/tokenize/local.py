@@ -1,0 +1,89 @@
+"""The `local` engine of `codec-run tokenize`: a pool of worker processes on this machine."""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
+
+from ..errors import CodecportError
+from ..runtime.providers import cpu_cores
+from .corpus import Item
+from .output import result_table
+from .worker import Settings, Worker
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3  # a task whose worker died this often marks its files failed instead
+_worker: Worker | None = None
+
+
+def _init_worker(settings: Settings, parent: int) -> None:
+    global _worker
+    _worker = Worker(settings)
+    # A worker whose driver was killed has nobody to answer: it goes too, instead of idling on.
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _work(items: list[Item]):
+    return _worker(items)
+
+
+def run_local(todo: list[Item], settings: Settings, workers: int | None, per_task: int,
+              emit: Callable) -> None:
+    """Run `todo` on `workers` processes (default: one per core, each on its share of the
+    cores), `per_task` files a task, handing each result table to `emit`. A worker that dies
+    (killed, out of memory) is replaced and its tasks run again, up to `MAX_ATTEMPTS` times."""
+    cores = cpu_cores()
+    workers = workers or (cores if settings.provider == "cpu" else 1)
+    threads = max(1, cores // workers)
+    settings = replace(settings, threads=threads)
+    tasks = deque((0, todo[i:i + per_task]) for i in range(0, len(todo), per_task))
+    context = multiprocessing.get_context("spawn")  # ORT's threads do not survive a fork
+    while tasks:
+        pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_init_worker,
+                                   initargs=(settings, os.getpid()))
+        running: dict = {}
+        try:
+            while tasks or running:
+                while tasks and len(running) < 2 * workers:
+                    attempt, task = tasks[0]  # taken off only once submitted: a broken pool refuses
+                    running[pool.submit(_work, task)] = (attempt, task)
+                    tasks.popleft()
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    result = f.result()  # a worker's CodecportError (its model) ends the job
+                    running.pop(f)
+                    emit(result)
+        except BrokenProcessPool:
+            log.warning("a tokenize worker died (killed, or out of memory); its tasks run again")
+            for f, (attempt, task) in running.items():
+                if f.done() and not f.cancelled() and f.exception() is None:
+                    emit(f.result())  # finished before the pool broke: its rows are good
+                elif attempt + 1 < MAX_ATTEMPTS:
+                    tasks.append((attempt + 1, task))
+                else:
+                    emit(_died(settings, task))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _died(settings: Settings, task: list[Item]):
+    """The result table of a task whose worker died every time it ran."""
+    codec = settings.open()
+    why = CodecportError(f"the worker died {MAX_ATTEMPTS} times on the batch holding this file "
+                         "(out of memory, or killed); tokenize it on its own to see which")
+    return result_table(codec, task, {item.id: why for item in task})
