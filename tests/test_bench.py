@@ -133,12 +133,12 @@ def test_bench_frames_is_for_mimi(tmp_path):
     proc = subprocess.run([str(BIN / "codec-bench"), "dac", "--preset", "tiny", "--frames", "2",
                            "--dir", str(tmp_path / "b")], capture_output=True, text=True, check=False,
                           timeout=120)
-    assert proc.returncode == 2 and "--frames is for codecs with streaming steps (mimi, snac)" in proc.stderr
+    assert proc.returncode == 2 and "--frames is for codecs with step graphs (mimi, snac)" in proc.stderr
     assert not (tmp_path / "b").exists()
 
 
 def test_code_agreement_over_the_frames_both_have():
-    from codecport.bench.cli import _code_agreement
+    from codecport.bench.report import code_agreement
 
     ours = [[[1, 2, 3, 4], [5, 6, 7, 8]]]
     contenders = {
@@ -148,7 +148,7 @@ def test_code_agreement_over_the_frames_both_have():
         "onnx-cpu-int8": {"codes": ours, "deviation": {}},  # reports its deviation instead
         "transformers": {"encode": {}},  # its own weights: nothing to compare
     }
-    _code_agreement(contenders, "onnx-cpu")
+    code_agreement(contenders, "onnx-cpu")
     assert contenders["torch-eager"]["codes_equal_pct"] == {"to": "onnx-cpu", "pct": 75.0, "frames": [4, 4]}
     assert contenders["rustymimi"]["codes_equal_pct"] == {"to": "onnx-cpu", "pct": 100.0, "frames": [3, 4]}
     assert not any("codes" in r or "codes_equal_pct" in r

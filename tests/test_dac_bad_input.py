@@ -304,7 +304,7 @@ def test_export_mobile_int8_and_run_it(tmp_path):
 
 
 def test_windows_option_on_the_command_line(tmp_path, out_dir, tiny_export, geometry):
-    """`--provider-option windows=N` reaches the runtime: a bad value is a one-line error, and
+    """`--provider-option parallel=N` (or its old name `windows`) reaches the runtime: a bad value is a one-line error, and
     one window at a time writes the same audio as the default."""
     size = int(json.loads((tiny_export / "manifest.json").read_text())["codebook_size"])
     codes = save_codes(tmp_path / "codes.npy", np.random.default_rng(0).integers(
@@ -312,9 +312,9 @@ def test_windows_option_on_the_command_line(tmp_path, out_dir, tiny_export, geom
     out = out_dir / "out.wav"
     line = assert_one_line_error(cli("codec-run", "decode", codes, "-m", tiny_export, "-o", out,
                                      "--provider-option", "windows=0"), out)
-    assert "option windows must be auto or a whole number" in line
+    assert "option parallel must be auto or a whole number" in line
     one, auto = out_dir / "one.wav", out_dir / "auto.wav"
-    for path, extra in ((one, ["--provider-option", "windows=1"]), (auto, [])):
+    for path, extra in ((one, ["--provider-option", "parallel=1"]), (auto, [])):
         proc = cli("codec-run", "decode", codes, "-m", tiny_export, "-o", path, *extra)
         assert proc.returncode == 0, proc.stderr
     np.testing.assert_array_equal(sf.read(one)[0], sf.read(auto)[0])

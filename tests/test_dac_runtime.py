@@ -12,8 +12,8 @@ from conftest import TINY_CHUNK, TINY_LEN, noise
 
 from codecport.errors import ProviderError
 from codecport.export.dac import rvq_of
-from codecport.runtime.dac import DacCodec
 from codecport.runtime.codes import load_codes
+from codecport.runtime.dac import DacCodec
 from codecport.runtime.providers import cpu_cores
 
 
@@ -161,11 +161,11 @@ def test_decoder_only_folder(tmp_path, tiny_export):
 
 
 @pytest.mark.parametrize("windows", ["1", "3"])
-def test_concurrent_windows_give_the_same_bits(codec, tiny_export, windows):
-    """Windows of a long signal run at once (`windows` option) give exactly the one-at-a-time
+def test_parallel_windows_give_the_same_bits(codec, tiny_export, windows):
+    """Windows of a long signal run at once (`parallel` option) give exactly the one-at-a-time
     results, in order; each sliding session gets its share of the cores."""
-    other = DacCodec(tiny_export, options={"windows": windows})
-    assert other.windows == int(windows)
+    other = DacCodec(tiny_export, options={"parallel": windows})
+    assert other.parallel == int(windows)
     audio = noise(9 * TINY_CHUNK + 7, channels=2, seed=3)
     codes = codec.encode(audio, 16000, mode="chunked").data
     np.testing.assert_array_equal(other.encode(audio, 16000, mode="chunked").data, codes)
@@ -176,17 +176,17 @@ def test_concurrent_windows_give_the_same_bits(codec, tiny_export, windows):
 
 
 def test_auto_windows_follow_the_cores(codec):
-    assert codec.windows == (2 if cpu_cores() >= 2 else 1)
+    assert codec.parallel == (2 if cpu_cores() >= 2 else 1)
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])
 def test_bad_windows_option_is_refused(tiny_export, value):
-    with pytest.raises(ProviderError, match="option windows must be auto or a whole number"):
-        DacCodec(tiny_export, options={"windows": value})
+    with pytest.raises(ProviderError, match="option parallel must be auto or a whole number"):
+        DacCodec(tiny_export, options={"parallel": value})
 
 
 def test_map_windows_keeps_order_bounds_memory_and_raises(tiny_export):
-    codec = DacCodec(tiny_export, options={"windows": "2"})
+    codec = DacCodec(tiny_export, options={"parallel": "2"})
     started = []
 
     def slow(i):
@@ -198,7 +198,7 @@ def test_map_windows_keeps_order_bounds_memory_and_raises(tiny_export):
 
     results = codec.map_windows(slow, range(10))
     assert [next(results) for _ in range(5)] == [0, 1, 2, 3, 4]
-    assert len(started) <= 5 + 2 + 1  # never more than `windows` + 1 ahead of the caller
+    assert len(started) <= 5 + 2 + 1  # never more than `parallel` + 1 ahead of the caller
     with pytest.raises(ValueError, match="window 7"):
         list(results)
 

@@ -7,8 +7,8 @@ import pytest
 from conftest import MIMI_TINY_STEP, noise
 
 from codecport.errors import ProviderError
-from codecport.runtime.mimi import MimiCodec, MimiStream
-from codecport.runtime.graph import StepRunner
+from codecport.runtime.stream import StepRunner
+from codecport.runtime.mimi import MimiCodec
 from codecport.runtime.providers import provider_options
 
 FRAME = 24  # samples per code frame of the tiny config
@@ -21,7 +21,7 @@ def codec(tiny_mimi_export):
     return MimiCodec(tiny_mimi_export)
 
 
-def _stream(stream: MimiStream, audio: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _stream(stream, audio: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Encode then decode `audio` step by step, interleaved as a live stream does; every
     step's codes and audio as returned (kept, so a later step overwriting one would show)."""
     codes, pcm = [], []
@@ -46,11 +46,11 @@ def _assert_same(a, b):
 
 
 def test_default_is_on_and_option_turns_it_off(tiny_mimi_export, codec):
-    assert codec.io_binding and MimiStream(codec).io_binding
-    assert all(r.io_binding for r in MimiStream(codec)._runners.values())
+    assert codec.io_binding and codec.stream().io_binding
+    assert all(s.runner.io_binding for s in (codec.stream().encoder, codec.stream().decoder))
     off = MimiCodec(tiny_mimi_export, options={"io_binding": "0"})
-    assert not off.io_binding and not MimiStream(off).io_binding
-    assert MimiStream(off, io_binding=True).io_binding  # the stream's own argument wins
+    assert not off.io_binding and not off.stream().io_binding
+    assert off.stream(io_binding=True).io_binding  # the stream's own argument wins
     with pytest.raises(ProviderError, match="io_binding must be 0 or 1"):
         MimiCodec(tiny_mimi_export, options={"io_binding": "maybe"})
 
@@ -67,7 +67,7 @@ def test_device_of_cpu_session(codec):
 
 def test_bound_stream_equals_numpy_stream_bit_for_bit(codec):
     audio = noise(N_STEPS * STEP - 7, seed=3)[0]  # a partial last step: the flush goes through too
-    bound, plain = MimiStream(codec, io_binding=True), MimiStream(codec, io_binding=False)
+    bound, plain = codec.stream(io_binding=True), codec.stream(io_binding=False)
     got, want = _stream(bound, audio), _stream(plain, audio)
     assert sum(c.shape[1] for c in got[0]) == N_STEPS * MIMI_TINY_STEP
     _assert_same(got, want)
@@ -84,13 +84,13 @@ def test_codec_paths_agree(tiny_mimi_export, codec):
 
 def test_reset_restarts_the_bound_state(codec):
     audio = noise(40 * STEP, seed=5)[0]
-    stream = MimiStream(codec)
+    stream = codec.stream()
     first = _stream(stream, audio)
     stream.encode_step(noise(3 * STEP + 5, seed=6)[0])  # leave state and buffers mid-stream
     stream.decode_step(np.ones((1, 4, 3), np.int64))
     stream.reset()
     _assert_same(_stream(stream, audio), first)
-    _assert_same(_stream(MimiStream(codec), audio), first)
+    _assert_same(_stream(codec.stream(), audio), first)
 
 
 def test_step_runner_returns_arrays_the_caller_owns(codec):

@@ -11,8 +11,7 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import noise
-from mimi_cli_support import (CFG, SR, K,
-                              assert_one_line_error, cli, run, write_wav)
+from mimi_cli_support import CFG, SR, K, assert_one_line_error, cli, run, write_wav
 
 
 # ---- bad audio in -------------------------------------------------------------------------
@@ -98,7 +97,7 @@ def test_npz_of_another_codec(tmp_path, out_dir, model_dir):
     assert "dac codes, not mimi" in line
 
 
-@pytest.mark.parametrize("what", ["garbage", "truncated", "no-codec-key", "bare-npy", "pickled"])
+@pytest.mark.parametrize("what", ["garbage", "truncated", "bare-npy", "pickled"])
 def test_npz_that_is_not_a_codes_file(tmp_path, out_dir, model_dir, what):
     codes = np.zeros((1, K, 3), np.int64)
     path = tmp_path / "c.npz"
@@ -108,8 +107,6 @@ def test_npz_that_is_not_a_codes_file(tmp_path, out_dir, model_dir, what):
         with open(path, "wb") as f:
             np.savez(f, codes=codes, length=np.int64(72), sample_rate=np.int64(SR), codec=np.array("mimi"))
         path.write_bytes(path.read_bytes()[:200])
-    elif what == "no-codec-key":
-        np.savez(path, codes=codes, length=np.int64(72), sample_rate=np.int64(SR))
     else:
         with open(path, "wb") as f:
             np.save(f, codes if what == "bare-npy" else np.array({"codes": codes}, dtype=object),

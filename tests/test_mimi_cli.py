@@ -7,10 +7,23 @@ import json
 
 import numpy as np
 import pytest
+from mimi_cli_support import (
+    CLIPS,
+    FIXED_LEN,
+    FRAME,
+    GRAPHS,
+    SR,
+    STEP_FRAMES,
+    K,
+    assert_one_line_error,
+    cli,
+    frames_of,
+    read_wav,
+    run,
+    write_wav,
+)
 
 from codecport.runtime.audio import read_audio, resample
-from mimi_cli_support import (CLIPS, FIXED_LEN, FRAME, GRAPHS, SR, STEP_FRAMES, K,
-                              assert_one_line_error, cli, frames_of, read_wav, run, write_wav)
 
 
 # ---- export and info ----------------------------------------------------------------------
@@ -37,7 +50,7 @@ def test_info_says_mimi(model_dir):
 
 
 # ---- encode -------------------------------------------------------------------------------
-@pytest.mark.parametrize("clip, mode", [("short", "fixed graph"), ("long", "streaming step graphs")])
+@pytest.mark.parametrize("clip, mode", [("short", "fixed graph"), ("long", "step graphs")])
 def test_codes_equal_torch_encode(clips, model_dir, encode, torch_codes, clip, mode):
     n, sr, _, _ = CLIPS[clip]
     codes, stdout = encode(clips[clip], model_dir)
@@ -53,7 +66,7 @@ def test_codes_equal_torch_encode(clips, model_dir, encode, torch_codes, clip, m
 def test_step_mode_gives_the_same_codes(clips, model_dir, encode, clip):
     codes, _ = encode(clips[clip], model_dir)
     streamed, stdout = encode(clips[clip], model_dir, "--mode", "step")
-    assert "[streaming step graphs]" in stdout
+    assert "[step graphs]" in stdout
     np.testing.assert_array_equal(streamed, codes)
 
 
@@ -146,7 +159,7 @@ def test_in_graph_quantizer_encode_decode(tmp_path, clips, in_graph, encode, tor
     np.testing.assert_array_equal(codes, torch_codes(clips[clip])[:, :3])
     if clip == "short":
         streamed, stdout = encode(clips[clip], in_graph, "--mode", "step")
-        assert "[streaming step graphs]" in stdout
+        assert "[step graphs]" in stdout
         np.testing.assert_array_equal(streamed, codes)
 
     np.save(tmp_path / "c.npy", codes)

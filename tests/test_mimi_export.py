@@ -240,7 +240,7 @@ def _export(model, out, samples=240, step_frames=2, **kw):
 @pytest.mark.parametrize("args, match", [
     ({"samples": None, "step_frames": None}, "nothing to export"),
     ({"samples": 0}, "--len must be positive"),
-    ({"step_frames": 0}, "--frames must be at least 1"),
+    ({"step_frames": 0}, "--step-frames must be at least 1"),
     ({"in_graph_codebooks": 0}, "--codebooks must be between 1 and 4"),
     ({"in_graph_codebooks": 5}, "--codebooks must be between 1 and 4"),
 ])
@@ -304,7 +304,7 @@ def _torch_steps(model, x, side, frames_per_step):
 
 
 def test_moshi_stream_window(tmp_path):
-    """window="moshi-stream" step graphs follow moshi's ring cache: equal to the whole clip for
+    """attention="moshi-stream" step graphs follow moshi's ring cache: equal to the whole clip for
     the first `context` positions, then differing from it, and equal to torch's ring steps.
 
     A context of 8 rather than 250 makes one dropped key a visible change in the audio."""
@@ -314,9 +314,9 @@ def test_moshi_stream_window(tmp_path):
 
     tiny_mimi = init_random(MimiModel(replace(PRESETS["tiny"], context=8)), seed=2).eval()
     export_mimi(tiny_mimi, tmp_path, None, 1, preset="tiny", weights="w", weights_sha256="none",
-                window="moshi-stream")
+                attention="moshi-stream")
     meta = {p.key: p.value for p in onnx.load(tmp_path / "encoder_step.onnx").metadata_props}
-    assert meta["attention_window"] == "moshi-stream"
+    assert meta["attention"] == "moshi-stream"
     cfg = tiny_mimi.cfg
     x = torch.from_numpy((0.3 * np.random.default_rng(5).standard_normal((1, 1, 40 * cfg.frame_size)))
                          .astype(np.float32))
@@ -345,7 +345,7 @@ def test_moshi_stream_window(tmp_path):
 
 
 def test_rustymimi_window(tmp_path):
-    """window="rustymimi": both pairs attend to `context + 1` positions (candle's mask), the
+    """attention="rustymimi": both pairs attend to `context + 1` positions (candle's mask), the
     steps equal the fixed graphs, and the model is handed back with its own context.
 
     A context of 8 rather than 250 makes the extra key show within a short clip."""
@@ -357,10 +357,10 @@ def test_rustymimi_window(tmp_path):
     model = init_random(MimiModel(cfg), seed=2).eval()
     frames = 40
     export_mimi(model, tmp_path, frames * cfg.frame_size, 1, preset="tiny", weights="w",
-                weights_sha256="none", window="rustymimi")
+                weights_sha256="none", attention="rustymimi")
     for name in ("encoder", "encoder_step"):
         meta = {p.key: p.value for p in onnx.load(tmp_path / f"{name}.onnx").metadata_props}
-        assert (meta["attention_window"], meta["context"]) == ("rustymimi", "9")
+        assert (meta["attention"], meta["context"]) == ("rustymimi", "9")
     step = onnx.load(tmp_path / "encoder_step.onnx").graph.input
     shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in step}
     assert {s[3] for n, s in shapes.items() if "attn" in n} == {9}
@@ -379,5 +379,5 @@ def test_rustymimi_window(tmp_path):
 def test_unknown_window_is_refused(tmp_path, tiny_mimi):
     with pytest.raises(ExportError, match="--window"):
         export_mimi(tiny_mimi, tmp_path / "out", None, 1, preset="tiny", weights="w",
-                    weights_sha256="none", window="ring")
+                    weights_sha256="none", attention="ring")
     assert not (tmp_path / "out").exists()

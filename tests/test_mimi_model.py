@@ -315,7 +315,7 @@ def test_wrong_shape(ours, tmp_path):
 def test_official_file_with_the_wrong_preset(ours, tmp_path):
     """moshi's file carries no config: the default (full) preset must fail as a mismatch, not crash."""
     path = official_file(ours.state_dict(), tmp_path / "m.safetensors")
-    with pytest.raises(CheckpointError, match="missing key .* model and variant"):
+    with pytest.raises(CheckpointError, match="missing key .* model and preset"):
         load_mimi(str(path))
 
 

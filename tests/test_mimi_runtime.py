@@ -14,7 +14,7 @@ from codecport.errors import AudioError, CodesError, ModelFileError
 from codecport.export.mimi import export_mimi, rvq_of
 from codecport.runtime.audio import resample
 from codecport.runtime.codes import Codes, load_codes
-from codecport.runtime.mimi import MimiCodec, MimiStream
+from codecport.runtime.mimi import MimiCodec
 
 FRAME = 24  # samples per code frame of the tiny config
 LONG = 160 * FRAME - 5  # 160 frames: 320 transformer positions, past the 250-position window
@@ -115,8 +115,8 @@ def test_any_length(codec, tiny_mimi, n):
     assert np.abs(out - _torch_audio(tiny_mimi, codes)).max() <= 1e-4
 
 
-# ---- MimiStream ---------------------------------------------------------------------------
-def _feed_audio(stream: MimiStream, audio: np.ndarray, chunk: int) -> np.ndarray:
+# ---- stream() (the encoder and decoder streams in one) ---------------------------------------------------------------------------
+def _feed_audio(stream, audio: np.ndarray, chunk: int) -> np.ndarray:
     pieces, fed = [], 0
     for i in range(0, len(audio), chunk):
         pieces.append(stream.encode_step(audio[i:i + chunk]))
@@ -127,7 +127,7 @@ def _feed_audio(stream: MimiStream, audio: np.ndarray, chunk: int) -> np.ndarray
     return np.concatenate([*pieces, stream.flush_encoder()], axis=1)
 
 
-def _feed_codes(stream: MimiStream, codes: np.ndarray, chunk: int) -> np.ndarray:
+def _feed_codes(stream, codes: np.ndarray, chunk: int) -> np.ndarray:
     pieces, fed = [], 0
     for i in range(0, codes.shape[1], chunk):
         pieces.append(stream.decode_step(codes[:, i:i + chunk]))
@@ -139,7 +139,7 @@ def _feed_codes(stream: MimiStream, codes: np.ndarray, chunk: int) -> np.ndarray
 @pytest.mark.parametrize("chunk", [1, 17, 100])
 def test_stream_encode_in_odd_chunks(codec, tiny_mimi, chunk):
     audio = noise(1001, seed=chunk)[0]
-    codes = _feed_audio(MimiStream(codec), audio, chunk)
+    codes = _feed_audio(codec.stream(), audio, chunk)
     np.testing.assert_array_equal(codes, _torch_codes(tiny_mimi, audio[None])[0])
     np.testing.assert_array_equal(codes, codec.encode(audio[None], 24000).data[0])
 
@@ -147,7 +147,7 @@ def test_stream_encode_in_odd_chunks(codec, tiny_mimi, chunk):
 @pytest.mark.parametrize("chunk", [1, 3, 7])
 def test_stream_decode_in_odd_chunks(codec, tiny_mimi, chunk):
     codes = codec.encode(noise(43 * FRAME, seed=20 + chunk), 24000).data[0]
-    out = _feed_codes(MimiStream(codec), codes, chunk)
+    out = _feed_codes(codec.stream(), codes, chunk)
     assert out.shape == (43 * FRAME,)
     np.testing.assert_array_equal(out, codec.decode(codes, mode="step")[0][0])
     assert np.abs(out - _torch_audio(tiny_mimi, codes[None])[0]).max() <= 1e-4
@@ -156,7 +156,7 @@ def test_stream_decode_in_odd_chunks(codec, tiny_mimi, chunk):
 def test_stream_reset_restarts(codec):
     audio = noise(700, seed=30)[0]
     codes = codec.encode(audio[None], 24000).data[0]
-    stream = MimiStream(codec)
+    stream = codec.stream()
     first_codes = _feed_audio(stream, audio, 50)
     first_audio = _feed_codes(stream, codes, 5)
     # Leave both sides mid-stream (state advanced, samples and frames buffered), then reset.
@@ -173,12 +173,12 @@ def test_fewer_codebooks_are_a_prefix(codec, tiny_mimi):
     full = codec.encode(audio, 24000).data
     np.testing.assert_array_equal(codec.encode(audio, 24000, 2).data, full[:, :2])
     np.testing.assert_array_equal(codec.encode(audio, 24000, 2, mode="step").data, full[:, :2])
-    np.testing.assert_array_equal(_feed_audio(MimiStream(codec, 2), audio[0], 37), full[0, :2])
+    np.testing.assert_array_equal(_feed_audio(codec.stream(2), audio[0], 37), full[0, :2])
     # Decoding the first K levels is torch's decode of those K levels.
     for k in (1, 2):
         ref = _torch_audio(tiny_mimi, full[:, :k])
         assert np.abs(codec.decode(full[:, :k])[0] - ref).max() <= 1e-4
-        assert np.abs(_feed_codes(MimiStream(codec), full[0, :k], 3) - ref[0]).max() <= 1e-4
+        assert np.abs(_feed_codes(codec.stream(), full[0, :k], 3) - ref[0]).max() <= 1e-4
 
 
 def test_resampled_input(codec, tiny_mimi):
@@ -205,7 +205,7 @@ def test_bad_codes(codec, codes, match):
     with pytest.raises(CodesError, match=match):
         codec.decode(codes)
     with pytest.raises(CodesError, match=match):
-        MimiStream(codec).decode_step(codes[0] if codes.ndim == 3 else codes)
+        codec.stream().decode_step(codes[0] if codes.ndim == 3 else codes)
 
 
 @pytest.mark.parametrize("k", [0, 5])
@@ -213,7 +213,7 @@ def test_bad_codebook_count(codec, k):
     with pytest.raises(CodesError, match="--codebooks must be between 1 and 4"):
         codec.encode(noise(100), 24000, k)
     with pytest.raises(CodesError, match="--codebooks must be between 1 and 4"):
-        MimiStream(codec, k)
+        codec.stream(k)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -224,7 +224,7 @@ def test_non_finite_audio(codec, bad):
         with pytest.raises(AudioError, match="NaN or infinite"):
             codec.encode(audio, 24000, mode=mode)
     with pytest.raises(AudioError, match="NaN or infinite"):
-        MimiStream(codec).encode_step(audio[0])
+        codec.stream().encode_step(audio[0])
 
 
 def test_empty_audio(codec):
@@ -233,7 +233,7 @@ def test_empty_audio(codec):
 
 
 def test_stream_decode_changing_codebook_count(codec):
-    stream = MimiStream(codec)
+    stream = codec.stream()
     stream.decode_step(np.zeros((4, 1), np.int64))  # one frame buffered
     with pytest.raises(CodesError, match="decoding 4 codebooks, got 2"):
         stream.decode_step(np.zeros((2, 1), np.int64))
@@ -305,7 +305,7 @@ def test_fixed_only_folder_refuses_long_input(folders):
     with pytest.raises(ModelFileError, match="re-export it with codec-export mimi"):
         codec.decode(np.zeros((1, 4, MIMI_TINY_FRAMES + 1), np.int64))
     with pytest.raises(ModelFileError, match="re-export it with codec-export mimi"):
-        MimiStream(codec)
+        codec.stream()
 
 
 # ---- codes files --------------------------------------------------------------------------

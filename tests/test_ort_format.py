@@ -12,8 +12,8 @@ from conftest import TINY_LEN, noise
 
 from codecport.errors import ModelFileError
 from codecport.runtime.dac import DacCodec
-from codecport.runtime.mimi import MimiCodec
 from codecport.runtime.graph import read_metadata
+from codecport.runtime.mimi import MimiCodec
 
 
 def _to_ort(src, dst):

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from codecport.export.mimi import export_mimi
 from codecport.models.mimi import PRESETS, MimiModel, init_random
-from codecport.runtime.mimi import MimiCodec, MimiStream
+from codecport.runtime.mimi import MimiCodec
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.version_info >= (3, 14),
                                 reason="rustymimi publishes no wheel for Python 3.14 yet")]
@@ -65,7 +65,7 @@ def test_fixed_graphs_equal_rustymimi(released, tokenizer, clip):
 
 def test_step_graphs_equal_rustymimi_streaming(released, tokenizer, clip):
     """One 80 ms frame at a time through both streaming paths, state carried by each."""
-    stream = MimiStream(MimiCodec(released[1]))
+    stream = MimiCodec(released[1]).stream()
     assert stream.step_samples == clip.shape[1] // FRAMES
     codes, ours, theirs = [], [], []
     for i in range(FRAMES):

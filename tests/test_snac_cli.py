@@ -116,4 +116,4 @@ def test_info_names_the_graphs_and_the_export_their_receptive_field(tiny_snac_ex
     assert proc.returncode == 0 and "snac tiny" in proc.stdout and "decoder step" in proc.stdout
     info = json.loads(run("info", tiny_snac_export, "--json").stdout)
     margins = {Path(p).stem: int(m["margin"]) for p, m in info["graphs"].items()}
-    assert margins == {"encoder": 28, "decoder": 28, "decoder_stream": 28}
+    assert margins == {"encoder": 28, "decoder": 28, "decoder_step": 28}

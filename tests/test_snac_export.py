@@ -21,9 +21,9 @@ BIN = Path(sys.executable).parent
 
 def test_graphs_are_static_plain_convs_with_the_receptive_field_in_the_metadata(tiny_snac_export):
     manifest = json.loads((tiny_snac_export / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"encoder", "decoder", "decoder_stream", "rvq", "manifest"}
+    assert set(manifest["files"]) == {"encoder", "decoder", "decoder_step", "rvq", "manifest"}
     enc_margin, dec_margin = PRESETS["tiny"].margins()
-    for name in ("encoder", "decoder", "decoder_stream"):
+    for name in ("encoder", "decoder", "decoder_step"):
         model = onnx.load(str(tiny_snac_export / f"{name}.onnx"))
         ops = {n.op_type for n in model.graph.node}
         assert "ConvTranspose" not in ops and "Pad" not in ops and "Conv" in ops
@@ -72,9 +72,9 @@ def test_precision_variants_carry_their_measured_deviation(tmp_path, precision):
     assert "deviation from fp32" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     dev = manifest["deviation"]
-    assert set(dev) == {"encoder", "decoder", "decoder_stream"}
+    assert set(dev) == {"encoder", "decoder", "decoder_step"}
     assert 0 <= dev["encoder"]["code_agreement_pct"] <= 100 and np.isfinite(dev["decoder"]["snr_db"])
-    assert np.isfinite(dev["decoder_stream"]["snr_db"])
+    assert np.isfinite(dev["decoder_step"]["snr_db"])
     codec = codecport.load(out)
     codes = codec.encode(noise(2000), 16000)
     audio, _ = codec.decode(codes, noise="zero")
@@ -88,7 +88,7 @@ def test_check_gives_every_graph_a_verdict(tiny_snac_export, tmp_path):
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     reports = {Path(r["file"]).stem: r for r in json.loads((tmp_path / "c.json").read_text())}
-    assert set(reports) == {"encoder", "decoder", "decoder_stream"}
+    assert set(reports) == {"encoder", "decoder", "decoder_step"}
     for r in reports.values():
         assert r["eps"]["directml"]["full"], r["eps"]["directml"]  # no ConvTranspose, no Conv pads
         assert set(r["eps"]) >= {"coreml-mlprogram", "nnapi", "directml"}

@@ -159,7 +159,7 @@ def test_weights_load_from_the_official_layout(tmp_path, tiny_snac, tiny_snac_of
     assert load(str(folder / "pytorch_model.bin"))[0].cfg == tiny_snac.cfg
     (folder / "config.json").unlink()
     assert load(str(folder / "pytorch_model.bin"), preset="tiny")[0].cfg == tiny_snac.cfg
-    with pytest.raises(CheckpointError, match="no config.json beside the weights; pass --variant"):
+    with pytest.raises(CheckpointError, match="no config.json beside the weights; pass --preset"):
         load(str(folder))
 
 

@@ -10,8 +10,8 @@ import torch
 from conftest import SNAC_TINY_LEN, noise
 
 from codecport.runtime.codes import Codes
-from codecport.runtime.plan import overlap_windows as windows
 from codecport.runtime.orpheus import from_orpheus, to_orpheus
+from codecport.runtime.plan import overlap_windows as windows
 from codecport.runtime.snac import SnacCodec
 
 SR = 16000  # the tiny preset's rate
@@ -145,7 +145,7 @@ def test_the_stream_keeps_only_what_it_needs(codec):
     stream, rng = codec.decode_stream(noise=1), np.random.default_rng(0)
     for _ in range(400):
         stream.push([rng.integers(0, 64, 1), rng.integers(0, 64, 2), rng.integers(0, 64, 4)])
-    assert stream.received == 1600 and len(stream.levels[2]) <= 2 * codec.graph("decoder_stream").int("frames")
+    assert stream.received == 1600 and len(stream.levels[2]) <= 2 * codec.graph("decoder_step").int("frames")
 
 
 def _redistribute(flat: list[int]) -> list[list[int]]:

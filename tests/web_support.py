@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from codecport.bench.browser import CHROMIUM, CHROMIUM_ARGS
+from codecport.export.builds import Build
 from codecport.export.dac import export_dac
 from codecport.export.mimi import export_mimi
-from codecport.export.builds import Build
-from codecport.bench.browser import CHROMIUM, CHROMIUM_ARGS
 
 ROOT = Path(__file__).resolve().parents[1]
 ORT_WEB = ROOT / "node_modules" / "onnxruntime-web" / "dist"

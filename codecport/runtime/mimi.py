@@ -29,7 +29,7 @@ from .codes import Codes
 from .graph import Graph
 from .plan import WindowPlan
 from .rvq import MimiRvq
-from .stream import DecoderStream, EncoderStream, Latency, StepRunner, as_levels
+from .stream import DecoderStream, Duplex, EncoderStream, Latency, StepRunner, as_levels
 
 MOSHI_CODEBOOKS = 8  # what Moshi uses; the default unless asked for more (up to all 32)
 
@@ -179,6 +179,9 @@ class MimiCodec(Codec):
 
     def decoder_stream(self, io_binding: bool | None = None) -> MimiDecoderStream:
         return MimiDecoderStream(self, io_binding)
+
+    def stream(self, n_codebooks: int | None = None, io_binding: bool | None = None) -> Duplex:
+        return Duplex(self.encoder_stream(n_codebooks, io_binding), self.decoder_stream(io_binding))
 
 
 class _Steps:
