@@ -16,8 +16,8 @@ from pathlib import Path
 
 import click
 
-from ..version import __version__
 from ..errors import CodecportError
+from ..version import __version__
 from .measure import gemm_peak, graph_flops, pool
 from .prepare import build_folder, export_source_hash, prepare
 from .report import code_agreement, directions, speedups

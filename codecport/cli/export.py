@@ -12,10 +12,10 @@ from pathlib import Path
 import click
 
 from .. import registry
-from ..version import __version__
 from ..atomic import atomic_path
 from ..errors import CodecportError
 from ..export.targets import PRECISIONS, TARGETS
+from ..version import __version__
 from .common import guard, note, setup_logging, verbose_option
 
 

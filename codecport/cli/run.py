@@ -10,9 +10,9 @@ from pathlib import Path
 import click
 
 from .. import registry
-from ..version import __version__
 from ..errors import CodesError
 from ..runtime.codefile import LAYOUTS
+from ..version import __version__
 from .common import guard, note, run_options, setup_logging, verbose_option
 from .tokenize import tokenize_cmd
 from .web import web_cmd

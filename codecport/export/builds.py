@@ -134,7 +134,7 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
             if target.mlpackage:
                 files.update(write_mlpackages(stage, probe, tag, report))
             if target.web:
-                build_manifest.update(web_manifest(built, files))
+                build_manifest.update(web_manifest(built, files, probe.open))
             report["files"] = write_manifest(stage, {**build_manifest, **report}, files)
     return report
 

@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..version import __version__
 from ..atomic import atomic_dir
 from ..errors import ExportError, ModelFileError
+from ..version import __version__
 from .graph import GraphSpec
 
 log = logging.getLogger(__name__)

@@ -22,9 +22,9 @@ import numpy as np
 import onnx
 import torch
 
-from ..version import __version__
 from ..atomic import atomic_dir, atomic_path
 from ..errors import ExportError
+from ..version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -58,11 +58,48 @@ def graph_facts(model: onnx.ModelProto, file: str) -> dict:
             "outputs": [_value(v) for v in model.graph.output]}
 
 
-def web_manifest(models: dict[str, onnx.ModelProto], files: dict[str, str]) -> dict:
-    """The manifest entries of a web folder: `graphs` (name -> `graph_facts`) and the
-    onnxruntime-web it was checked against."""
-    return {"graphs": {name: graph_facts(m, files[name]) for name, m in models.items()},
-            "ort_web": ORT_WEB_VERSION}
+def web_manifest(models: dict[str, onnx.ModelProto], files: dict[str, str], codec: type) -> dict:
+    """The manifest entries of a web folder: `graphs` (name -> `graph_facts`), the `plans`
+    codecport.mjs follows (see `plans`), and the onnxruntime-web it was checked against. `codec`
+    is the runtime class, whose facts the plans carry."""
+    graphs = {name: graph_facts(m, files[name]) for name, m in models.items()}
+    return {"graphs": graphs, "plans": plans(graphs, codec), "ort_web": ORT_WEB_VERSION}
+
+
+_ORDER = ("fixed", "chunked", "step")  # the order the runtime tries its ways through the graphs
+
+
+def plans(graphs: dict[str, dict], codec: type) -> dict:
+    """How the browser goes through the graphs, as the Python runtime does, stated as data so that
+    codecport.mjs needs no code of its own per codec: per direction, the graphs in the order they
+    are tried (`fixed`: one call, taking clips up to its length when the codec is causal, else
+    exactly its frames; `chunked`: windows of `window` samples stepping by `step`, the signal
+    delayed by `delay`; `step`: a step graph and its state's input/output pairs), the peak limit
+    of the input, and the loudness filters when decoding restores the input's loudness."""
+    out = {"encode": [], "decode": [], "causal": codec.causal,
+           "peak_limit": 1.0 if codec.limits_peak else None, "loudness": None}
+    for name, g in graphs.items():
+        m = g["metadata"]
+        if m.get("mode") not in _ORDER or m.get("batch", "1") != "1":
+            continue
+        p = {"graph": name, "mode": m["mode"], "frames": int(m["frames"]), "samples": int(m["samples"])}
+        if m["mode"] == "fixed":
+            p["fits"] = "up-to" if codec.causal else "exact"
+        elif m["mode"] == "chunked":
+            p.update(frames=int(m["chunk_frames"]), window=int(m["window"]), step=int(m["chunk_step"]),
+                     delay=int(m["delay"]))
+        else:
+            p["state"] = [[i["name"], i["name"][:-len("_in")] + "_out"] for i in g["inputs"][1:]]
+        out["encode" if m["role"] == "encoder" else "decode"].append(p)
+    for side in ("encode", "decode"):
+        out[side].sort(key=lambda p: _ORDER.index(p["mode"]))
+    if codec.restores_loudness:
+        from ..runtime.loudness import LoudnessMeter
+
+        meter = LoudnessMeter(int(next(iter(graphs.values()))["metadata"]["sample_rate"]), 1)
+        out["loudness"] = {"stages": [[float(gain), b.tolist(), a.tolist()] for gain, b, a in meter.stages],
+                           "block_s": meter.block, "overlap": 1.0 - meter.step}
+    return out
 
 
 def _int64(model: onnx.ModelProto) -> set[str]:

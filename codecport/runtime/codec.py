@@ -52,6 +52,8 @@ class Codec(GraphFolder):
     in_graph_quantizer: bool = True  # `codec-export --in-graph-quantizer` can put its RVQ in the graphs
     streams: tuple[str, ...] = ()  # the stream sides it has ("encoder", "decoder"; see stream.py)
     restores_loudness: bool = False  # encode measures the input's loudness, decode restores it (DAC)
+    limits_peak: bool = False  # encode scales a peak above 1 down to 1 (DAC, as the official compress)
+    causal: bool = False  # nothing depends on later samples: a fixed graph takes any shorter clip (Mimi)
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
                  options: dict[str, str] | None = None):

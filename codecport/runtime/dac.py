@@ -43,6 +43,7 @@ class DacCodec(Codec):
     sliding = ("encoder_chunked", "decoder_chunked")
     batchable = ("encoder", "encoder_chunked")
     restores_loudness = True
+    limits_peak = True
 
     def load_rvq(self) -> DacRvq:
         return DacRvq.load(self.dir / "rvq.npz", self.first)

@@ -47,6 +47,7 @@ class MimiCodec(Codec):
     default_codebooks = MOSHI_CODEBOOKS
     batchable = ("encoder",)
     streams = ("encoder", "decoder")
+    causal = True
 
     def load_rvq(self) -> MimiRvq:
         return MimiRvq.load(self.dir / "rvq.npz", self.first)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,6 +32,7 @@ TYPES = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript", ".js": 
 ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp",
              "Cross-Origin-Resource-Policy": "same-origin", "Cache-Control": "no-store"}
 ORT_ENTRY = "ort.all.min.mjs"  # the bundle with both wasm and webgpu (JSEP) the page imports
+BLOCK = 1 << 16  # bytes a file is sent in
 
 
 def web_asset(name: str) -> Path:
@@ -74,8 +76,9 @@ def check_web_folder(folder: Path) -> dict:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    routes: ClassVar[dict[str, Path]] = {}  # URL prefix -> folder
+    routes: ClassVar[dict[str, Path]] = {}  # URL prefix -> folder (resolved)
     files: ClassVar[dict[str, Path]] = {}  # exact URL -> file
+    hosts: ClassVar[frozenset[str]] = frozenset()  # Host headers this server answers to
 
     def log_message(self, fmt, *args) -> None:
         log.info("%s %s", self.address_string(), fmt % args)
@@ -86,19 +89,24 @@ class _Handler(BaseHTTPRequestHandler):
         for prefix, root in self.routes.items():
             if path.startswith(prefix):
                 name = path[len(prefix):]
-                # One file directly inside the folder: no "..", no subfolders, no dotfiles.
+                # One file directly inside the folder: no "..", no subfolders, no dotfiles, and no
+                # link out of it (the folder is a user's; what it links to elsewhere is not served).
                 if name and "/" not in name and "\\" not in name and not name.startswith("."):
                     f = root / name
-                    return f if f.is_file() else None
+                    if f.is_file() and f.resolve().parent == root:
+                        return f
         return None
 
-    def _send(self, status: int, body: bytes, ctype: str) -> None:
+    def _head(self, status: int, ctype: str, length: int) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(length))
         for k, v in ISOLATION.items():
             self.send_header(k, v)
         self.end_headers()
+
+    def _send(self, status: int, body: bytes, ctype: str) -> None:
+        self._head(status, ctype, len(body))
         if self.command != "HEAD":
             try:
                 self.wfile.write(body)
@@ -106,17 +114,30 @@ class _Handler(BaseHTTPRequestHandler):
                 log.info("client went away during %s", self.path)
 
     def do_GET(self) -> None:
+        # A page of another site can reach 127.0.0.1 through a name it controls (DNS rebinding):
+        # its requests carry that name as their Host, which this server does not answer.
+        if self.headers.get("Host", "").lower() not in self.hosts:
+            self._send(HTTPStatus.MISDIRECTED_REQUEST, b"this server answers to 127.0.0.1 and localhost only\n",
+                       TYPES[".txt"])
+            return
         path = unquote(urlsplit(self.path).path)
         f = self._resolve(path)
         if f is None:
             self._send(HTTPStatus.NOT_FOUND, f"{path}: not found\n".encode(), TYPES[".txt"])
             return
         try:
-            body = f.read_bytes()
+            handle = open(f, "rb")  # noqa: SIM115 (closed below, after the headers and the copy)
         except OSError as e:
             self._send(HTTPStatus.INTERNAL_SERVER_ERROR, f"{path}: {e.strerror}\n".encode(), TYPES[".txt"])
             return
-        self._send(HTTPStatus.OK, body, TYPES.get(f.suffix, "application/octet-stream"))
+        with handle:
+            # Streamed a block at a time: a graph of hundreds of MB never sits in memory.
+            self._head(HTTPStatus.OK, TYPES.get(f.suffix, "application/octet-stream"), os.fstat(handle.fileno()).st_size)
+            if self.command != "HEAD":
+                try:
+                    shutil.copyfileobj(handle, self.wfile, BLOCK)
+                except (BrokenPipeError, ConnectionResetError):
+                    log.info("client went away during %s", self.path)
 
     do_HEAD = do_GET
 
@@ -129,17 +150,20 @@ class WebServer:
         self.model_dir = Path(model_dir)
         self.manifest = check_web_folder(self.model_dir)
         self.ort_dir = find_ort_web(ort_web)
+        assets = web_asset("index.html").parent
         handler = type("Handler", (_Handler,), {
             "routes": {"/model/": self.model_dir.resolve(), "/ort/": self.ort_dir},
-            "files": {"/": web_asset("index.html"), "/index.html": web_asset("index.html"),
-                      "/codecport.mjs": web_asset("codecport.mjs")}})
+            "files": {"/": assets / "index.html", "/index.html": assets / "index.html",
+                      **{f"/{m.name}": m for m in sorted(assets.glob("*.mjs"))}}})
         try:
             self.httpd = ThreadingHTTPServer((HOST, port), handler)
         except OSError as e:
             raise CodecportError(f"cannot listen on {HOST}:{port} ({e.strerror}); pass another --port "
                                  "(0 picks a free one)") from e
         self.httpd.daemon_threads = True
-        self.url = f"http://{HOST}:{self.httpd.server_address[1]}/"
+        bound = self.httpd.server_address[1]
+        handler.hosts = frozenset(f"{h}:{bound}" for h in (HOST, "localhost"))
+        self.url = f"http://{HOST}:{bound}/"
         self._thread: threading.Thread | None = None
 
     def serve_forever(self) -> None:
