@@ -20,12 +20,14 @@ from web_support import (
     ARTIFACTS,
     DAC_WEB_LEN,
     DECODE,
+    DECODE_FILE,
     MIMI_WEB_LEN,
     ORT_WEB,
     ROUND_TRIP,
     Page,
     clip,
     copy_folder,
+    same_fields,
     served,
 )
 
@@ -116,8 +118,10 @@ def test_webgpu_table_is_the_installed_ort_web():
 # ---- codecport.mjs against the Python runtime ---------------------------------------------
 @pytest.mark.parametrize("codec,threads", [("dac", 1), ("dac", 2), ("mimi", 1), ("mimi", 2)])
 def test_browser_equals_python_on_wasm(browser, folders, codec, threads):
-    """Codes equal the Python runtime's, audio within 1e-4, on clips through the fixed graphs and
-    through the chunked (DAC) or step (Mimi) graphs, on 1 and 2 WASM threads."""
+    """Codes equal the Python runtime's, fields included (original length and rate, DAC's
+    loudness, the mode), and their decode equals Python's within 1e-4 (the length and loudness
+    restored), on clips through the fixed graphs and through the chunked (DAC) or step (Mimi)
+    graphs, on 1 and 2 WASM threads."""
     folder = folders[codec]
     py = codecport.load(folder)
     with served(folder) as server:
@@ -128,15 +132,42 @@ def test_browser_equals_python_on_wasm(browser, folders, codec, threads):
         for n in LENGTHS[codec]:
             x = clip(n, seed=n)
             want = py.encode(x, py.sample_rate)
-            audio, _ = py.decode(want.data)
+            audio, _ = py.decode(want)
             got = page.run(ROUND_TRIP, x.tolist())
             codes = np.array(got["codes"]).reshape(got["shape"])
             np.testing.assert_array_equal(codes, want.data[0], err_msg=f"{codec} {n} samples")
+            same_fields(want, got["fields"])
             b = np.array(got["audio"], np.float32)
-            assert b.shape == audio[0].shape
+            assert b.shape == audio[0].shape == (n,)
             assert np.abs(b - audio[0]).max() < 1e-4
         assert page.problems == []
         page.close()
+
+
+@pytest.mark.parametrize("codec", ["dac", "mimi"])
+def test_browser_decodes_the_codes_file_python_wrote(browser, folders, codec, tmp_path):
+    """The `.npz` `codec-run encode` writes, read in the page with its fields: the same decode
+    as the Python runtime's (original length, DAC's loudness). Codes of a clip at another rate
+    come back at the model's rate, as long as the original is there."""
+    folder = folders[codec]
+    py = codecport.load(folder)
+    x = clip(LENGTHS[codec][1], seed=21)
+    codes = py.encode(x, py.sample_rate)
+    codes.save(tmp_path / "c.npz")
+    other = py.encode(clip(3 * py.sample_rate // 10, seed=22), 22050)
+    other.save(tmp_path / "o.npz")
+    with served(folder) as server:
+        page = Page(browser, server.url)
+        got = page.run(DECODE_FILE, list((tmp_path / "c.npz").read_bytes()))
+        moved = page.run(DECODE_FILE, list((tmp_path / "o.npz").read_bytes()))
+        assert page.problems == []
+        page.close()
+    same_fields(codes, got["fields"])
+    want, _ = py.decode(codecport.load_codes(tmp_path / "c.npz"))
+    audio = np.array(got["audio"], np.float32)
+    assert audio.shape == want[0].shape == (len(x),) and np.abs(audio - want[0]).max() < 1e-4
+    same_fields(other, moved["fields"])
+    assert len(moved["audio"]) == round(other.num_samples * py.sample_rate / 22050)
 
 
 @pytest.mark.parametrize("codec", ["dac", "mimi"])
@@ -165,36 +196,36 @@ def test_browser_on_webgpu(browser, folders, codec):
 
 
 STREAM = """async ([x, sizes]) => {
-  const c = window.demo.codec, s = c.stream();
+  const c = window.demo.codec, e = c.encoderStream(), d = c.decoderStream();
   const parts = [], audio = [];
   let at = 0, i = 0;
   while (at < x.length) {  // pieces of uneven sizes, as a microphone delivers them
     const n = sizes[i++ % sizes.length];
-    const codes = await s.encodeStep(Float32Array.from(x.slice(at, at + n)));
+    const codes = await e.push(Float32Array.from(x.slice(at, at + n)));
     at += n;
     parts.push(codes);
     for (let f = 0; f < codes.shape[1]; f++) {  // decoded frame by frame
       const one = {data: Int32Array.from({length: codes.shape[0]}, (_, k) => codes.data[k * codes.shape[1] + f]),
                    shape: [codes.shape[0], 1]};
-      audio.push(...await s.decodeStep(one));
+      audio.push(...await d.push(one));
     }
   }
-  const tail = await s.flushEncoder();
+  const tail = await e.flush();
   parts.push(tail);
-  audio.push(...await s.decodeStep(tail), ...await s.flushDecoder());
+  audio.push(...await d.push(tail), ...await d.flush());
   const k = c.nCodebooks, t = parts.reduce((n, p) => n + p.shape[1], 0), codes = [];
   for (let q = 0; q < k; q++) for (const p of parts) codes.push(...p.data.slice(q * p.shape[1], (q + 1) * p.shape[1]));
-  s.reset();
-  const again = await s.encodeStep(Float32Array.from(x.slice(0, 2 * s.stepSamples)));
+  e.reset();
+  const again = await e.push(Float32Array.from(x.slice(0, 2 * e.stepSamples)));
   const whole = await c.encode(Float32Array.from(x));
   return {codes, shape: [k, t], audio, whole: Array.from(whole.data), again: Array.from(again.data),
-          wholeAudio: Array.from(await c.decode(whole)), latency: s.latencyFrames};
+          wholeAudio: Array.from(await c.decode(whole)), latency: e.latency.frames};
 }"""
 
 
 def test_mimi_stream_in_the_browser_equals_the_whole_clip(browser, mimi_web):
-    """encodeStep on uneven pieces and decodeStep frame by frame give the whole clip's codes
-    and audio, as the Python stream does; reset() starts over."""
+    """The encoder stream on uneven pieces and the decoder stream frame by frame give the whole
+    clip's codes and audio, as the Python streams do; reset() starts over."""
     py = codecport.load(mimi_web)
     x = clip(MIMI_WEB_LEN - 200, seed=11)
     with served(mimi_web) as server:
@@ -207,10 +238,11 @@ def test_mimi_stream_in_the_browser_equals_the_whole_clip(browser, mimi_web):
     np.testing.assert_array_equal(codes, py.encode(x, py.sample_rate).data[0])
     np.testing.assert_array_equal(np.array(got["again"]).reshape(got["shape"][0], -1), codes[:, :2 * 2])
     audio, whole_audio = np.array(got["audio"], np.float32), np.array(got["wholeAudio"], np.float32)
-    assert audio.shape == whole_audio.shape and np.abs(audio - whole_audio).max() < 1e-5
-    stream = py.stream()
-    ref = np.concatenate([stream.decode_step(codes), stream.flush_decoder()])
-    assert np.abs(audio - ref).max() < 1e-4 and got["latency"] == stream.latency_frames
+    # The stream gives every frame's samples; the whole decode the clip's own length.
+    assert len(whole_audio) == len(x) and np.abs(audio[:len(x)] - whole_audio).max() < 1e-5
+    stream = py.decoder_stream()
+    ref = np.concatenate([stream.push(codes), stream.flush()])
+    assert np.abs(audio - ref).max() < 1e-4 and got["latency"] == stream.latency.frames
 
 
 # ---- the demo page -----------------------------------------------------------------------
@@ -293,7 +325,7 @@ BAD_INPUT = """async () => {
     shape: () => c.decode({data: new Int32Array(10), shape: [k, 200]}),
     codebooks: () => c.decode({data: new Int32Array(200), shape: [1, 200]}),
     frames: () => c.decode({data: new Int32Array(k * 7), shape: [k, 7]}),
-    stream: () => c.stream(),
+    stream: () => c.encoderStream(),
   };
   const out = {};
   for (const [name, f] of Object.entries(tries)) {
@@ -311,7 +343,8 @@ def test_module_refuses_bad_input(browser, dac_web):
     assert all(v.startswith("CodecportError: ") for v in out.values()), out
     assert "NaN" in out["nan"] and "empty" in out["empty"] and "Float32Array" in out["notFloat"]
     assert "[0, 64)" in out["range"] and "exactly 4 codebooks" in out["codebooks"]
-    assert "multiple of the chunk length" in out["frames"] and "Mimi's" in out["stream"]
+    assert "7 frames are not whole chunks of this model's" in out["frames"]
+    assert "dac has no encoder stream: it has no step graphs" in out["stream"]
 
 
 # ---- codec-run web -----------------------------------------------------------------------
@@ -354,17 +387,27 @@ def test_codec_run_web_serves_isolated_and_stops(mimi_web):
     assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err
 
 
-def test_module_and_registry_agree():
-    """codecport.mjs runs exactly the codecs registered as `web`, at the package's version, and
-    its npm package.json says the same version."""
+def test_module_names_no_codec_and_has_the_package_version(dac_web, tmp_path, browser):
+    """codecport.mjs follows the manifest's plans, so no codec is named in it; a folder exported
+    without plans is refused in one line; its version is the package's, and so is its npm
+    package.json's."""
     from codecport import registry
     from codecport.serve.web import web_asset
 
+    for module in web_asset("codecport.mjs").parent.glob("*.mjs"):
+        for name in registry.names():
+            assert f'"{name}"' not in module.read_text(), f"{module.name} names {name}"
     src = web_asset("codecport.mjs").read_text()
-    codecs = re.search(r"const CODECS = \{([^}]*)\}", src).group(1)
-    assert set(re.findall(r"(\w+): \(\) =>", codecs)) == {c.name for c in registry.codecs() if c.web}
     assert re.search(r'export const VERSION = "([^"]+)"', src).group(1) == codecport.__version__
     assert json.loads(web_asset("package.json").read_text())["version"] == codecport.__version__
+    old = copy_folder(dac_web, tmp_path / "old")
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["plans"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with served(old) as server:
+        page = Page(browser, server.url)
+        assert page.state == "error" and "without the plans codecport.mjs" in page.error()
+        page.close()
 
 
 def test_int8_is_refused_on_webgpu(browser, tmp_path, tiny_mimi):
@@ -402,3 +445,43 @@ def test_codec_bench_web_reports_both_runtimes(tmp_path):
         assert c["stream"]["steps"] == 10 and c["stream"]["both"]["p95_ms"] > 0
     assert entry["deviation"]["encoder"]["code_agreement_pct"] == 100.0
     assert "wasm 1 thread" in r.stdout and "time vs native" in r.stdout and "live encode+decode" in r.stdout
+
+
+def _get_as(url: str, host: str):
+    req = urllib.request.Request(url, headers={"Host": host})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_codec_run_web_answers_its_own_host_serves_no_link_out_and_streams(dac_web, tmp_path):
+    """A page of another site reaching 127.0.0.1 through its own name (DNS rebinding) is refused
+    by its Host header; a link inside the model folder to a file outside it is not followed; a
+    file far larger than the server's memory grows by is served whole, read a block at a time."""
+    folder = copy_folder(dac_web, tmp_path / "model")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not for the web")
+    (folder / "leak.txt").symlink_to(secret)
+    big = folder / "big.bin"
+    with open(big, "wb") as f:  # sparse: 400 MB of zeros that take no disk
+        f.truncate(400 << 20)
+    proc = subprocess.Popen([*CODEC_RUN, "web", "-m", str(folder), "--port", "0", "--ort-web", str(ORT_WEB)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"open (http://127\.0\.0\.1:(\d+)/)", [proc.stdout.readline(), proc.stdout.readline()][1])
+        base, port = url.group(1), url.group(2)
+        assert _get_as(base + "model/manifest.json", f"127.0.0.1:{port}")[0] == 200
+        assert _get_as(base + "model/manifest.json", f"localhost:{port}")[0] == 200
+        status, body = _get_as(base + "model/manifest.json", f"attacker.example:{port}")
+        assert status == 421 and b"127.0.0.1 and localhost only" in body
+        assert _get(base + "model/leak.txt")[0] == 404
+        status, headers, body = _get(base + "model/big.bin")
+        assert status == 200 and len(body) == 400 << 20 and int(headers["Content-Length"]) == 400 << 20
+        del body
+        peak_kb = int(next(line for line in open(f"/proc/{proc.pid}/status") if line.startswith("VmHWM:")).split()[1])
+        assert peak_kb < 300 << 10, f"the server held {peak_kb >> 10} MB serving a 400 MB file"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)

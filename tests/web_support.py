@@ -113,15 +113,39 @@ def clip(n: int, seed: int = 0) -> np.ndarray:
     return (0.4 * np.sin(0.02 * t + 2e-5 * t * t) + 0.05 * rng.standard_normal(n)).astype(np.float32)
 
 
-# Encode then decode in the page; codes come back as {data, shape}, audio as a list.
+# Encode then decode in the page; codes come back as {data, shape} with their fields, audio as a list.
 ROUND_TRIP = """async (x) => {
   const c = window.demo.codec;
   const codes = await c.encode(Float32Array.from(x));
   const audio = await c.decode(codes);
-  return {codes: Array.from(codes.data), shape: codes.shape, audio: Array.from(audio)};
+  const {data, shape, ...fields} = codes;
+  return {codes: Array.from(data), shape, fields, audio: Array.from(audio)};
 }"""
 
 DECODE = """async ([data, shape]) => Array.from(await window.demo.codec.decode({data: Int32Array.from(data), shape}))"""
+
+# A codes file the Python runtime wrote, read and decoded in the page.
+DECODE_FILE = """async (bytes) => {
+  const { readCodes } = await import("/codecport.mjs");
+  const codes = await readCodes(Uint8Array.from(bytes));
+  const {data, shape, ...fields} = codes;
+  return {fields, shape, audio: Array.from(await window.demo.codec.decode(codes))};
+}"""
+
+# Python's Codes fields under the module's names.
+JS_FIELDS = {"codec": "codec", "preset": "preset", "export_id": "exportId", "sample_rate": "sampleRate",
+             "num_samples": "numSamples", "loudness_db": "loudnessDb", "mode": "mode", "chunk_frames": "chunkFrames"}
+
+
+def same_fields(codes, js: dict) -> None:
+    """The module's fields are the Python `Codes`' (the loudness within float rounding)."""
+    for py_name, js_name in JS_FIELDS.items():
+        want = getattr(codes, py_name)
+        got = js.get(js_name)
+        if isinstance(want, float):
+            assert got is not None and abs(got - want) < 1e-6, (py_name, got, want)
+        else:
+            assert got == want, (py_name, got, want)
 
 
 def copy_folder(src: Path, dst: Path) -> Path:

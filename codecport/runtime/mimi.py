@@ -263,7 +263,10 @@ class MimiDecoderStream(_Steps, DecoderStream):
         self._codes: np.ndarray | None = None  # frames of a step not yet whole, [K, t]
 
     def push(self, codes) -> np.ndarray:
-        codes = self.codec.check_codes(as_levels(codes, 1)[0]).data[0]
+        codes = as_levels(codes, 1)[0]
+        if codes.shape[1] == 0:  # nothing new (an encoder stream's push may give no frames)
+            return np.zeros(0, np.float32)
+        codes = self.codec.check_codes(codes).data[0]
         if self._codes is None:
             self._codes = np.zeros((codes.shape[0], 0), np.int64)
         elif codes.shape[0] != self._codes.shape[0]:

@@ -206,10 +206,11 @@ export class Codec {
     }
   }
 
-  /** `codes` ({data, shape: [K, T], fields...}) as this decoder takes them, or a CodecportError. */
-  checkCodes(codes) {
+  /** `codes` ({data, shape: [K, T], fields...}) as this decoder takes them, or a CodecportError;
+   * no frames at all only where `empty` allows it (a stream's push). */
+  checkCodes(codes, empty = false) {
     const shape = codes?.shape;
-    if (!shape || shape.length !== 2 || !codes.data || codes.data.length !== shape[0] * shape[1] || shape[1] === 0) {
+    if (!shape || shape.length !== 2 || !codes.data || codes.data.length !== shape[0] * shape[1] || (shape[1] === 0 && !empty)) {
       throw new CodecportError("codes must be {data, shape: [codebooks, frames]} with data of that many values");
     }
     if (shape[0] !== this.nCodebooks) {
@@ -284,8 +285,9 @@ export class Codec {
       audio = (await this.decodeCall(p.graph, sliceCodes(c, 0, p.frames))).slice(0, p.fits === "up-to" ? t * this.frameSize : undefined);
     } else if (p.mode === "chunked") {
       if (c.chunkFrames != null && c.chunkFrames !== p.frames || t % p.frames) {
-        throw new CodecportError(`${t} frames in chunks of ${c.chunkFrames ?? "?"} are not this model's chunks of ` +
-          `${p.frames}; re-encode with this model`);
+        const theirs = c.chunkFrames != null ? ` (made in chunks of ${c.chunkFrames})` : "";
+        throw new CodecportError(`${t} frames${theirs} are not whole chunks of this model's ${p.frames} frames; ` +
+          "re-encode with this model");
       }
       const parts = [];
       for (let i = 0; i < t; i += p.frames) parts.push(await this.decodeCall(p.graph, sliceCodes(c, i, i + p.frames)));
@@ -361,7 +363,7 @@ class StepStream {
       this._buffer = buf.slice(n);
       return concatCodes(parts, this.codec.nCodebooks);
     }
-    const codes = this.codec.checkCodes(x), k = this.codec.nCodebooks;
+    const codes = this.codec.checkCodes(x, true), k = this.codec.nCodebooks;
     const buf = concatCodes([this._buffer, codes], k), t = buf.shape[1], n = Math.floor(t / this.stepFrames) * this.stepFrames;
     const parts = [];
     for (let i = 0; i < n; i += this.stepFrames) parts.push(new Float32Array(await this._step(sliceCodes(buf, i, i + this.stepFrames).data)));
