@@ -196,32 +196,48 @@ def test_bad_input_through_the_api(codecs, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_reexport_leaves_nothing_of_the_old_export(smoke_exports, tmp_path, name):
+def test_reexport_replaces_an_export_whole_and_nothing_else(smoke_exports, tmp_path, name):
+    """`-o` over an earlier export replaces it whole (nothing of it left behind); over a folder
+    holding anything its manifest does not list, or a manifest.json that is not codecport's (a
+    web app's), it refuses in one line and touches nothing."""
+    from click.testing import CliRunner
+
+    from codecport.cli import export_cli
+    from codecport.export.graph import export_folder
+
     spec = registry.get(name)
     folder = tmp_path / "model"
-    export = lambda *extra: subprocess.run([str(BIN / "codec-export"), name, *spec.smoke, *extra, "--random-init",
-                                            "-o", str(folder)], capture_output=True, text=True, timeout=600,
-                                           check=False)
+    export = lambda out, *extra: CliRunner().invoke(export_cli, [name, *spec.smoke, *extra, "--random-init",
+                                                                 "-o", str(out)])
     # Another export first: one with the quantizer in the graphs (no rvq.npz), where the codec has one.
-    first = export("--in-graph-quantizer") if spec.runtime.in_graph_quantizer else export()
-    assert first.returncode == 0, first.stderr
-    (folder / "old_graph.onnx").write_bytes((folder / "encoder.onnx").read_bytes())  # a stale graph
-    proc = export()
-    assert proc.returncode == 0, proc.stderr
+    first = export(folder, "--in-graph-quantizer") if spec.runtime.in_graph_quantizer else export(folder)
+    assert first.exit_code == 0, first.output
+    before = {p.name for p in folder.iterdir()}
+    proc = export(folder)
+    assert proc.exit_code == 0, proc.output
     listed = set(json.loads((folder / "manifest.json").read_text())["files"].values())
     assert {p.name for p in folder.iterdir()} == listed and "rvq.npz" in listed
+    assert spec.runtime.in_graph_quantizer <= (before != listed)  # the first export's files went
     assert codecport.load(folder).quantizer == "numpy"
     assert not list(tmp_path.glob(".*.part"))  # no staging folder left beside it
 
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    (mine / "notes.txt").write_text("not an export")
-    proc = subprocess.run([str(BIN / "codec-export"), name, *spec.smoke, "--random-init", "-o", str(mine)],
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 1 and "not a codecport export" in proc.stderr
-    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
-    with pytest.raises(ExportError, match="not a codecport export"):
-        from codecport.export.graph import export_folder
+    (folder / "notes.txt").write_text("mine")  # the user's file inside an export folder
+    state = {p.name: p.read_bytes() for p in folder.iterdir()}
+    proc = export(folder)
+    assert proc.exit_code == 1 and "holds notes.txt, which is not part of the codecport export" in proc.output
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == state
 
-        with export_folder(mine):
+    app = tmp_path / "my-app"  # a web app: its own manifest.json, a page, its sources
+    (app / "src").mkdir(parents=True)
+    (app / "manifest.json").write_text(json.dumps({"name": "My App", "start_url": "/", "icons": []}))
+    (app / "index.html").write_text("<!doctype html>")
+    (app / "src" / "main.js").write_text("console.log(1)")
+    proc = export(app)
+    assert proc.exit_code == 1 and "not a codecport export" in proc.output
+    assert sorted(str(p.relative_to(app)) for p in app.rglob("*")) == ["index.html", "manifest.json", "src",
+                                                                       "src/main.js"]
+    with pytest.raises(ExportError, match="not a codecport export"):
+        with export_folder(app):
             pass
+
+

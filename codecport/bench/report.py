@@ -18,7 +18,7 @@ def speedups(results: dict, ours: str) -> dict:
     """How many times faster `ours` is than every other contender that ran, per direction."""
     out = {}
     for name, r in results.items():
-        if name == ours or "skipped" in r or "deviation" in r:  # variants: against our fp32 below
+        if name == ours or "skipped" in r or "deviation" in r:  # builds: against our fp32 below
             continue
         sp = {d: r[d]["seconds_median"] / results[ours][d]["seconds_median"]
               for d in directions(r) if d in results[ours]}

@@ -137,7 +137,7 @@ def deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarr
     """Per graph: code agreement (encoders), SNR and max abs error of decoded audio vs fp32.
 
     An encoder's audio figures decode its codes with the fp32 decoder, so they show what the
-    variant encoder alone costs; a decoder decodes the fp32 codes.
+    build's encoder alone costs; a decoder decodes the fp32 codes.
     """
     ref, var = probe.open(ref_dir), probe.open(build_dir)
     acc: dict[str, dict[str, list]] = {}

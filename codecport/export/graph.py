@@ -197,7 +197,7 @@ def write_manifest(out_dir: Path, manifest: dict, files: dict[str, str]) -> dict
 
 def _strict_json(value):
     """`value` with non-finite floats as null: JSON has no Infinity, and browsers refuse it (an
-    identical variant's SNR is infinite)."""
+    identical build's SNR is infinite)."""
     if isinstance(value, dict):
         return {k: _strict_json(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -215,21 +215,39 @@ def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[st
 
 
 def check_out_dir(out_dir: Path) -> None:
-    """`ExportError` unless `out_dir` is absent, empty or an earlier export (see `export_folder`)."""
-    if out_dir.exists():
-        if not out_dir.is_dir():
-            raise ExportError(f"{out_dir} is a file; pass a folder to -o")
-        if any(out_dir.iterdir()) and not (out_dir / "manifest.json").is_file():
-            raise ExportError(f"{out_dir} holds files that are not a codecport export; pass another "
-                              "-o, or empty it first")
+    """`ExportError` unless `out_dir` is absent, empty, or an earlier codecport export and only
+    that: its manifest names a codec and an export id and lists the folder's every entry. A
+    folder that holds anything else may be the user's (a web app has a manifest.json too), and
+    is refused with nothing touched."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ExportError(f"{out_dir} is a file; pass a folder to -o")
+    entries = sorted(p.name for p in out_dir.iterdir())
+    if not entries:
+        return
+    refuse = f"{out_dir} holds files that are not a codecport export; pass another -o, or empty it first"
+    try:
+        manifest = json.loads((out_dir / "manifest.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        raise ExportError(refuse) from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not (isinstance(manifest, dict) and isinstance(manifest.get("codec"), str)
+            and isinstance(manifest.get("export_id"), str) and isinstance(files, dict)
+            and all(isinstance(f, str) for f in files.values())):
+        raise ExportError(refuse)
+    foreign = [e for e in entries if e not in {*files.values(), "manifest.json"}]
+    if foreign:
+        raise ExportError(f"{out_dir} holds {foreign[0]}, which is not part of the codecport export there "
+                          "(its manifest.json lists its files); move it out, or pass another -o")
 
 
 @contextmanager
 def export_folder(out_dir: Path) -> Iterator[Path]:
     """Yield a staging folder to build an export in; on success it replaces `out_dir` whole
     (nothing of a previous export is left behind), on failure `out_dir` stays as it was. An
-    existing `out_dir` must be empty or an earlier export (it has manifest.json): anything
-    else might be the user's and is refused."""
+    existing `out_dir` must be empty or an earlier export and only that (`check_out_dir`):
+    anything else might be the user's and is refused."""
     check_out_dir(out_dir)
     with atomic_dir(out_dir) as scratch:
         stage = scratch / out_dir.name

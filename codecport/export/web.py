@@ -120,7 +120,7 @@ def web_verdicts(model: onnx.ModelProto) -> list[dict]:
         reasons["(domain)"] = f"ops of domain {foreign[0]}, which onnxruntime-web has no kernels for"
     if model.ByteSize() > WASM_MAX_BYTES:
         reasons["(size)"] = (f"{model.ByteSize() / 2**30:.1f} GiB: wasm32's 4 GiB cannot hold the graph "
-                             "and its session; export a smaller variant (int8) or split the work")
+                             "and its session; export a smaller build (int8) or split the work")
     wasm = {"ep": "wasm", "nodes": n, "supported": 0 if reasons else n,
             "partitions": 0 if reasons else 1, "reasons": dict(reasons)}
     int64 = _int64(model)

@@ -56,8 +56,8 @@ class Codec(GraphFolder):
     causal: bool = False  # nothing depends on later samples: a fixed graph takes any shorter clip (Mimi)
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
-                 options: dict[str, str] | None = None):
-        super().__init__(model_dir, provider, fallback, options)
+                 options: dict[str, str] | None = None, sessions: bool = True):
+        super().__init__(model_dir, provider, fallback, options, sessions)
         g = self.first
         self.preset, self.export_id = g.text("preset"), g.text("export_id")
         self.sample_rate, self.frame_size = g.int("sample_rate"), g.int("frame_size")

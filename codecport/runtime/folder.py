@@ -80,7 +80,9 @@ class GraphFolder:
                                "weights_sha256", "quantizer", "n_codebooks", "codebook_size")
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
-                 options: dict[str, str] | None = None):
+                 options: dict[str, str] | None = None, sessions: bool = True):
+        """`sessions=False` reads the folder's facts from its manifest alone: no provider is
+        resolved and no graph opened (a driver that hands the folder to workers elsewhere)."""
         self.dir = Path(model_dir)
         self.options = dict(options or {})
         self.io_binding = codecport_option("io_binding", self.options)
@@ -111,12 +113,21 @@ class GraphFolder:
         if manifest is not None and manifest["codec"] != self.name:
             raise ModelFileError(f"{self.dir / MANIFEST} is for {manifest['codec']}, not "
                                  f"{self.name}; re-export the folder")
-        self.provider = resolve_provider(provider, fallback)
-        self.parallel = parallel_windows(self.provider, self.options)
-        self.threads = intra_op_threads(self.options)
         self._graphs: dict[str, Graph] = {}
         self._lock = threading.Lock()
-        self.first = self.graph(self.present[0])
+        self.sessions = sessions
+        if not sessions:
+            if manifest is None:
+                raise ModelFileError(f"{self.dir} has no {MANIFEST}; re-run codec-export {self.name}")
+            self.provider, self.parallel, self.threads = None, 1, None
+            # The manifest holds every shared metadata value: read through a Graph's checks.
+            meta = {k: str(v) for k, v in manifest.items() if isinstance(v, (str, int, float))}
+            self.first = Graph(self.dir / MANIFEST, None, meta)
+        else:
+            self.provider = resolve_provider(provider, fallback)
+            self.parallel = parallel_windows(self.provider, self.options)
+            self.threads = intra_op_threads(self.options)
+            self.first = self.graph(self.present[0])
         self.meta = self.first.meta
 
     def missing(self, name: str) -> str:
@@ -136,6 +147,8 @@ class GraphFolder:
         return g
 
     def _open(self, name: str) -> Graph:
+        if not self.sessions:
+            raise ModelFileError(f"{self.dir} was opened for its facts only (no sessions); load it to run it")
         if name not in self.files:
             raise ModelFileError(f"{self.dir} has no {name}.onnx (or {name}.ort); "
                                  f"{self.missing(name)}")

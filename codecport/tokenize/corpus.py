@@ -2,14 +2,21 @@
 in Hugging Face's layout, each turned into `Item`s with a stable id and a key that says whether
 the input changed since it was tokenized.
 
-- a folder: every audio file under it (by suffix, the formats soundfile reads), id = the path
-  relative to the folder; `.parquet` files under it are read as datasets (below);
-- a glob (`data/**/*.flac`): the files it matches, id = the path as matched;
+- a folder: every audio file under it (by suffix, the formats soundfile reads); `.parquet` files
+  under it are read as datasets (below);
+- a glob (`data/**/*.flac`): the files it matches;
 - a manifest: `.txt` (one path a line, `#` comments), `.csv` / `.jsonl` / `.parquet` with a `path`
   column and an optional `id`; relative paths are relative to the manifest's folder;
 - a Parquet dataset in Hugging Face's layout (a column of `{bytes, path}` structs, as
   `datasets.Audio` stores it): one item per row, its audio decoded from the bytes, id = the
   `id` column where there is one, else `<file>:<row>`.
+
+The id of a file found by a folder, a glob or its own name is its path relative to the folder
+that holds every input (a folder input is its own such folder; a glob's is the part before its
+first wildcard): `codec-run tokenize corpus/` gives `spk1/a.wav`, `codec-run tokenize train/
+test/` gives `train/a.wav` and `test/a.wav`. Ids are then unique across inputs by construction
+and the same on every rerun of the same command. A manifest's rows keep their own ids (its `id`
+column, else the path as written).
 
 Listing reads no audio: file sizes and dates, and the Parquet files' footers and id columns.
 """
@@ -64,11 +71,28 @@ def file_key(path: Path) -> str:
     return f"{st.st_size}:{st.st_mtime_ns}"
 
 
+def _root(raw: str) -> Path:
+    """The folder input `raw`'s files lie under (see the module doc)."""
+    path = Path(raw)
+    if path.is_dir():
+        return path.resolve()
+    if not path.exists() and glob.has_magic(raw):
+        parts = Path(raw).parts
+        static = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+        return Path(*parts[:static]).resolve() if static else Path.cwd()
+    return path.resolve().parent
+
+
 def read_inputs(inputs: list[str]) -> list[Item]:
     """Every item of `inputs`, in order; duplicate ids are an `InputError`."""
+    roots = [_root(raw) for raw in inputs]
+    try:
+        common = Path(os.path.commonpath(roots))
+    except ValueError:  # inputs on different drives: ids are absolute paths
+        common = Path(roots[0].anchor)
     items, seen = [], {}
     for raw in inputs:
-        for item in _items_of(raw):
+        for item in _items_of(raw, common):
             if item.id in seen:
                 raise InputError(f"id {item.id!r} comes twice ({seen[item.id]} and {item.path}); "
                                  "give the inputs unique ids (an id column in a manifest)")
@@ -77,15 +101,19 @@ def read_inputs(inputs: list[str]) -> list[Item]:
     return items
 
 
-def _items_of(raw: str) -> Iterator[Item]:
+def _id(path: Path, common: Path) -> str:
+    """`path`'s id: its place under `common`."""
+    return path.resolve().relative_to(common).as_posix()
+
+
+def _items_of(raw: str, common: Path) -> Iterator[Item]:
     path = Path(raw)
     if path.is_dir():
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
-            rel = f.relative_to(path).as_posix()
             if f.suffix.lower() in AUDIO_SUFFIXES:
-                yield Item(rel, str(f.resolve()), file_key(f))
+                yield Item(_id(f, common), str(f.resolve()), file_key(f))
             elif f.suffix.lower() == ".parquet":
-                yield from _dataset_rows(f, prefix=rel)
+                yield from _dataset_rows(f, prefix=_id(f, common))
         return
     if not path.exists() and glob.has_magic(raw):
         matches = sorted(glob.glob(raw, recursive=True))
@@ -93,21 +121,21 @@ def _items_of(raw: str) -> Iterator[Item]:
             raise InputError(f"{raw}: matches no file; check the pattern (quote it for the shell)")
         for m in matches:
             if Path(m).is_file():
-                yield from _file_items(Path(m), m)
+                yield from _file_items(Path(m), common)
         return
     if not path.is_file():
         raise InputError(f"{raw}: no such file or folder")
-    yield from _file_items(path, raw)
+    yield from _file_items(path, common)
 
 
-def _file_items(path: Path, name: str) -> Iterator[Item]:
+def _file_items(path: Path, common: Path) -> Iterator[Item]:
     suffix = path.suffix.lower()
     if suffix in MANIFEST_SUFFIXES:
         yield from _manifest(path)
     elif suffix == ".parquet":
-        yield from _parquet(path)
+        yield from _parquet(path, _id(path, common))
     else:  # an audio file; a file soundfile cannot read becomes a row of the errors table
-        yield Item(name, str(path.resolve()), file_key(path))
+        yield Item(_id(path, common), str(path.resolve()), file_key(path))
 
 
 def _rows_of_manifest(path: Path) -> Iterator[dict]:
@@ -156,12 +184,12 @@ def _manifest_item(manifest: Path, n: int, value, id_value, base: Path) -> Item:
     return Item(ident, str(file.resolve()), key)
 
 
-def _parquet(path: Path) -> Iterator[Item]:
-    """A manifest with a `path` column, or a dataset with an audio column."""
+def _parquet(path: Path, ident: str) -> Iterator[Item]:
+    """A manifest with a `path` column, or a dataset with an audio column (rows `ident:row`)."""
     pq = _pyarrow_parquet()
     schema = _schema(path)
     if _audio_column(schema) is not None:
-        yield from _dataset_rows(path, prefix=path.name)
+        yield from _dataset_rows(path, prefix=ident)
         return
     if "path" not in schema.names:
         raise InputError(f"{path}: has neither a 'path' column nor an audio column of "
@@ -169,8 +197,8 @@ def _parquet(path: Path) -> Iterator[Item]:
     cols = ["path", "id"] if "id" in schema.names else ["path"]
     table = pq.read_table(path, columns=cols)
     ids = table.column("id").to_pylist() if "id" in cols else [None] * table.num_rows
-    for n, (value, ident) in enumerate(zip(table.column("path").to_pylist(), ids), 1):
-        yield _manifest_item(path, n, value, ident, path.parent)
+    for n, (value, given) in enumerate(zip(table.column("path").to_pylist(), ids), 1):
+        yield _manifest_item(path, n, value, given, path.parent)
 
 
 def _dataset_rows(path: Path, prefix: str) -> Iterator[Item]:

@@ -67,7 +67,7 @@ def tokenize(inputs: list[str], model_dir: str | Path, out_dir: str | Path, *, e
     if engine not in ENGINES:
         raise CodecportError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     base = Settings(str(Path(model_dir).resolve()), provider, fallback, tuple((options or {}).items()))
-    codec = base.open()
+    codec = base.facts()
     if batch is None:  # the folder's batched graphs, where it has them
         batch = max([b for sizes in codec.batches.values() for b in sizes], default=1)
     settings = replace(base, batch=batch, codebooks=codec.codebooks(codebooks))

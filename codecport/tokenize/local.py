@@ -83,7 +83,7 @@ def run_local(todo: list[Item], settings: Settings, workers: int | None, per_tas
 
 def _died(settings: Settings, task: list[Item]):
     """The result table of a task whose worker died every time it ran."""
-    codec = settings.open()
+    codec = settings.facts()
     why = CodecportError(f"the worker died {MAX_ATTEMPTS} times on the batch holding this file "
                          "(out of memory, or killed); tokenize it on its own to see which")
     return result_table(codec, task, {item.id: why for item in task})

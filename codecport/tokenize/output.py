@@ -2,7 +2,7 @@
 `datasets.load_dataset("parquet", data_dir=...)` read as one table.
 
     part-<run>-<n>.parquet   rows: id, path, codes [channels][codebooks][frames], n_frames,
-                             sample_rate, num_samples, duration_s, codec, variant, n_codebooks,
+                             sample_rate, num_samples, duration_s, codec, preset, n_codebooks,
                              export_id, input_key
     __errors__/errors.parquet  the inputs that failed in the last run: id, path, error
     .codecport.json          the model the codes come from (codes of another are refused)
@@ -29,7 +29,8 @@ from ..errors import CodecportError
 log = logging.getLogger(__name__)
 
 META, ERRORS, LOCK = ".codecport.json", "__errors__/errors.parquet", ".codecport.lock"
-MODEL_FIELDS = ("codec", "variant", "export_id", "n_codebooks")
+MODEL_FIELDS = ("codec", "preset", "export_id", "n_codebooks")
+OLD_PRESET = "variant"  # what codecport 0.2 called the preset, in .codecport.json and the rows
 
 
 def _pa():
@@ -53,7 +54,7 @@ def schema(codec):
         # `codes` is the first time scale; a multi-scale codec adds codes_1, codes_2...
         *[(_codes_name(level), codes) for level in range(codec.levels)],
         ("n_frames", pa.int32()), ("sample_rate", pa.int32()), ("num_samples", pa.int64()),
-        ("duration_s", pa.float64()), ("codec", pa.string()), ("variant", pa.string()),
+        ("duration_s", pa.float64()), ("codec", pa.string()), ("preset", pa.string()),
         ("n_codebooks", pa.int16()), ("export_id", pa.string()), ("input_key", pa.string()),
         ("error", pa.string()),
     ])
@@ -99,7 +100,7 @@ def result_table(codec, items, results: dict):
         cols["num_samples"].append(r.num_samples if ok else 0)
         cols["duration_s"].append(r.num_samples / r.sample_rate if ok else 0.0)
         cols["codec"].append(codec.name)
-        cols["variant"].append(codec.variant)
+        cols["preset"].append(codec.preset)
         cols["n_codebooks"].append(r.n_codebooks if ok else 0)  # over every time scale
         cols["export_id"].append(codec.export_id)
         cols["input_key"].append(item.key)
@@ -121,21 +122,25 @@ class OutputDir:
 
     def __init__(self, path: Path, codec, n_codebooks: int):
         self.path, self.codec = path, codec
-        self.model = {"codec": codec.name, "variant": codec.variant, "export_id": codec.export_id,
+        self.model = {"codec": codec.name, "preset": codec.preset, "export_id": codec.export_id,
                       "n_codebooks": n_codebooks}
+        self.preset_column = "preset"  # a folder codecport 0.2 began keeps its column's name
         if path.exists() and not path.is_dir():
             raise CodecportError(f"{path} is a file; pass a folder to -o")
         self.run = uuid.uuid4().hex[:12]
         self._shards, self._buffer, self._errors = 0, [], []
-        self._check_model()
+        self._check_model()  # refused now, touching nothing; again under the lock (`lock`)
 
     def _check_model(self) -> None:
         meta = self.path / META
         if meta.is_file():
             try:
                 have = json.loads(meta.read_text())
+                if OLD_PRESET in have and "preset" not in have:
+                    have["preset"] = have.pop(OLD_PRESET)
+                    self.preset_column = OLD_PRESET
                 have = {k: have[k] for k in MODEL_FIELDS}
-            except (OSError, ValueError, KeyError, TypeError) as e:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 raise CodecportError(f"{meta} is damaged ({e}); delete {self.path} to start over") from e
             if have != self.model:
                 diff = next(k for k in MODEL_FIELDS if have[k] != self.model[k])
@@ -148,7 +153,8 @@ class OutputDir:
 
     @contextmanager
     def lock(self):
-        """Held for the whole run: two jobs writing one folder would double rows."""
+        """Held for the whole run: two jobs writing one folder would double rows. The folder's
+        model is checked again once it is held: another job may have begun it since."""
         self.path.mkdir(parents=True, exist_ok=True)
         with open(self.path / LOCK, "a+") as f:
             try:
@@ -161,6 +167,7 @@ class OutputDir:
                 except BlockingIOError:
                     raise CodecportError(f"another codec-run tokenize is writing {self.path}; wait "
                                          "for it, or pass another -o") from None
+            self._check_model()
             if not (self.path / META).is_file():
                 with atomic_path(self.path / META) as tmp:
                     tmp.write_text(json.dumps(self.model, indent=2))
@@ -173,32 +180,44 @@ class OutputDir:
 
     def todo(self, items: list) -> list:
         """The items the folder does not hold with their current key. Rows of a changed input,
-        doubled rows and shards that do not open are removed first."""
+        doubled rows and shards that do not open are removed first; a row of an input the job
+        lists under another id (the same file and key: ids of codecport 0.2, or an input set that
+        grew) takes the job's id."""
         _, pq = _pa()
         want = {item.id: item.key for item in items}
-        seen, drop = set(), {}
+        by_file = {(item.path, item.key): item.id for item in items}
+        seen, drop, rename = set(), {}, {}
         for shard in self.shards():
             try:
-                t = pq.read_table(shard, columns=["id", "input_key"])
+                t = pq.read_table(shard, columns=["id", "path", "input_key"])
             except Exception as e:  # noqa: BLE001 (a truncated file: ArrowInvalid, OSError...)
                 log.warning("%s does not open (%s): deleted, its rows are done again", shard,
                             str(e).splitlines()[0])
                 shard.unlink()
                 continue
-            for i, (ident, key) in enumerate(zip(t.column("id").to_pylist(), t.column("input_key").to_pylist())):
+            rows = zip(t.column("id").to_pylist(), t.column("path").to_pylist(), t.column("input_key").to_pylist())
+            for i, (ident, path, key) in enumerate(rows):
+                if ident not in want and (path, key) in by_file:
+                    rename.setdefault(shard, {})[i] = ident = by_file[path, key]
                 if ident in seen or (ident in want and want[ident] != key):
                     drop.setdefault(shard, []).append(i)
                 else:
                     seen.add(ident)
-        for shard, rows in drop.items():
-            self._rewrite_without(shard, rows)
+        for shard in {*drop, *rename}:
+            self._rewrite(shard, drop.get(shard, []), rename.get(shard, {}))
         return [item for item in items if item.id not in seen]
 
-    def _rewrite_without(self, shard: Path, rows: list[int]) -> None:
-        _, pq = _pa()
+    def _rewrite(self, shard: Path, drop: list[int], ids: dict[int, str]) -> None:
+        """`shard` without rows `drop`, rows `ids` under new ids."""
+        pa, pq = _pa()
         table = pq.read_table(shard)
-        keep = np.setdiff1d(np.arange(table.num_rows), rows)
-        log.info("%s: %d row(s) of changed or doubled inputs removed", shard.name, len(rows))
+        if ids:
+            column = table.column("id").to_pylist()
+            for i, ident in ids.items():
+                column[i] = ident
+            table = table.set_column(table.schema.get_field_index("id"), "id", pa.array(column, pa.string()))
+        keep = np.setdiff1d(np.arange(table.num_rows), drop)
+        log.info("%s: %d row(s) of changed or doubled inputs removed, %d renamed", shard.name, len(drop), len(ids))
         if not len(keep):
             shard.unlink()
             return
@@ -213,6 +232,8 @@ class OutputDir:
         failed = pc.is_valid(table.column("error"))
         bad = table.filter(failed)
         ok = table.filter(pc.invert(failed)).drop_columns(["error"])
+        if self.preset_column != "preset":
+            ok = ok.rename_columns([self.preset_column if n == "preset" else n for n in ok.column_names])
         ids, why = bad.column("id").to_pylist(), bad.column("error").to_pylist()
         self._errors += list(zip(ids, bad.column("path").to_pylist(), why))
         errors = list(zip(ids, why))

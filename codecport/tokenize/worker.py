@@ -24,10 +24,18 @@ class Settings:
     threads: int = 1
 
     def open(self):
+        """The codec, its sessions on this worker's provider and share of the cores."""
         from ..registry import codec_of_folder
 
         options = {**dict(self.options), "threads": str(self.threads), "parallel": "1"}
         return codec_of_folder(self.model_dir).runtime(self.model_dir, self.provider, self.fallback, options)
+
+    def facts(self):
+        """The codec's facts from the folder's manifest, no session opened: what the driver
+        needs, on a machine that may lack the workers' provider (a Ray head node without a GPU)."""
+        from ..registry import codec_of_folder
+
+        return codec_of_folder(self.model_dir).runtime(self.model_dir, sessions=False)
 
 
 class Worker:
