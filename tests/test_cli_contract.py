@@ -132,3 +132,20 @@ def test_export_help_needs_no_torch(name):
     assert proc.returncode == 0, proc.stderr
     assert "--preset" in proc.stdout and all(p in proc.stdout for p in registry.get(name).presets)
     assert export_cli.commands[name].name == name
+
+
+def test_info_on_damaged_metadata_is_one_error_line(smoke_exports, tmp_path):
+    """A graph whose metadata says something impossible: `codec-run info` says which value, in
+    one `error:` line (exit 1), not an internal error."""
+    import onnx
+
+    folder = tmp_path / "model"
+    shutil.copytree(smoke_exports["dac"], folder)
+    model = onnx.load(str(folder / "decoder.onnx"))
+    for p in model.metadata_props:
+        if p.key == "sample_rate":
+            p.value = "forty-four k"
+    onnx.save(model, str(folder / "decoder.onnx"))
+    result = CliRunner().invoke(run_cli, ["info", str(folder)])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1].startswith("error: ") and "sample_rate" in result.output

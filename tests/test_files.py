@@ -354,3 +354,42 @@ def test_the_loudness_meter_holds_no_block_of_samples():
     held = sum(v.nbytes if v.base is None else v.base.nbytes for v in meter.at.values())
     assert len(meter.at) > 1000 and held < 100_000
     assert -30 < meter.result() < 0
+
+
+@pytest.mark.parametrize("layout", ["codes", "codes_i", "arr_i"])
+def test_a_npz_of_code_arrays_only_decodes_as_bare_codes(tmp_path, smoke_exports, layout):
+    """Codes saved with np.savez as users of the official packages save them (`codes`, or one
+    array per time scale as `codes_0`, `codes_1`, ..., or savez's own `arr_0`, ...) decode
+    with the folder's codec, as a bare .npy does, saying so on stderr."""
+    from click.testing import CliRunner
+
+    from codecport import load
+    from codecport.cli import run_cli
+
+    name = "snac" if layout != "codes" else "dac"
+    codec = load(smoke_exports[name])
+    x = np.random.default_rng(1).standard_normal((1, 3000)).astype(np.float32) * 0.2
+    codes = codec.encode(x, codec.sample_rate)
+    # The official shapes: DAC's [B, K, T], SNAC's list of [B, T] per time scale.
+    arrays = [codes.data] if name == "dac" else [a[:, 0] for a in codes.arrays]
+    path = tmp_path / "official.npz"
+    if layout == "codes":
+        np.savez(path, codes=arrays[0])
+    elif layout == "codes_i":
+        np.savez(path, **{f"codes_{i}": a for i, a in enumerate(arrays)})
+    else:
+        np.savez(path, *arrays)
+    got = load_codes(path)
+    assert got.bare and [a.tolist() for a in got.arrays] == [a.tolist() for a in codes.arrays]
+    out = tmp_path / "o.wav"
+    noise = ["--no-noise"] if codec.draws_noise else []
+    result = CliRunner().invoke(run_cli, ["decode", str(path), "-m", str(smoke_exports[name]), "-o", str(out), *noise])
+    assert result.exit_code == 0, result.output
+    assert f"names no codec: decoding it as bare {codec.label} codes" in result.output
+    want, _ = codec.decode(codes.replace(sample_rate=None, num_samples=None, loudness_db=None),
+                           **({"noise": "zero"} if codec.draws_noise else {}))
+    import soundfile as sf
+
+    audio, sr = sf.read(out, dtype="float32", always_2d=True)
+    assert sr == codec.sample_rate and audio.shape[0] == want.shape[1]
+    np.testing.assert_allclose(audio.T, np.clip(want, -1, 1), atol=1e-6)

@@ -43,3 +43,66 @@ def test_cli_option_syntax(tmp_path, tiny_mimi_export):
     ok = run("--provider-option", "some_option=1")
     assert ok.returncode == 0, ok.stderr
     assert out.is_file()
+
+
+def test_a_graph_is_opened_once_whatever_the_threads_asking(tiny_mimi_export, monkeypatch):
+    """Threads of a server asking for the same graph at once get the one session."""
+    import threading
+    import time
+
+    from codecport.runtime import folder
+
+    opened, real = [], folder.open_graph
+
+    def slow_open(path, *args, **kwargs):
+        opened.append(path.name)
+        time.sleep(0.2)  # every thread arrives while the first is still opening
+        return real(path, *args, **kwargs)
+
+    codec = MimiCodec(tiny_mimi_export)
+    monkeypatch.setattr(folder, "open_graph", slow_open)
+    got, start = [], threading.Barrier(8)
+
+    def ask():
+        start.wait()
+        got.append(codec.graph("decoder_step"))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert opened == ["decoder_step.onnx"] and len({id(g) for g in got}) == 1
+
+
+def test_blas_goes_to_one_thread_once_and_stays(tiny_mimi_export):
+    """numpy's BLAS is put on one thread once, when the process makes its first RVQ, and stays
+    there: codecs run from many threads (a server's) never take and give back the process-wide
+    limit (a fresh process, so no other test has set it)."""
+    code = """
+import threading, sys
+from threadpoolctl import ThreadpoolController, threadpool_info
+import numpy as np
+import codecport
+from codecport.runtime import rvq
+
+calls = []
+real = ThreadpoolController.limit
+ThreadpoolController.limit = lambda self, **kw: calls.append(kw) or real(self, **kw)
+blas = lambda: {p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"}
+before = blas()
+codec = codecport.load(sys.argv[1])
+after_load = blas()
+seen = []
+def run():
+    for _ in range(3):
+        codec.encode(np.zeros((1, 2000), np.float32), codec.sample_rate)
+        seen.append(blas())
+threads = [threading.Thread(target=run) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(before, after_load, set(map(frozenset, seen)), blas(), len(calls))
+"""
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny_mimi_export)], capture_output=True,
+                          text=True, check=True, timeout=120)
+    assert proc.stdout.split("} ", 1)[1].strip() == "{1} {frozenset({1})} {1} 1", proc.stdout

@@ -83,7 +83,7 @@ def test_a_row_equals_the_codes_codec_run_encode_writes(tmp_path, smoke_exports)
 def test_every_kind_of_input(tmp_path, smoke_exports):
     folder = smoke_exports[CODECS[0]]
     corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 6)
+    files = make_corpus(corpus, 7)
     want_by_path = {str(p.resolve()): c for p, c in zip(files, reference(folder, dict(zip(files, files))).values())}
     (tmp_path / "list.txt").write_text("# clips\n" + "\n".join(str(p.relative_to(tmp_path)) for p in files[:2]))
     with open(tmp_path / "list.csv", "w", newline="") as f:
@@ -99,11 +99,13 @@ def test_every_kind_of_input(tmp_path, smoke_exports):
     (tmp_path / "hub" / "data").mkdir(parents=True)
     hf.to_parquet(str(tmp_path / "hub" / "data" / "train-00000-of-00001.parquet"))
     out = tmp_path / "out"
-    tokenize("list.txt", "list.csv", "list.jsonl", "list.parquet", "hub", str(corpus / "spk0" / "clip000.*"),
+    tokenize("list.txt", "list.csv", "list.jsonl", "list.parquet", "hub", str(corpus / "spk0" / "clip006.*"),
              "-m", folder, "-o", out, cwd=tmp_path)
     got = rows(out)
+    # Manifests keep their ids (an id column, else the path as written); the glob's match is named
+    # by its place under the folder that holds every input.
     assert set(got) == {str(files[0].relative_to(tmp_path)), str(files[1].relative_to(tmp_path)), "utt-a",
-                        "utt-b", str(files[4]), "hf-0", str(corpus / "spk0" / "clip000.flac")}
+                        "utt-b", str(files[4]), "hf-0", "corpus/spk0/clip006.wav"}
     for ident, row in got.items():
         path = str(files[5].resolve()) if ident == "hf-0" else row["path"]
         assert np.array_equal(np.array(row["codes"]), want_by_path[path]), ident
@@ -278,3 +280,68 @@ def test_batcher_full_padded_and_row_by_row_batches_give_encode_codes(smoke_expo
         batched = f"{graph}_b{SMOKE_BATCH}"
         assert (batched in calls) == (count > 1), (count, calls)
         assert (graph in calls) == (count % SMOKE_BATCH == 1), (count, calls)
+
+
+def test_folders_with_the_same_file_names_are_told_apart_and_resumed(tmp_path, smoke_exports):
+    """`tokenize train/ test/` where both hold the same names: ids are each file's place under
+    the folder holding both, so they cannot collide; a rerun does nothing; a folder tokenized
+    alone first (its ids its own names) is not done again when both are given, only renamed."""
+    folder = smoke_exports[CODECS[0]]
+    train = make_corpus(tmp_path / "train", 3)
+    test = make_corpus(tmp_path / "test", 3, seed=1)
+    assert [p.relative_to(tmp_path / "train") for p in train] == [p.relative_to(tmp_path / "test") for p in test]
+    out = tmp_path / "out"
+    tokenize("train", "-m", folder, "-o", out, cwd=tmp_path)
+    assert set(rows(out)) == {p.relative_to(tmp_path / "train").as_posix() for p in train}
+    proc = tokenize("train", "test", "-m", folder, "-o", out, cwd=tmp_path)
+    assert "3 files tokenized" in proc.stdout and "3 already done" in proc.stdout, proc.stdout
+    got = rows(out)
+    assert set(got) == {p.relative_to(tmp_path).as_posix() for p in [*train, *test]}
+    want = reference(folder, {p.relative_to(tmp_path).as_posix(): p for p in [*train, *test]})
+    for ident, codes in want.items():
+        assert np.array_equal(np.array(got[ident]["codes"]), codes), ident
+    proc = tokenize("train", "test", "-m", folder, "-o", out, cwd=tmp_path)
+    assert "0 files tokenized" in proc.stdout and "6 already done" in proc.stdout
+
+
+def test_the_folder_is_checked_for_its_model_once_locked(tmp_path, smoke_exports):
+    """A job that checked an empty folder, then waited while another job for another model
+    began it, is refused when it takes the lock, before it writes a row."""
+    from codecport.tokenize.output import OutputDir
+
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, 2)
+    out = tmp_path / "out"
+    a, b = (smoke_exports[n] for n in CODECS[:2])
+    late = registry.codec_of_folder(b).runtime(b, sessions=False)
+    waiting = OutputDir(out, late, late.codebooks(None))  # the folder is empty: no objection yet
+    tokenize(corpus, "-m", a, "-o", out)
+    with pytest.raises(registry.CodecportError, match="holds codes of another model"):
+        with waiting.lock():
+            pass
+    assert {r["codec"] for r in rows(out).values()} == {CODECS[0]}
+
+
+def test_the_driver_needs_only_the_manifest(tmp_path, smoke_exports, monkeypatch):
+    """`--provider cuda` from a machine without a GPU (a Ray head node): the driver reads the
+    folder's manifest and opens no session; only the workers need the provider. Here the engine
+    stands in for workers that fail on every file, which the errors table then lists."""
+    import codecport.runtime.graph as graph
+    from codecport.errors import CodecportError
+    from codecport.tokenize import local, tokenize as run
+    from codecport.tokenize.output import result_table
+
+    corpus = tmp_path / "corpus"
+    files = make_corpus(corpus, 3)
+    monkeypatch.setattr(graph, "open_graph", lambda *a, **k: pytest.fail("the driver opened a session"))
+    seen = {}
+
+    def workers_elsewhere(todo, settings, workers, per_task, emit):
+        seen["provider"] = settings.provider
+        emit(result_table(settings.facts(), todo, {i.id: CodecportError("no GPU on this worker") for i in todo}))
+
+    monkeypatch.setattr(local, "run_local", workers_elsewhere)
+    summary = run([str(corpus)], smoke_exports[CODECS[0]], tmp_path / "out", provider="cuda")
+    assert seen["provider"] == "cuda" and summary.failed == len(files) and summary.done == 0
+    errors = pq.read_table(tmp_path / "out" / "__errors__" / "errors.parquet").to_pylist()
+    assert {e["error"] for e in errors} == {"no GPU on this worker"}

@@ -21,7 +21,6 @@ from typing import ClassVar
 from ..errors import ModelFileError
 from .graph import Graph, current_names, graph_file, open_graph
 from .providers import codecport_option, cpu_cores, intra_op_threads, parallel_windows, resolve_provider
-from .rvq import blas_on_one_thread
 
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB; a bigger one is not ours
@@ -210,12 +209,11 @@ class GraphFolder:
         pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="codecport-window")
         pending: deque = deque()
         try:
-            with blas_on_one_thread():
-                for item in items:
-                    pending.append(pool.submit(fn, item))
-                    if len(pending) > self.parallel:
-                        yield pending.popleft().result()
-                while pending:
+            for item in items:
+                pending.append(pool.submit(fn, item))
+                if len(pending) > self.parallel:
                     yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

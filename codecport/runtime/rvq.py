@@ -3,61 +3,43 @@ ONNX graphs and codes, read from an export's `rvq.npz`."""
 
 from __future__ import annotations
 
-import functools
+import logging
 import math
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 from ..errors import CodesError, ModelFileError
 from .npyfile import read_npz
 
-
-@functools.cache
-def _blas() -> ThreadpoolController:
-    return ThreadpoolController()
+log = logging.getLogger(__name__)
 
 
 _blas_lock = threading.Lock()
-_blas_users = 0  # callers inside `blas_on_one_thread` now
-_blas_limiter = None
+_blas_limited = []  # the limiter, once this process's BLAS is on one thread (never given back)
 
 
-@contextmanager
-def blas_on_one_thread() -> Iterator[None]:
-    """BLAS on one thread while any caller is inside. The limit is process-wide, so it is taken
-    when the first caller enters and given back when the last leaves: threads of a server share
-    it, and none gives back the limit another still relies on (or keeps one it took from it)."""
-    global _blas_users, _blas_limiter
+def blas_on_one_thread() -> None:
+    """BLAS on one thread for the rest of this process, once, when the first numpy RVQ is made.
+
+    The RVQ's matrices are small, and OpenBLAS's idle threads busy-wait after each call, stealing
+    the cores ONNX Runtime runs on next: on the 2-core dev machine a Mimi streaming step took
+    76 ms with them and 26 ms without. The limit is process-wide, and threadpoolctl lets only one
+    thread change it (the first to try; the others' calls do nothing), so it is set once and
+    kept, never taken and given back per call from whichever thread runs a codec.
+    """
     with _blas_lock:
-        if _blas_users == 0:
-            _blas_limiter = _blas().limit(limits=1, user_api="blas")
-        _blas_users += 1
-    try:
-        yield
-    finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0:
-                _blas_limiter.restore_original_limits()
-                _blas_limiter = None
+        if not _blas_limited:
+            from threadpoolctl import ThreadpoolController
 
-
-def one_blas_thread(fn):
-    """Run `fn` with BLAS on one thread. The RVQ's matrices are small, and OpenBLAS's idle
-    threads busy-wait after each call, stealing the cores ONNX Runtime runs on next: on the
-    2-core dev machine a Mimi streaming step took 76 ms with them and 26 ms without."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        with blas_on_one_thread():
-            return fn(*args, **kwargs)
-
-    return wrapper
+            # numpy's own BLAS where it bundles one: torch's, in the same process, keeps its threads.
+            blas = ThreadpoolController().select(user_api="blas")
+            home = Path(np.__file__).resolve().parent
+            ours = [i["filepath"] for i in blas.info()
+                    if any(Path(i["filepath"]).resolve().is_relative_to(d) for d in (home, home.parent / "numpy.libs"))]
+            _blas_limited.append((blas.select(filepath=ours) if ours else blas).limit(limits=1))
+            log.info("BLAS limited to one thread in this process (codecport's RVQ; ONNX Runtime uses the cores)")
 
 
 def load_arrays(path: Path, meta: dict[str, str], shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
@@ -115,6 +97,7 @@ class DacRvq:
     """
 
     def __init__(self, arrays: dict[str, np.ndarray]):
+        blas_on_one_thread()
         self.in_w, self.in_b = arrays["in_proj_weight"], arrays["in_proj_bias"]
         self.out_w, self.out_b = arrays["out_proj_weight"], arrays["out_proj_bias"]
         self.codebook = arrays["codebook"]
@@ -136,7 +119,6 @@ class DacRvq:
                 "out_proj_weight": self.out_w, "out_proj_bias": self.out_b,
                 "codebook": self.codebook}
 
-    @one_blas_thread
     def encode(self, latent: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
         """Codes `[K, T]` (int64) for a latent `[L, T]`, with the official distance formula."""
         k = check_n_codebooks(n_codebooks, self.n_codebooks)
@@ -153,7 +135,6 @@ class DacRvq:
         """out_proj of the raw (un-normalised) codebook rows: `[T, L]`."""
         return self.codebook[i][codes] @ self.out_w[i].T + self.out_b[i]
 
-    @one_blas_thread
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Latent `[L, T]` for codes `[K, T]` with K <= n_codebooks."""
         self.check_codes(codes)
@@ -175,6 +156,7 @@ class MimiRvq:
     """
 
     def __init__(self, arrays: dict[str, np.ndarray]):
+        blas_on_one_thread()
         self.a = {k: v for k, v in arrays.items() if k != "codebook"}
         # Kept as [K, D, N]: a frame's distances are then a vector times a matrix read row by
         # row, which OpenBLAS runs twice as fast as against [N, D] when the codebooks are cold
@@ -210,7 +192,6 @@ class MimiRvq:
         s = self.n_semantic
         return [(g, r) for g, r in (("semantic", range(min(k, s))), ("acoustic", range(s, k))) if r]
 
-    @one_blas_thread
     def encode(self, latent: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
         """Codes `[K, T]` (int64) for a latent `[C, T]`: Euclidean nearest row, as moshi."""
         k = check_n_codebooks(n_codebooks, self.n_codebooks)
@@ -223,7 +204,6 @@ class MimiRvq:
                 r = r - self.codebook[i][codes[i]]
         return codes
 
-    @one_blas_thread
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """Latent `[C, T]` for codes `[K, T]`, K <= n_codebooks."""
         if codes.ndim != 2 or not 1 <= codes.shape[0] <= self.n_codebooks:
@@ -259,7 +239,6 @@ class SnacRvq(DacRvq):
     def arrays(self) -> dict[str, np.ndarray]:
         return {**super().arrays(), "strides": np.array(self.strides, np.int64)}
 
-    @one_blas_thread
     def encode_levels(self, latent: np.ndarray) -> list[np.ndarray]:
         """Codes of every level (`[T / strides[i]]` int64 each) of a latent `[L, T]`, T a
         multiple of every stride; the official distance formula."""
@@ -275,7 +254,6 @@ class SnacRvq(DacRvq):
             out.append(codes)
         return out
 
-    @one_blas_thread
     def decode_levels(self, codes: list[np.ndarray]) -> np.ndarray:
         """Latent `[L, T]` of every level's codes (level `i` holding `T / strides[i]`)."""
         z = None
