@@ -236,7 +236,7 @@ class SnacDecoderStream(DecoderStream):
     `[c0], [c1, c1'], [c2 x4]`), and returns the audio now final (possibly none). `flush()`
     returns the rest. Together they give the audio `decode` gives for the whole sequence with the
     same noise: each call's window holds the receptive field on both sides of what it keeps, so
-    audio comes out `latency.frames` coarse frames after the frame it belongs to.
+    audio comes out `latency.frames` coarse frames after the frame it belongs to, from the first.
     """
 
     def __init__(self, codec: SnacCodec, noise=None):
@@ -298,7 +298,10 @@ class SnacDecoderStream(DecoderStream):
     def _run(self, final: bool) -> np.ndarray:
         out, hop, n = [], self.codec.frame_size, self.received
         while self.done < n:
-            start = 0 if self.done == 0 else self.done - self.margin
+            # The first window too starts a margin before what it keeps (the mask makes the frames
+            # before the clip its edge): the first frames come as soon as any others, not after
+            # the whole first window.
+            start = self.done - self.margin
             end = start + self.window
             if end > n and not final:
                 break  # its right margin has not arrived yet
