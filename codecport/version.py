@@ -1,3 +1,3 @@
 """codecport's version: one place, imported by the package and by what writes it into files."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

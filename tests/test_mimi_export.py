@@ -376,8 +376,8 @@ def test_rustymimi_window(tmp_path):
         assert not np.array_equal(fixed[0], model.encode(torch.from_numpy(x)[None]).numpy()[0])
 
 
-def test_unknown_window_is_refused(tmp_path, tiny_mimi):
-    with pytest.raises(ExportError, match="--window"):
+def test_unknown_attention_is_refused(tmp_path, tiny_mimi):
+    with pytest.raises(ExportError, match="--attention must be one of"):
         export_mimi(tiny_mimi, tmp_path / "out", None, 1, preset="tiny", weights="w",
                     weights_sha256="none", attention="ring")
     assert not (tmp_path / "out").exists()

@@ -204,6 +204,8 @@ def test_resampled_input(codec, tiny_mimi):
 def test_bad_codes(codec, codes, match):
     with pytest.raises(CodesError, match=match):
         codec.decode(codes)
+    if codes.shape[-1] == 0:
+        return  # a stream takes no frames at all as nothing new (an encoder's push may give none)
     with pytest.raises(CodesError, match=match):
         codec.stream().decode_step(codes[0] if codes.ndim == 3 else codes)
 
@@ -336,8 +338,6 @@ def test_load_codes_refuses_other_files(tmp_path):
     Codes((codes,), codec="mimi", sample_rate=24000, num_samples=72).save(good)
     truncated = tmp_path / "truncated.npz"
     truncated.write_bytes(good.read_bytes()[:200])
-    no_codec = tmp_path / "no_codec.npz"
-    np.savez(no_codec, codes_0=codes, num_samples=np.int64(72), sample_rate=np.int64(24000))
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"not a codes file at all")
     pickled = tmp_path / "pickled.npz"
@@ -346,7 +346,8 @@ def test_load_codes_refuses_other_files(tmp_path):
     plain = tmp_path / "plain.npz"  # a bare array saved under the .npz name
     with open(plain, "wb") as f:
         np.save(f, codes)
-    for path in (truncated, no_codec, garbage, pickled, plain):
+    # (A .npz of code arrays with no codec named is bare codes: test_files.py.)
+    for path in (truncated, garbage, pickled, plain):
         with pytest.raises(CodesError, match="not a codes file"):
             load_codes(path)
     with pytest.raises(CodesError, match="no such codes file"):

@@ -109,7 +109,7 @@ def rusty_window(released, tmp_path_factory):
     model.load_state_dict(load_file(str(released[0])))
     out = tmp_path_factory.mktemp("rustymimi-window") / "onnx"
     export_mimi(model, out, LONG * model.cfg.frame_size, 1, preset="mimi",
-                weights="random-init seed 3", weights_sha256="none", window="rustymimi")
+                weights="random-init seed 3", weights_sha256="none", attention="rustymimi")
     return out
 
 

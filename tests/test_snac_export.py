@@ -40,7 +40,7 @@ def test_graphs_are_static_plain_convs_with_the_receptive_field_in_the_metadata(
     assert inputs == ["latent", "mask", "noise_0", "noise_1"]  # the noise is an input
     geo = manifest["geometry"]
     assert geo["frames"] * 6 == geo["samples"] >= SNAC_TINY_LEN
-    assert geo["stream_window"] == geo["stream_frames"] + 2 * dec_margin
+    assert geo["step_window"] == geo["step_frames"] + 2 * dec_margin
     assert manifest["validation"]["encoder"] == {"codes_identical": 1.0}
     assert manifest["validation"]["decoder"]["audio_max_abs_err"] <= 1e-4
 

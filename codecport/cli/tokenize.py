@@ -38,7 +38,8 @@ def tokenize_cmd(inputs, model_dir, out_dir, engine, address, workers, batch, co
                  provider, fallback, options, verbose) -> None:
     """Tokenize a corpus: audio files, folders, globs, manifests (.txt, .csv, .jsonl, .parquet
     with a path column) or Hugging Face Parquet datasets, into a resumable Parquet dataset.
-    Each row's id is its path as the inputs name it (a folder's files under the folder's name)."""
+    A file's id is its path under the folder that holds every input (`corpus/` gives
+    `spk1/a.wav`; `train/ test/` give `train/a.wav`, `test/a.wav`); manifests keep their ids."""
     from ..tokenize import tokenize
 
     setup_logging(verbose)

@@ -277,8 +277,10 @@ class SnacDecoderStream(DecoderStream):
             if a.shape[0] != frames * coarse // s:
                 raise CodesError(f"each coarse frame holds {[coarse // s for s in self.codec.strides]} "
                                  f"codes of its time scales, got {[len(a) for a in arrays]}")
-            if a.size and (a.dtype.kind not in "ui" or a.min() < 0 or a.max() >= self.codec.codebook_size):
-                raise CodesError(f"codes must be integers in [0, {self.codec.codebook_size})")
+            if a.dtype.kind not in "ui":
+                raise CodesError(f"codes must be integers, got {a.dtype}")
+            if a.size and (a.min() < 0 or a.max() >= self.codec.codebook_size):
+                raise CodesError(f"codes must be in [0, {self.codec.codebook_size})")
         self.levels = [np.concatenate([old, a.astype(np.int64)]) for old, a in zip(self.levels, arrays)]
         self.received += frames * coarse
         return self._run(final=False)

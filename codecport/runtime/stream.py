@@ -86,7 +86,7 @@ def as_levels(codes, levels: int) -> list[np.ndarray]:
         a = np.asarray(a)
         if a.ndim == 3 and a.shape[0] == 1:  # [1, codebooks, frames]: one channel's
             a = a[0]
-        if a.ndim == 1:
+        if a.ndim == 1 and levels > 1:  # a time scale of one codebook, as the official shapes give it
             a = a[None]
         if a.ndim != 2:
             raise CodesError(f"codes must be [codebooks, frames] of one channel, got shape "

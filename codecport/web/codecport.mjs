@@ -21,7 +21,7 @@ import { CodecportError } from "./codecport-errors.mjs";
 import { integratedLoudness } from "./codecport-loudness.mjs";
 
 export { CodecportError, readCodes };
-export const VERSION = "0.2.0";
+export const VERSION = "0.3.0";
 
 /** The codec of the export folder at `folderUrl`. `ort` is the app's onnxruntime-web module;
  * `executionProviders` go to every session ("wasm", "webgpu"; default ["wasm"]). Set
