@@ -1,11 +1,10 @@
-"""What the Mimi CLI tests share: the tiny exports (made once a session, through the real
-console script), the test clips, cached CLI encodes and the torch references."""
+"""What the Mimi CLI tests share: the tiny exports (made once a run, through the real console
+script), the test clips, cached CLI encodes and the torch references."""
 
 from __future__ import annotations
 
 import functools
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import noise
+from shared_exports import cli_export, cli_output, shared
 
 from codecport.export.mimi import rvq_of
 from codecport.models.mimi import PRESETS
@@ -87,10 +87,10 @@ def frames_of(n: int, sr: int) -> int:
 # ---- module fixtures: exports, clips, cached CLI encodes and torch references -------------
 EXPORTS = {  # name -> codec-export arguments (all random-init, seed 0)
     # The main folder: fixed graphs of 960 samples (40 frames) and 2-frame step graphs.
-    "main": ("mimi", "--preset", "tiny", "--len", FIXED_LEN, "--frames", STEP_FRAMES),
+    "main": ("mimi", "--preset", "tiny", "--len", FIXED_LEN, "--step-frames", STEP_FRAMES),
     # Fixed graphs of 96 samples (4 frames), and 1-frame step graphs.
     "small": ("mimi", "--preset", "tiny", "--len", 96),
-    "in_graph": ("mimi", "--preset", "tiny", "--len", FIXED_LEN, "--frames", STEP_FRAMES,
+    "in_graph": ("mimi", "--preset", "tiny", "--len", FIXED_LEN, "--step-frames", STEP_FRAMES,
                  "--in-graph-quantizer", "--codebooks", 3),
     "dac": ("dac", "--preset", "tiny", "--len", 600),
 }
@@ -98,27 +98,11 @@ EXPORTS = {  # name -> codec-export arguments (all random-init, seed 0)
 
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
-    """Every folder the tests use, exported through the CLI by processes run side by side (one
-    thread each: on 2 cores that takes about half the time of one after the other)."""
-    root = tmp_path_factory.mktemp("mimi_cli")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = {name: subprocess.Popen([str(BIN / "codec-export"), *map(str, args), "--random-init",
-                                     "--seed", "0", "-o", str(root / name)], env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, args in EXPORTS.items()}
+    """Every folder the tests use, exported through the CLI once a run (shared_exports.py)."""
     done = {}
-    try:
-        for name, proc in procs.items():
-            stdout, stderr = proc.communicate(timeout=300)
-            done[name] = root / name, subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
-                                                                  stderr)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for name, (_, proc) in done.items():
-        assert proc.returncode == 0, f"export {name}: {proc.stdout}{proc.stderr}"
+    for name, args in EXPORTS.items():
+        folder = shared(tmp_path_factory, f"mimi-cli-{name}", lambda out, a=args: cli_export(out, *a, "--seed", 0))
+        done[name] = folder, cli_output(folder)
     return done
 
 

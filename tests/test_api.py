@@ -236,8 +236,7 @@ def test_reexport_replaces_an_export_whole_and_nothing_else(smoke_exports, tmp_p
     assert proc.exit_code == 1 and "not a codecport export" in proc.output
     assert sorted(str(p.relative_to(app)) for p in app.rglob("*")) == ["index.html", "manifest.json", "src",
                                                                        "src/main.js"]
-    with pytest.raises(ExportError, match="not a codecport export"):
-        with export_folder(app):
-            pass
+    with pytest.raises(ExportError, match="not a codecport export"), export_folder(app):
+        pass
 
 

@@ -1,27 +1,56 @@
-"""codec-bench runs end to end on the tiny configs and writes a complete report (not its speed)."""
+"""codec-bench runs end to end on the tiny configs and writes a complete report (not its speed).
+
+The command runs in this process (click's runner) on bench folders exported once a run for every
+test (shared_exports.py); each contender still runs in a process of its own, as it does for users.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from shared_exports import shared
 
 BIN = Path(sys.executable).parent
+QUICK = ("--peak-seconds", "0.05")  # the GEMM peak measured briefly: the report needs it, not its value
+
+
+def bench(*args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`codec-bench ARGS` in this process: (exit code, stdout, stderr) as a process gives them."""
+    from click.testing import CliRunner
+
+    from codecport.bench.cli import main
+
+    r = CliRunner().invoke(main, [str(a) for a in args], env=env)
+    return subprocess.CompletedProcess(["codec-bench", *args], r.exit_code, r.stdout, r.stderr)
+
+
+def bench_folder(tmp_path_factory, tmp_path: Path, codec: str, frames: int = 1) -> Path:
+    """A copy of the bench's folder for `codec`'s tiny preset at 0.5 s a call (exported once a run),
+    which the bench reuses (`--dir`) and may add to (builds, memory files)."""
+    from codecport import registry
+    from codecport.bench.run import Options, ensure_model
+
+    spec = registry.get(codec)
+    src = shared(tmp_path_factory, f"bench-{codec}-tiny-f{frames}",
+                 lambda out: ensure_model(spec, Options("tiny", 0.5, frames=frames), out))
+    return Path(shutil.copytree(src, tmp_path / "bench"))
 
 
 @pytest.mark.parametrize("codec", ["dac", "mimi"])
-def test_bench_report_structure(tmp_path, codec):
+def test_bench_report_structure(tmp_path_factory, tmp_path, codec):
     out = tmp_path / "report.json"
-    proc = subprocess.run([str(BIN / "codec-bench"), codec, "--preset", "tiny", "--seconds", "0.5",
-                           "--runs", "1", "--rounds", "2", "--steps", "3", "--long", "3", "--contender", "torch",
-                           "--contender", "rustymimi", "--precision", "fp32", "--precision", "int8",
-                           *(["--frames", "2", "--plot", str(tmp_path / "b.png")] if codec == "mimi" else []),
-                           "--memory", "0.02", "--json", str(out)],
-                          capture_output=True, text=True, check=False, timeout=600)
+    work = bench_folder(tmp_path_factory, tmp_path, codec, frames=2 if codec == "mimi" else 1)
+    proc = bench(codec, "--preset", "tiny", "--seconds", "0.5", "--dir", work, *QUICK,
+                 "--runs", "1", "--rounds", "2", "--steps", "3", "--long", "3", "--contender", "torch",
+                 "--contender", "rustymimi", "--precision", "fp32", "--precision", "int8",
+                 *(["--frames", "2", "--plot", str(tmp_path / "b.png")] if codec == "mimi" else []),
+                 "--memory", "0.02", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["gemm_peak"]["gflops"] > 0 and "onnxruntime" in report["gemm_peak"]["library"]
@@ -110,19 +139,34 @@ def test_pool_summarises_the_rounds_together():
 
 
 @pytest.mark.slow
-def test_bench_runs_rustymimi_on_the_released_config(tmp_path):
-    """rustymimi builds the released config only, so this one exports the full Mimi."""
+def test_bench_runs_rustymimi_on_the_released_config(tmp_path, released_mimi):
+    """rustymimi builds the released config only: the bench runs on the released Mimi export the
+    other tests share (2 s a call), its weights beside it as the bench keeps them."""
+    from codecport import registry
+    from codecport.bench.prepare import export_source_hash
+    from codecport.models.mimi import PRESETS
+    from codecport.version import __version__
+
+    weights, model = released_mimi
+    work = tmp_path / "bench"
+    work.mkdir()
+    (work / "model").symlink_to(model)  # read only: the bench writes beside it, never into it
+    (work / "weights.safetensors").symlink_to(weights)
+    (work / "config.json").write_text(json.dumps(PRESETS["mimi"].to_kwargs()))
+    (work / "stamp.json").write_text(json.dumps({
+        "codec": "mimi", "preset": "mimi", "seconds": 2.0, "codecport": __version__,
+        "source": export_source_hash(), **({"frames": 1} if registry.get("mimi").bench.step_frames else {})}))
     out = tmp_path / "report.json"
-    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--seconds", "0.4", "--runs", "1",
-                           "--steps", "3", "--contender", "rustymimi", "--json", str(out)],
-                          capture_output=True, text=True, check=False, timeout=600)
+    proc = bench("mimi", "--seconds", "2", "--dir", work, *QUICK, "--runs", "1", "--steps", "3",
+                 "--contender", "rustymimi", "--json", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "exporting" not in proc.stdout  # the shared export, not a new one
     ran = json.loads(out.read_text())["contenders"]
     assert set(ran) == {"onnx-cpu", "rustymimi"}
     r = ran["rustymimi"]
     assert r["version"] and 0 < r["encode"]["rtf_median"] and 0 < r["decode"]["rtf_median"]
     assert r["streaming"]["steps"] == 3 and r["streaming"]["decode_step"]["p50_ms"] > 0
-    assert r["codes_equal_pct"]["pct"] == 100 and r["codes_equal_pct"]["frames"] == [5, 5]
+    assert r["codes_equal_pct"]["pct"] == 100 and r["codes_equal_pct"]["frames"] == [25, 25]
     sp = json.loads(out.read_text())["speedups"]["onnx-cpu vs rustymimi"]
     assert set(sp) == {"encode", "decode", "encode_step p95", "decode_step p95"}
     assert "rustymimi codes: 100.0% equal to onnx-cpu's" in proc.stdout
@@ -130,9 +174,7 @@ def test_bench_runs_rustymimi_on_the_released_config(tmp_path):
 
 
 def test_bench_frames_is_for_mimi(tmp_path):
-    proc = subprocess.run([str(BIN / "codec-bench"), "dac", "--preset", "tiny", "--frames", "2",
-                           "--dir", str(tmp_path / "b")], capture_output=True, text=True, check=False,
-                          timeout=120)
+    proc = bench("dac", "--preset", "tiny", "--frames", "2", "--dir", tmp_path / "b")
     assert proc.returncode == 2 and "--frames is for codecs with step graphs (mimi, snac)" in proc.stderr
     assert not (tmp_path / "b").exists()
 
@@ -204,15 +246,15 @@ def _fake_moshi(root: Path, loaders: str) -> dict:
     return {**os.environ, "PYTHONPATH": str(root)}
 
 
-def test_bench_official_contender_is_moshi_on_the_same_weights_and_config(tmp_path):
+def test_bench_official_contender_is_moshi_on_the_same_weights_and_config(tmp_path_factory, tmp_path, monkeypatch):
     from codecport.models.mimi import PRESETS
     from codecport.models.mimi_weights import moshi_config
 
     env = _fake_moshi(tmp_path / "site", FAKE_LOADERS)
-    out, work = tmp_path / "report.json", tmp_path / "bench"
-    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--preset", "tiny", "--seconds", "0.5",
-                           "--runs", "1", "--steps", "3", "--contender", "official", "--dir", str(work),
-                           "--json", str(out)], capture_output=True, text=True, check=False, timeout=600, env=env)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))  # the bench looks for moshi in its own process
+    out, work = tmp_path / "report.json", bench_folder(tmp_path_factory, tmp_path, "mimi", frames=2)
+    proc = bench("mimi", "--preset", "tiny", "--seconds", "0.5", *QUICK, "--frames", "2", "--runs", "1",
+                 "--steps", "3", "--contender", "official", "--dir", work, "--json", out, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     call = json.loads((work / "get_mimi.json").read_text())
     assert call["filename"] == str(work / "weights.safetensors")
@@ -227,17 +269,19 @@ def test_bench_official_contender_is_moshi_on_the_same_weights_and_config(tmp_pa
     assert "moshi streaming decode_step" in proc.stdout
 
 
-def test_bench_official_contender_skipped_with_its_reason(tmp_path):
+def test_bench_official_contender_skipped_with_its_reason(tmp_path_factory, tmp_path, monkeypatch):
     """moshi installed without its own dependencies, and DAC's official package, which cannot
     share an environment with onnx: both listed as skipped, saying why, and the bench goes on."""
     env = _fake_moshi(tmp_path / "site", "raise ImportError(\"No module named 'sentencepiece'\")\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
     for codec, name, why in (("mimi", "moshi", ("moshi is installed but does not import (No module named "
                               "'sentencepiece')")), ("dac", "descript-audio-codec", "protobuf<3.20")):
         out = tmp_path / f"{codec}.json"
-        proc = subprocess.run([str(BIN / "codec-bench"), codec, "--preset", "tiny", "--seconds", "0.5",
-                               "--runs", "1", "--steps", "2", "--long", "0", "--contender", "official",
-                               "--json", str(out)], capture_output=True, text=True, check=False,
-                              timeout=600, env=env)
+        frames = 2 if codec == "mimi" else 1
+        work = bench_folder(tmp_path_factory, tmp_path / codec, codec, frames=frames)
+        proc = bench(codec, "--preset", "tiny", "--seconds", "0.5", "--dir", work, *QUICK, "--runs", "1",
+                     *(["--frames", frames] if frames > 1 else []), "--steps", "2", "--long", "0",
+                     "--contender", "official", "--json", out, env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         ran = json.loads(out.read_text())["contenders"]
         assert set(ran) == {"onnx-cpu", name} and why in ran[name]["skipped"]
@@ -280,17 +324,17 @@ class DAC(torch.nn.Module):
 '''
 
 
-def test_bench_official_dac_runs_in_the_interpreter_given(tmp_path):
+def test_bench_official_dac_runs_in_the_interpreter_given(tmp_path_factory, tmp_path):
     site = tmp_path / "site"
     (site / "dac" / "model").mkdir(parents=True)
     (site / "dac" / "__init__.py").write_text('__version__ = "0.0.2"\n')
     (site / "dac" / "model" / "__init__.py").write_text("")
     (site / "dac" / "model" / "dac.py").write_text(FAKE_DAC)
     out = tmp_path / "report.json"
-    cmd = [str(BIN / "codec-bench"), "dac", "--preset", "tiny", "--seconds", "0.5", "--runs", "1",
-           "--long", "0", "--contender", "official", "--official-python", sys.executable, "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(site)})
+    work = bench_folder(tmp_path_factory, tmp_path, "dac")
+    cmd = ["dac", "--preset", "tiny", "--seconds", "0.5", "--dir", work, *QUICK, "--runs", "1", "--long", "0",
+           "--contender", "official", "--official-python", sys.executable, "--json", out]
+    proc = bench(*cmd, env={"PYTHONPATH": str(site)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     r = json.loads(out.read_text())["contenders"]["descript-audio-codec"]
     assert r["python"] == sys.executable and r["version"] == "0.0.2"
@@ -299,15 +343,13 @@ def test_bench_official_dac_runs_in_the_interpreter_given(tmp_path):
     assert r["codes_equal_pct"]["pct"] == 100
     assert "descript-audio-codec  decode" in proc.stdout
     # The same interpreter without the package: skipped, saying it does not import there.
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
+    proc = bench(*cmd)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "does not import with" in json.loads(out.read_text())["contenders"]["descript-audio-codec"]["skipped"]
 
 
 def test_official_python_is_for_dac(tmp_path):
-    proc = subprocess.run([str(BIN / "codec-bench"), "mimi", "--preset", "tiny", "--official-python",
-                           sys.executable, "--dir", str(tmp_path / "b")], capture_output=True, text=True,
-                          check=False, timeout=120)
+    proc = bench("mimi", "--preset", "tiny", "--official-python", sys.executable, "--dir", tmp_path / "b")
     assert proc.returncode == 2 and "--official-python is for dac" in proc.stderr
     assert not (tmp_path / "b").exists()
 
@@ -345,10 +387,9 @@ def test_bench_tokenize_runs_every_local_contender_and_reports_ratios(tmp_path):
     """`codec-bench tokenize` end to end on the tiny DAC (its Ray contenders are the same command
     with --engine ray, which test_tokenize_ray runs)."""
     out = tmp_path / "tok.json"
-    proc = subprocess.run([str(BIN / "codec-bench"), "tokenize", "--codec", "dac", "--preset", "tiny",
-                           "--len", "0.1", "--batch", "2", "--clips", "3", "--min-seconds", "0.1",
-                           "--max-seconds", "0.3", "--slices", "1", "--short-clips", "2", "--no-ray",
-                           "--json", str(out)], capture_output=True, text=True, check=False, timeout=600)
+    proc = bench("tokenize", "--codec", "dac", "--preset", "tiny", "--len", "0.1", "--batch", "2", "--clips", "3",
+                 "--min-seconds", "0.1", "--max-seconds", "0.3", "--slices", "1", "--short-clips", "2", "--no-ray",
+                 "--json", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert set(report["results"]) == {"torch-loop", "local b1", "local b2"}

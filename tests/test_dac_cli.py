@@ -12,6 +12,7 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import TINY_CHUNK, TINY_LEN, noise
+from shared_exports import cli_export, cli_output, shared
 
 BIN = Path(sys.executable).parent
 GRAPHS = ("encoder.onnx", "decoder.onnx", "encoder_chunked.onnx", "decoder_chunked.onnx")
@@ -26,10 +27,9 @@ def cli(tool: str, *args) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    out = tmp_path_factory.mktemp("cli") / "dac-tiny"
-    proc = cli("codec-export", "dac", "--preset", "tiny", "--len", TINY_LEN, "--chunk-len",
-               TINY_CHUNK, "--random-init", "--seed", 0, "-o", out)
-    return out, proc
+    out = shared(tmp_path_factory, "dac-cli", lambda folder: cli_export(
+        folder, "dac", "--preset", "tiny", "--len", TINY_LEN, "--chunk-len", TINY_CHUNK, "--seed", 0))
+    return out, cli_output(out)
 
 
 @pytest.fixture(scope="module")

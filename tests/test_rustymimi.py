@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import noise
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from codecport.export.mimi import export_mimi
-from codecport.models.mimi import PRESETS, MimiModel, init_random
+from codecport.models.mimi import PRESETS, MimiModel
 from codecport.runtime.mimi import MimiCodec
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.version_info >= (3, 14),
@@ -30,15 +30,11 @@ K = 8  # Moshi's codebooks, rustymimi's default
 
 
 @pytest.fixture(scope="module")
-def released(tmp_path_factory):
-    """(moshi-format weights file, exported folder) of the released config, random weights."""
-    model = init_random(MimiModel(PRESETS["mimi"]), seed=3).eval()
-    root = tmp_path_factory.mktemp("rustymimi")
-    weights = root / "mimi.safetensors"
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
-    export_mimi(model, root / "onnx", FRAMES * model.cfg.frame_size, 1, preset="mimi",
-                weights="random-init seed 3", weights_sha256="none")
-    return weights, root / "onnx"
+def released(released_mimi):
+    """(moshi-format weights file, exported folder) of the released config, random weights,
+    shared with the other tests of the released config (shared_exports.py); its fixed graphs
+    take clips up to 2 s, which a causal codec pads without changing the frames before."""
+    return released_mimi
 
 
 @pytest.fixture

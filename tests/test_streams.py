@@ -5,6 +5,8 @@ stream continues it exactly; a codec without a stream says so in one line."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -47,7 +49,7 @@ def _pieces(x, cuts: list[int]):
     """`x` cut at `cuts` (sample or coarse-frame positions, any order, repeats: empty pieces)."""
     n = len(x) if isinstance(x, np.ndarray) else x.n_frames[0]
     bounds = [0, *sorted(c % (n + 1) for c in cuts), n]
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         if isinstance(x, np.ndarray):
             yield x[a:b]
         elif b > a:
@@ -92,11 +94,10 @@ def test_output_never_runs_later_than_the_stated_latency(codecs, name, side):
     codec = codecs[name]
     x, per = _input(codec, side, 16)
     stream = _open(codec, side)
-    out = pushed = 0
+    out = 0
     step = per if side == "encoder" else 1
-    for piece in _pieces(x, [k * step for k in range(1, 16)]):  # a coarse frame a push
+    for pushed, piece in enumerate(_pieces(x, [k * step for k in range(1, 16)]), 1):  # a coarse frame a push
         got = stream.push(piece)
-        pushed += 1
         out += got.shape[1] if side == "encoder" else len(got) / per
         assert pushed - stream.latency.frames <= out <= pushed, (pushed, out, stream.latency)
 

@@ -31,7 +31,7 @@ def _fail(message: str, code: int = 2):
 
 
 def codec_cmd(codec, preset, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
-              contenders, official_python, minutes, work, json_out, plot) -> None:
+              contenders, official_python, minutes, peak_seconds, work, json_out, plot) -> None:
     """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
     from .run import Options, bench
 
@@ -55,7 +55,7 @@ def codec_cmd(codec, preset, variant, seconds, runs, rounds, providers, precisio
     if preset not in spec.presets:
         _fail(f"{codec} has no preset {preset!r}; choose one of {', '.join(spec.presets)}")
     options = Options(preset, seconds, runs, rounds, tuple(providers), tuple(precisions), steps, frames,
-                      long_windows, tuple(contenders), tuple(minutes), official_python)
+                      long_windows, tuple(contenders), tuple(minutes), official_python, peak_seconds)
     report = run_report(work, "codec-bench-", lambda w: bench(spec, options, w), table, json_out)
     if plot:
         plot_report(report, plot)
@@ -98,6 +98,8 @@ _OPTIONS = [
                  help="Also run `codec-run encode` on a 44.1 kHz stereo WAV and `codec-run decode` on "
                       "codes this many minutes long, and report their peak RSS (repeatable, e.g. "
                       "--memory 0.5 --memory 10: each later length is compared with the first)."),
+    click.Option(["--peak-seconds"], type=click.FloatRange(min=0.01), default=1.5,
+                 help="Seconds spent measuring this machine's fp32 GEMM peak, for each of three matrix sizes."),
     click.Option(["--dir", "work"], type=click.Path(path_type=Path), default=None,
                  help="Keep the exported model here and reuse it on the next run [default: a temp folder]."),
     click.Option(["--json", "json_out"], type=click.Path(path_type=Path), default=None, help="Write the report."),

@@ -1,0 +1,143 @@
+"""The exports the test files share, each built once per run, by whichever worker asks first: a
+file lock beside the run's temp folders makes the others wait, then reuse it. Each is keyed by
+the source (a change to codecport's code builds it anew). `CODECPORT_TEST_CACHE=DIR` keeps them
+across runs (a quick rerun reuses what the code has not changed).
+
+Tests read these folders; a test that changes one works on a copy (`copy_folder`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+CODE = Path(__file__).resolve().parents[1] / "codecport"
+BIN = Path(sys.executable).parent
+
+
+def source_key() -> str:
+    h = hashlib.sha256()
+    for path in sorted(CODE.rglob("*.py")):
+        h.update(path.relative_to(CODE).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def shared(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
+    """Folder `name`, built by `build(folder)` the first time any worker of this run asks."""
+    if os.environ.get("CODECPORT_TEST_CACHE"):
+        base = Path(os.environ["CODECPORT_TEST_CACHE"])
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        base = tmp_path_factory.getbasetemp().parent  # the run's folder, above every worker's
+    else:
+        base = tmp_path_factory.getbasetemp()
+    root = base / "shared-exports" / source_key()
+    root.mkdir(parents=True, exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            build(folder)
+            done.write_text("")
+    return folder
+
+
+def copy_folder(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def cli_export(folder: Path, *args) -> None:
+    """`codec-export ARGS --random-init -o folder` as a user runs it (a process of its own); what
+    it printed is kept beside the folder (`cli_output`)."""
+    proc = subprocess.run([str(BIN / "codec-export"), *map(str, args), "--random-init", "-o", str(folder)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    folder.with_name(folder.name + ".stdout").write_text(proc.stdout)
+    folder.with_name(folder.name + ".stderr").write_text(proc.stderr)
+
+
+def cli_output(folder: Path) -> subprocess.CompletedProcess:
+    """What `cli_export` printed making `folder`."""
+    return subprocess.CompletedProcess(["codec-export"], 0, folder.with_name(folder.name + ".stdout").read_text(),
+                                       folder.with_name(folder.name + ".stderr").read_text())
+
+
+# ---- the shared folders ------------------------------------------------------------------------
+TINY_LEN = 600  # samples of the tiny DAC's exact graphs (100 frames of hop 6)
+TINY_CHUNK = 3000  # window of the tiny DAC's chunked graphs
+MIMI_TINY_FRAMES = 40  # code frames of the tiny Mimi fixed graphs (24-sample frames)
+MIMI_TINY_STEP = 2  # code frames per step of the tiny Mimi step graphs
+SNAC_TINY_LEN = 720  # samples of the tiny SNAC window graphs: 120 frames, 64 kept a window
+SMOKE_BATCH = 4  # rows of the smoke exports' batched encoders
+RELEASED_MIMI_FRAMES = 25  # the released Mimi's fixed graphs: 2 s (48000 samples), 80 ms a frame
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tmp_path_factory, tiny_dac):
+    """The tiny DAC exported by the library (numpy quantizer)."""
+    from codecport.export.dac import export_dac
+
+    return shared(tmp_path_factory, "dac-tiny", lambda out: export_dac(
+        tiny_dac, out, TINY_LEN, TINY_CHUNK, preset="tiny", weights="random-init seed 0", weights_sha256="none"))
+
+
+@pytest.fixture(scope="session")
+def tiny_mimi_export(tmp_path_factory, tiny_mimi):
+    """The tiny Mimi's fixed-length and step graphs (numpy quantizer)."""
+    from codecport.export.mimi import export_mimi
+
+    return shared(tmp_path_factory, "mimi-tiny", lambda out: export_mimi(
+        tiny_mimi, out, MIMI_TINY_FRAMES * tiny_mimi.cfg.frame_size, MIMI_TINY_STEP, preset="tiny",
+        weights="random-init seed 0", weights_sha256="none"))
+
+
+@pytest.fixture(scope="session")
+def tiny_snac_export(tmp_path_factory, tiny_snac):
+    from codecport.export.snac import export_snac
+
+    return shared(tmp_path_factory, "snac-tiny", lambda out: export_snac(
+        tiny_snac, out, SNAC_TINY_LEN, preset="tiny", weights="random-init seed 0", weights_sha256="none"))
+
+
+@pytest.fixture(scope="session")
+def smoke_exports(tmp_path_factory) -> dict:
+    """Every registered codec exported through the real `codec-export`, with its registration's
+    small `smoke` arguments, batched encoders (`--batch 4`, for codecs that have them) and seeded
+    random weights: name -> folder."""
+    from codecport import registry
+
+    out = {}
+    for spec in registry.codecs():
+        batch = ["--batch", SMOKE_BATCH] if spec.runtime.batchable else []
+        out[spec.name] = shared(tmp_path_factory, f"smoke-{spec.name}",
+                                lambda folder, s=spec, b=batch: cli_export(folder, s.name, *s.smoke, *b))
+    return out
+
+
+@pytest.fixture(scope="session")
+def released_mimi(tmp_path_factory) -> tuple[Path, Path]:
+    """(moshi-format weights file, export folder) of the released Mimi config with seeded random
+    weights: 2 s fixed graphs and one-frame step graphs. Shared by the preset export tests,
+    Kyutai's Rust Mimi parity and the rustymimi bench."""
+    def build(folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        from codecport.export.mimi import export_mimi
+        from codecport.models.mimi import PRESETS, MimiModel, init_random
+
+        model = init_random(MimiModel(PRESETS["mimi"]), seed=3).eval()
+        folder.mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "mimi.safetensors"))
+        export_mimi(model, folder / "onnx", RELEASED_MIMI_FRAMES * model.cfg.frame_size, 1, preset="mimi",
+                    weights="random-init seed 3", weights_sha256="none")
+
+    folder = shared(tmp_path_factory, "mimi-released", build)
+    return folder / "mimi.safetensors", folder / "onnx"
