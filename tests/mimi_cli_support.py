@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from cli_support import invoke
 from conftest import noise
 from shared_exports import cli_export, cli_output, shared
 
@@ -43,8 +44,8 @@ MIN_MARGIN = 5e-6  # squared distance between the nearest and next codebook row,
 
 
 def run(tool: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True,
-                          check=False, timeout=120)
+    """The command in this process (cli_support.py): the CLI's contract does not depend on it."""
+    return invoke(tool, *args)
 
 
 def cli(tool: str, *args) -> subprocess.CompletedProcess:

@@ -5,13 +5,13 @@ writing what the API writes."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile as sf
+from cli_support import invoke
 from conftest import noise
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -108,8 +108,7 @@ def test_cli_writes_what_the_api_writes(codecs, smoke_exports, tmp_path, name):
         wav = tmp_path / f"in{rate}.wav"
         sf.write(wav, noise(int(0.6 * rate), channels=2, seed=rate).T, rate, subtype="FLOAT")
         out = tmp_path / f"cli{rate}.npz"
-        proc = subprocess.run([str(BIN / "codec-run"), "encode", str(wav), "-m", str(smoke_exports[name]),
-                               "-o", str(out)], capture_output=True, text=True, timeout=120, check=False)
+        proc = invoke("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", out)
         assert proc.returncode == 0, proc.stderr
         cli_codes = codecport.load_codes(out)
         api = codec.encode(*codecport.read_audio(wav))
@@ -118,9 +117,8 @@ def test_cli_writes_what_the_api_writes(codecs, smoke_exports, tmp_path, name):
             np.testing.assert_array_equal(a, b)
             np.testing.assert_array_equal(c, b)
         decoded = tmp_path / f"cli{rate}.wav"
-        proc = subprocess.run([str(BIN / "codec-run"), "decode", str(out), "-m", str(smoke_exports[name]),
-                               "-o", str(decoded), *(["--noise-seed", "0"] if seeded else [])],
-                              capture_output=True, text=True, timeout=120, check=False)
+        proc = invoke("codec-run", "decode", out, "-m", smoke_exports[name], "-o", decoded,
+                      *(["--noise-seed", "0"] if seeded else []))
         assert proc.returncode == 0, proc.stderr
         y, sr = sf.read(decoded, dtype="float32", always_2d=True)
         audio, want_sr = codec.decode(api, **seeded)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+from cli_support import invoke
 from onnx import TensorProto, helper, numpy_helper
 
 from codecport.errors import ModelFileError
@@ -99,12 +99,10 @@ def test_no_graph_here(tmp_path):
 
 def test_cli(tmp_path, tiny_mimi_export):
     out = tmp_path / "report.json"
-    proc = subprocess.run([str(BIN / "codec-export"), "check", str(tiny_mimi_export), "--json", str(out)],
-                          capture_output=True, text=True, check=False, timeout=120)
+    proc = invoke("codec-export", "check", tiny_mimi_export, "--json", out)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("directml") == 4 and "coreml-mlprogram" in proc.stdout and "webgpu" in proc.stdout
     assert [Path(r["file"]).name for r in json.loads(out.read_text())] == \
         ["decoder.onnx", "decoder_step.onnx", "encoder.onnx", "encoder_step.onnx"]
-    proc = subprocess.run([str(BIN / "codec-export"), "check", str(tmp_path / "nope")],
-                          capture_output=True, text=True, check=False, timeout=120)
+    proc = invoke("codec-export", "check", tmp_path / "nope")
     assert proc.returncode == 1 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr

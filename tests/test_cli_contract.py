@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from cli_support import invoke, process
 from click.testing import CliRunner
 from conftest import noise
 
@@ -26,8 +27,8 @@ NAMES = registry.names()
 
 
 def run(tool: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True,
-                          timeout=300, check=False)
+    """The command in this process (cli_support.py): the contract does not depend on it."""
+    return invoke(tool, *args)
 
 
 def one_line_error(proc, prefix: str = "error:") -> str:
@@ -39,7 +40,7 @@ def one_line_error(proc, prefix: str = "error:") -> str:
 
 @pytest.mark.parametrize("tool", ["codec-export", "codec-run"])
 def test_version(tool):
-    proc = run(tool, "--version")
+    proc = process(tool, "--version")  # the installed console script
     assert proc.returncode == 0 and proc.stdout.strip() == f"{tool}, version {__version__}"
 
 
@@ -47,7 +48,8 @@ def test_version(tool):
 def test_results_on_stdout_diagnostics_on_stderr(smoke_exports, tmp_path, name):
     wav = tmp_path / "in.wav"
     sf.write(wav, noise(3000).T, 11025, subtype="FLOAT")  # resampled: a diagnostic
-    proc = run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", tmp_path / "c.npz")
+    # One end-to-end run of the console script a codec: stdout and stderr of a real process.
+    proc = process("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", tmp_path / "c.npz")
     assert proc.returncode == 0, proc.stderr
     assert "resampling 11025 Hz" in proc.stderr and "resampling" not in proc.stdout
     assert proc.stdout.splitlines()[-1] == f"wrote {tmp_path / 'c.npz'}"

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from cli_support import invoke
 from conftest import TINY_CHUNK, TINY_LEN, noise
 from shared_exports import cli_export, cli_output, shared
 
@@ -19,8 +20,8 @@ GRAPHS = ("encoder.onnx", "decoder.onnx", "encoder_chunked.onnx", "decoder_chunk
 
 
 def cli(tool: str, *args) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True,
-                          check=False, timeout=120)
+    """The command in this process (cli_support.py); the export above is a real one."""
+    proc = invoke(tool, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from cli_support import invoke
 
 from codecport.runtime.mimi import MimiCodec
 from codecport.runtime.providers import DEFAULT_OPTIONS, provider_options
@@ -35,9 +36,7 @@ def test_cli_option_syntax(tmp_path, tiny_mimi_export):
     codes = tmp_path / "c.npy"
     np.save(codes, np.zeros((1, 4, 5), np.int64))
     out = tmp_path / "o.wav"
-    run = lambda *a: subprocess.run([str(BIN / "codec-run"), "decode", str(codes), "-m",
-                                     str(tiny_mimi_export), "-o", str(out), *a],
-                                    capture_output=True, text=True, check=False, timeout=120)
+    run = lambda *a: invoke("codec-run", "decode", codes, "-m", tiny_mimi_export, "-o", out, *a)
     bad = run("--provider-option", "no-equals-sign")
     assert bad.returncode == 2 and "KEY=VALUE" in bad.stderr and not out.exists()
     ok = run("--provider-option", "some_option=1")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import soundfile as sf
+from cli_support import invoke
 from conftest import noise
 from mimi_cli_support import assert_one_line_error
 
@@ -26,8 +26,8 @@ BIN = Path(sys.executable).parent
 
 
 def run(*args):
-    return subprocess.run([str(BIN / "codec-run"), *map(str, args)], capture_output=True, text=True,
-                          timeout=300, check=False)
+    """`codec-run ARGS` in this process (cli_support.py)."""
+    return invoke("codec-run", *args)
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ and rate back, the Orpheus layout, the noise options, tokenize and info."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from cli_support import invoke
 from conftest import noise
 
 import codecport
@@ -20,9 +20,9 @@ from codecport.runtime.orpheus import to_orpheus
 BIN = Path(sys.executable).parent
 
 
-def run(*args, timeout=300):
-    return subprocess.run([str(BIN / "codec-run"), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+def run(*args):
+    """`codec-run ARGS` in this process (cli_support.py)."""
+    return invoke("codec-run", *args)
 
 
 @pytest.fixture(scope="module")

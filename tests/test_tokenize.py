@@ -316,9 +316,8 @@ def test_the_folder_is_checked_for_its_model_once_locked(tmp_path, smoke_exports
     late = registry.codec_of_folder(b).runtime(b, sessions=False)
     waiting = OutputDir(out, late, late.codebooks(None))  # the folder is empty: no objection yet
     tokenize(corpus, "-m", a, "-o", out)
-    with pytest.raises(registry.CodecportError, match="holds codes of another model"):
-        with waiting.lock():
-            pass
+    with pytest.raises(registry.CodecportError, match="holds codes of another model"), waiting.lock():
+        pass
     assert {r["codec"] for r in rows(out).values()} == {CODECS[0]}
 
 
@@ -326,9 +325,10 @@ def test_the_driver_needs_only_the_manifest(tmp_path, smoke_exports, monkeypatch
     """`--provider cuda` from a machine without a GPU (a Ray head node): the driver reads the
     folder's manifest and opens no session; only the workers need the provider. Here the engine
     stands in for workers that fail on every file, which the errors table then lists."""
-    import codecport.runtime.graph as graph
     from codecport.errors import CodecportError
-    from codecport.tokenize import local, tokenize as run
+    from codecport.runtime import graph
+    from codecport.tokenize import local
+    from codecport.tokenize import tokenize as run
     from codecport.tokenize.output import result_table
 
     corpus = tmp_path / "corpus"

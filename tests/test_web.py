@@ -11,6 +11,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -480,7 +481,8 @@ def test_codec_run_web_answers_its_own_host_serves_no_link_out_and_streams(dac_w
         status, headers, body = _get(base + "model/big.bin")
         assert status == 200 and len(body) == 400 << 20 and int(headers["Content-Length"]) == 400 << 20
         del body
-        peak_kb = int(next(line for line in open(f"/proc/{proc.pid}/status") if line.startswith("VmHWM:")).split()[1])
+        status_lines = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+        peak_kb = int(next(line for line in status_lines if line.startswith("VmHWM:")).split()[1])
         assert peak_kb < 300 << 10, f"the server held {peak_kb >> 10} MB serving a 400 MB file"
     finally:
         proc.send_signal(signal.SIGINT)
