@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh export,dev,bench,coreml,ray
 bash scripts/setup_web.sh
-# Three processes, each taking whole test files (--dist loadfile): most tests wait on a subprocess
-# or a page (an export, codec-run, a Ray cluster, Chromium), so on the 2-core machine three keep
-# both cores busier than two (15:46 against 16:41 for the same suite, 2026-12-02).
-exec .venv/bin/python -m pytest -q -n 3 --dist loadfile "$@"
+# Three processes, each taking whole test files (--dist loadfile): many tests wait on a process or
+# a page (a worker, a Ray cluster, Chromium), so on the 2-core machine three keep both cores
+# busier than two. The exports the files share are built once a run (tests/shared_exports.py).
+# The 25 slowest tests are printed at the end: the next regression shows there.
+exec .venv/bin/python -m pytest -q -n 3 --dist loadfile --durations=25 "$@"

@@ -19,6 +19,8 @@ from shared_exports import shared
 BIN = Path(sys.executable).parent
 QUICK = ("--peak-seconds", "0.05")  # the GEMM peak measured briefly: the report needs it, not its value
 
+pytestmark = pytest.mark.bench
+
 
 def bench(*args, env: dict | None = None) -> subprocess.CompletedProcess:
     """`codec-bench ARGS` in this process: (exit code, stdout, stderr) as a process gives them."""

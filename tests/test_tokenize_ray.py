@@ -35,6 +35,8 @@ RAY = str(BIN / "ray")
 # No usage report, no dashboard; the nodes' logs stay in Ray's own temp folder.
 ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
 
+pytestmark = pytest.mark.ray
+
 
 def _ray_processes() -> set[int]:
     """Ray's daemons (raylet, gcs_server) running now."""

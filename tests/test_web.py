@@ -42,6 +42,8 @@ CODEC_EXPORT = [sys.executable, "-c", "from codecport.cli import export_cli; exp
 # Clip lengths per codec: one through the fixed graphs, one through the chunked / step graphs.
 LENGTHS = {"dac": (DAC_WEB_LEN - 4, 2 * DAC_WEB_LEN + 301), "mimi": (MIMI_WEB_LEN - 100, MIMI_WEB_LEN + 1057)}
 
+pytestmark = pytest.mark.browser
+
 
 @pytest.fixture(scope="module")
 def folders(dac_web, mimi_web):
@@ -428,6 +430,7 @@ def test_int8_is_refused_on_webgpu(browser, tmp_path, tiny_mimi):
         page.close()
 
 
+@pytest.mark.bench
 def test_codec_bench_web_reports_both_runtimes(tmp_path):
     """`codec-bench web` on the tiny Mimi: the native and the in-page contenders both timed, in
     one report, with the live loop's percentiles and the folder's deviation."""
