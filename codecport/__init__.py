@@ -52,7 +52,7 @@ def load(path: str | Path, provider: str = "cpu", fallback: str | None = None,
     """The codec of an export folder (`codec-export ... -o path`), on ONNX Runtime `provider`
     (`cpu`, `cuda`, `dml`, `coreml` or `auto`). `fallback` ("cpu") is used when that provider is
     not installed; `options` override provider options (e.g. `{"MLComputeUnits": "ALL"}`) and
-    codecport's own (`io_binding`, `windows`). Returns a `Codec`."""
+    codecport's own (`io_binding`, `parallel`). Returns a `Codec`."""
     from .registry import codec_of_folder
 
     return codec_of_folder(path).runtime(path, provider, fallback, options)

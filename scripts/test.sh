@@ -8,5 +8,6 @@ bash scripts/setup_web.sh
 # Three processes, each taking whole test files (--dist loadfile): many tests wait on a process or
 # a page (a worker, a Ray cluster, Chromium), so on the 2-core machine three keep both cores
 # busier than two. The exports the files share are built once a run (tests/shared_exports.py).
-# The 25 slowest tests are printed at the end: the next regression shows there.
-exec .venv/bin/python -m pytest -q -n 3 --dist loadfile --durations=25 "$@"
+# The longest files start first (tests/conftest.py); the 25 slowest tests are printed at the end:
+# the next regression shows there.
+exec .venv/bin/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@"

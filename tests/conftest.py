@@ -26,6 +26,17 @@ from codecport.models.mimi import init_random as mimi_init_random
 # the browser harness (Chromium, the tiny web exports).
 pytest_plugins = ["shared_exports", "mimi_cli_support", "web_support"]
 
+# The files that take longest, in the order a worker should start them (scripts/test.sh passes
+# --no-loadscope-reorder so xdist keeps it): one begun last would leave the others idle while it
+# runs alone. The durations a run prints at its end show when this goes stale.
+LONGEST_FIRST = ["test_dac_export.py", "test_bench.py", "test_tokenize.py", "test_mimi_export.py", "test_web.py",
+                 "test_api.py", "test_builds.py", "test_rustymimi.py", "test_tokenize_ray.py"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
 
 @pytest.fixture(scope="session")
 def tiny_dac() -> DAC:

@@ -13,6 +13,7 @@ import pytest
 import soundfile as sf
 from cli_support import invoke
 from conftest import noise
+from shared_exports import copy_folder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -204,19 +205,23 @@ def test_reexport_replaces_an_export_whole_and_nothing_else(smoke_exports, tmp_p
     from codecport.export.graph import export_folder
 
     spec = registry.get(name)
-    folder = tmp_path / "model"
+    folder = copy_folder(smoke_exports[name], tmp_path / "model")  # an earlier export
     export = lambda out, *extra: CliRunner().invoke(export_cli, [name, *spec.smoke, *extra, "--random-init",
                                                                  "-o", str(out)])
-    # Another export first: one with the quantizer in the graphs (no rvq.npz), where the codec has one.
-    first = export(folder, "--in-graph-quantizer") if spec.runtime.in_graph_quantizer else export(folder)
-    assert first.exit_code == 0, first.output
-    before = {p.name for p in folder.iterdir()}
+    # One whose files were named otherwise (as an older codecport's were): a graph renamed, in its
+    # manifest too. The new export must leave none of its files behind.
+    manifest = json.loads((folder / "manifest.json").read_text())
+    role = next(r for r, f in manifest["files"].items() if f.endswith(".onnx"))
+    old = "older_" + manifest["files"][role]
+    (folder / manifest["files"][role]).rename(folder / old)
+    manifest["files"][role] = old
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert codecport.load(folder).preset == "tiny"  # still an export that loads
     proc = export(folder)
     assert proc.exit_code == 0, proc.output
     listed = set(json.loads((folder / "manifest.json").read_text())["files"].values())
-    assert {p.name for p in folder.iterdir()} == listed and "rvq.npz" in listed
-    assert spec.runtime.in_graph_quantizer <= (before != listed)  # the first export's files went
-    assert codecport.load(folder).quantizer == "numpy"
+    assert {p.name for p in folder.iterdir()} == listed
+    assert old not in listed  # the earlier export's own file went with the rest of it
     assert not list(tmp_path.glob(".*.part"))  # no staging folder left beside it
 
     (folder / "notes.txt").write_text("mine")  # the user's file inside an export folder

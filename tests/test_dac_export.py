@@ -33,8 +33,18 @@ def _assert_portable(path):
     return {p.key: p.value for p in model.metadata_props}
 
 
+def test_16khz_has_the_24khz_graphs():
+    """The 16 kHz preset's encoder and decoder are the 24 kHz preset's, layer for layer: only the
+    rate and the codebook count (numpy's, outside the graphs) differ. Its export is the 24 kHz
+    one's, which the test below runs, so it is not run a second time."""
+    shapes = lambda m: {k: v.shape for k, v in m.state_dict().items() if not k.startswith("quantizer.")}
+    a, b = DAC(PRESETS["16khz"]), DAC(PRESETS["24khz"])
+    assert shapes(a) == shapes(b) and a.cfg.hop_length == b.cfg.hop_length
+    assert (a.cfg.sample_rate, a.cfg.n_codebooks) != (b.cfg.sample_rate, b.cfg.n_codebooks)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["44khz", "24khz", "16khz", "44khz-16kbps"])
+@pytest.mark.parametrize("variant", sorted(set(PRESETS) - {"tiny", "16khz"}))
 def test_every_preset_exports_and_validates(tmp_path, variant):
     cfg = PRESETS[variant]
     model = init_random(DAC(cfg), seed=1).eval()

@@ -99,7 +99,7 @@ def test_past_the_window_rustymimi_attends_to_one_more_position(released, tokeni
 
 @pytest.fixture(scope="module")
 def rusty_window(released, tmp_path_factory):
-    """The released config's graphs exported with `--window rustymimi`: fixed for LONG frames,
+    """The released config's graphs exported with `--attention rustymimi`: fixed for LONG frames,
     and the step pair."""
     model = MimiModel(PRESETS["mimi"]).eval()
     model.load_state_dict(load_file(str(released[0])))
@@ -110,7 +110,7 @@ def rusty_window(released, tmp_path_factory):
 
 
 def test_rustymimi_window_equals_rustymimi_past_the_window(rusty_window, tokenizer):
-    """`--window rustymimi` graphs give rustymimi's codes past 250 positions, where the default
+    """`--attention rustymimi` graphs give rustymimi's codes past 250 positions, where the default
     ones part from it (the test above), in one fixed call and streamed frame by frame; and its
     audio for them. (rustymimi's own streaming equals its whole clip.)"""
     codec = MimiCodec(rusty_window)

@@ -20,7 +20,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-# Run by path, this folder is first on sys.path, and its dac.py (DAC's bench hooks) would shadow
+# Run by path, this folder is first on sys.path, and its dac.py (DAC's bench facts) would shadow
 # the official `dac` package.
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 

@@ -122,7 +122,7 @@ def graph_specs(dac: DAC, geo: Geometry, meta: dict[str, str],
 
     chunk = {"chunk_step": str(geo.chunk_step), "delay": str(geo.delay),
              "window": str(geo.window), "chunk_frames": str(geo.chunk_frames)}
-    # The receptive fields, for the whole-clip mode (runtime/overlap.py) over the fixed pair.
+    # The receptive fields, for the whole-clip mode (runtime/plan.py) over the fixed pair.
     enc_margin, dec_margin = cfg.margins()
     return [
         enc("encoder", geo.samples, geo.frames, True, {"margin": str(enc_margin)}),

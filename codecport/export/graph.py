@@ -214,11 +214,12 @@ def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[st
     return write_manifest(out_dir, manifest, files)
 
 
-def check_out_dir(out_dir: Path) -> None:
+def check_out_dir(out_dir: str | Path) -> None:
     """`ExportError` unless `out_dir` is absent, empty, or an earlier codecport export and only
     that: its manifest names a codec and an export id and lists the folder's every entry. A
     folder that holds anything else may be the user's (a web app has a manifest.json too), and
     is refused with nothing touched."""
+    out_dir = Path(out_dir)
     if not out_dir.exists():
         return
     if not out_dir.is_dir():
@@ -243,11 +244,12 @@ def check_out_dir(out_dir: Path) -> None:
 
 
 @contextmanager
-def export_folder(out_dir: Path) -> Iterator[Path]:
+def export_folder(out_dir: str | Path) -> Iterator[Path]:
     """Yield a staging folder to build an export in; on success it replaces `out_dir` whole
     (nothing of a previous export is left behind), on failure `out_dir` stays as it was. An
     existing `out_dir` must be empty or an earlier export and only that (`check_out_dir`):
     anything else might be the user's and is refused."""
+    out_dir = Path(out_dir)
     check_out_dir(out_dir)
     with atomic_dir(out_dir) as scratch:
         stage = scratch / out_dir.name
