@@ -11,7 +11,7 @@ model with `loaders.get_mimi` from that file, exports the same file with codecpo
 and step graphs), and compares on one clip: moshi's whole-clip `encode`/`decode` against the
 ONNX fixed graphs and the default step graphs; moshi's own streaming mode (`with
 mimi.streaming(1)`, one frame per call) against its whole-clip mode; and moshi's streaming mode
-against step graphs exported with `window="moshi-stream"`. Exits 1 on any codecport difference.
+against step graphs exported with `attention="moshi-stream"`. Exits 1 on any codecport difference.
 """
 
 from __future__ import annotations
@@ -93,14 +93,14 @@ def main() -> int:
 
         ring = Path(tmp) / "ring"
         export_mimi(ours, ring, None, 1, preset=args.preset, weights=str(path),
-                    weights_sha256="none", window="moshi-stream")
+                    weights_sha256="none", attention="moshi-stream")
         codec = codecport.load(ring)
         codes = codec.encode(clip[0], cfg.sample_rate, k, mode="step").data
         audio = codec.decode(want[0], mode="step")[0][None]
         same = np.array_equal(codes, streamed)
         err = float(np.abs(audio - streamed_audio).max())
         failed |= not same or err > 1e-4
-        print(f"  codecport step graphs (window moshi-stream) vs moshi streaming: codes "
+        print(f"  codecport step graphs (attention moshi-stream) vs moshi streaming: codes "
               f"{'identical' if same else 'DIFFER'}, audio max abs error {err:.2e}")
     return 1 if failed else 0
 

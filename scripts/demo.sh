@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Offline demo: export DAC (random weights), encode and decode a generated clip, print the results.
+# Offline demo: export every registered codec (random weights), encode and decode a generated clip,
+# tokenize a small folder, print the results.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh export

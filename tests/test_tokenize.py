@@ -282,6 +282,47 @@ def test_batcher_full_padded_and_row_by_row_batches_give_encode_codes(smoke_expo
         assert (graph in calls) == (count % SMOKE_BATCH == 1), (count, calls)
 
 
+def test_a_failed_graph_call_fails_its_clips_only(smoke_exports):
+    """The runtime fails one batched call (as ONNX Runtime does, out of GPU memory): each clip
+    in that call comes back once with the error, and the clips before and after it get their codes."""
+    import codecport
+    from codecport.runtime.audio import ArraySource
+    from codecport.tokenize.batch import Batcher
+
+    codec = codecport.load(smoke_exports[BATCHED[0]])
+    sr, opened, calls = codec.sample_rate, codec.graph, []
+
+    class FailingSecondCall:  # the graph, whose second run of any graph fails
+        def __init__(self, name):
+            self.inner = opened(name)
+
+        def __getattr__(self, key):
+            return getattr(self.inner, key)
+
+        def __call__(self, x):
+            calls.append(x.shape)
+            if len(calls) == 2:
+                raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : out of memory")
+            return self.inner(x)
+
+    rng = np.random.default_rng(2)
+    clips = [(0.2 * rng.standard_normal((1, int(0.05 * sr)))).astype(np.float32) for _ in range(2 * SMOKE_BATCH + 1)]
+    codec.graph = FailingSecondCall
+    try:
+        batcher = Batcher(codec, SMOKE_BATCH)
+        done = [r for i, x in enumerate(clips) for r in batcher.add(i, codec.window_plan(ArraySource(x, sr), None))]
+        done += batcher.flush()
+    finally:
+        del codec.graph
+    assert sorted(k for k, _ in done) == list(range(len(clips)))  # each clip once
+    got = dict(done)
+    for i, x in enumerate(clips):
+        if SMOKE_BATCH <= i < 2 * SMOKE_BATCH:
+            assert isinstance(got[i], RuntimeError) and "out of memory" in str(got[i]), i
+        else:
+            assert np.array_equal(got[i].data, codec.encode(x, sr).data), i
+
+
 def test_folders_with_the_same_file_names_are_told_apart_and_resumed(tmp_path, smoke_exports):
     """`tokenize train/ test/` where both hold the same names: ids are each file's place under
     the folder holding both, so they cannot collide; a rerun does nothing; a folder tokenized
@@ -302,6 +343,53 @@ def test_folders_with_the_same_file_names_are_told_apart_and_resumed(tmp_path, s
         assert np.array_equal(np.array(got[ident]["codes"]), codes), ident
     proc = tokenize("train", "test", "-m", folder, "-o", out, cwd=tmp_path)
     assert "0 files tokenized" in proc.stdout and "6 already done" in proc.stdout
+
+
+def test_a_worker_that_cannot_open_the_model_ends_the_job_with_its_cause(tmp_path, smoke_exports):
+    """Through the API, where nothing checks the provider first (the CLI does): the workers,
+    asked for one this onnxruntime lacks, cannot open the model. The job ends at once with that
+    cause, not as workers that died over and over."""
+    from codecport.errors import ProviderError
+    from codecport.tokenize.driver import tokenize as run
+
+    make_corpus(tmp_path / "corpus", 2)
+    with pytest.raises(ProviderError, match="CUDAExecutionProvider is not available"):
+        run([str(tmp_path / "corpus")], smoke_exports[CODECS[0]], tmp_path / "out", provider="cuda", workers=1)
+
+
+def test_a_run_that_wrote_no_row_claims_no_folder(tmp_path, smoke_exports):
+    """A wrong input path is refused before the output folder is made; a run that wrote no row
+    (its inputs held nothing) does not keep the folder for its model."""
+    from codecport.tokenize.corpus import InputError
+    from codecport.tokenize.driver import tokenize as run
+
+    a, b = (smoke_exports[n] for n in CODECS[:2])
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="no such file or folder"):
+        run([str(tmp_path / "typo")], a, out)
+    assert not out.exists()
+    (tmp_path / "empty").mkdir()
+    assert run([str(tmp_path / "empty")], a, out).files == 0
+    make_corpus(tmp_path / "corpus", 1)
+    assert run([str(tmp_path / "corpus")], b, out).done == 1
+    assert {r["codec"] for r in rows(out).values()} == {CODECS[1]}
+    with pytest.raises(registry.CodecportError, match="holds codes of another model"):
+        run([str(tmp_path / "corpus")], a, out)  # now it holds codes: they are never mixed
+
+
+def test_a_link_keeps_its_own_id(tmp_path):
+    """A Hugging Face snapshot: its files are links into a blobs folder outside it. A link's id is
+    its own place (the target's name is a hash), given as a folder or as a pattern."""
+    from codecport.tokenize.corpus import read_inputs
+
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "9f86d081").write_bytes(b"RIFF")
+    (tmp_path / "snapshot" / "data").mkdir(parents=True)
+    (tmp_path / "snapshot" / "data" / "a.wav").symlink_to(tmp_path / "blobs" / "9f86d081")
+    for given in ("snapshot", "snapshot/**/*.wav"):
+        items = read_inputs([str(tmp_path / given)])
+        assert [i.id for i in items] == ["data/a.wav"], given
+        assert items[0].path == str(tmp_path / "blobs" / "9f86d081")
 
 
 def test_the_folder_is_checked_for_its_model_once_locked(tmp_path, smoke_exports):

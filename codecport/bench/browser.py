@@ -1,6 +1,6 @@
 """The browser `codec-bench web` and the tests drive: Debian's Chromium through Playwright, never
 a browser Playwright downloads. Its flags work as root and make no network noise
-(../shared/reference/web.md)."""
+(the project's notes on Chromium)."""
 
 from __future__ import annotations
 

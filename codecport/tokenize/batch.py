@@ -29,6 +29,7 @@ class _Clip:
     codes: list = field(default_factory=list)
     waiting: int = 0  # windows handed to the batcher whose codes have not come back
     read: bool = False  # every window has been handed over
+    failed: bool = False  # its error was returned: nothing more of it runs
 
 
 class Batcher:
@@ -70,9 +71,10 @@ class Batcher:
                 clip.waiting += 1
                 if len(queue) >= self.batch:
                     done += self._run(plan.graph)
+                if clip.failed:  # its error is in `done` already
+                    return done
         except CodecportError as e:  # the audio failed part way: drop what it queued
-            queue[:] = [q for q in queue if q[0] is not clip]
-            return [*done, (key, e)]
+            return [*done, *self._fail([clip], e)]
         clip.read = True
         return done + self._finished(clip)
 
@@ -87,16 +89,19 @@ class Batcher:
         queue = self._queues[name]
         rows = queue[:self.batch]
         del queue[:self.batch]
-        if 2 * len(rows) < self.batch:
-            # A last batch less than half full: its rows through the batch-1 graph cost less
-            # than a call padded with silence (the codes are the same, checked at export).
-            single = self.codec.graph(name)
-            ys = [single(window[None, None])[0] for _, _, window in rows]
-        else:
-            x = np.zeros((self.batch, 1, rows[0][2].shape[-1]), np.float32)  # silence pads it
-            for i, (_, _, window) in enumerate(rows):
-                x[i, 0] = window
-            ys = self.codec.graph(self.graph_for(name))(x)
+        try:
+            if 2 * len(rows) < self.batch:
+                # A last batch less than half full: its rows through the batch-1 graph cost less
+                # than a call padded with silence (the codes are the same, checked at export).
+                single = self.codec.graph(name)
+                ys = [single(window[None, None])[0] for _, _, window in rows]
+            else:
+                x = np.zeros((self.batch, 1, rows[0][2].shape[-1]), np.float32)  # silence pads it
+                for i, (_, _, window) in enumerate(rows):
+                    x[i, 0] = window
+                ys = self.codec.graph(self.graph_for(name))(x)
+        except Exception as e:  # noqa: BLE001 (the runtime failed, e.g. out of GPU memory: every clip in the call fails)
+            return self._fail(list({id(c): c for c, _, _ in rows}.values()), e)
         done = []
         for (clip, index, _), y in zip(rows, ys):
             clip.codes[index] = self.codec.latent_codes(y, clip.plan.k)
@@ -104,9 +109,17 @@ class Batcher:
             done += self._finished(clip)
         return done
 
+    def _fail(self, clips: list[_Clip], error: Exception) -> list[tuple[object, Exception]]:
+        """Each of `clips` failed with `error`: its windows still queued are dropped."""
+        for clip in clips:
+            clip.failed = True
+        for queue in self._queues.values():
+            queue[:] = [q for q in queue if not q[0].failed]
+        return [(clip.key, error) for clip in clips]
+
     @staticmethod
     def _finished(clip: _Clip) -> list[tuple[object, Codes | Exception]]:
-        if not clip.read or clip.waiting:
+        if not clip.read or clip.waiting or clip.failed:
             return []
         try:
             return [(clip.key, clip.plan.finish(clip.codes))]

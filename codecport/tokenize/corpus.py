@@ -75,12 +75,18 @@ def _root(raw: str) -> Path:
     """The folder input `raw`'s files lie under (see the module doc)."""
     path = Path(raw)
     if path.is_dir():
-        return path.resolve()
+        return _absolute(path)
     if not path.exists() and glob.has_magic(raw):
         parts = Path(raw).parts
         static = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
-        return Path(*parts[:static]).resolve() if static else Path.cwd()
-    return path.resolve().parent
+        return _absolute(Path(*parts[:static])) if static else Path.cwd()
+    return _absolute(path).parent
+
+
+def _absolute(path: Path) -> Path:
+    """`path` made absolute without following links: a link's id is its own place (a Hugging Face
+    snapshot's files are links into a blobs folder outside it)."""
+    return Path(os.path.abspath(path))
 
 
 def read_inputs(inputs: list[str]) -> list[Item]:
@@ -103,7 +109,7 @@ def read_inputs(inputs: list[str]) -> list[Item]:
 
 def _id(path: Path, common: Path) -> str:
     """`path`'s id: its place under `common`."""
-    return path.resolve().relative_to(common).as_posix()
+    return _absolute(path).relative_to(common).as_posix()
 
 
 def _items_of(raw: str, common: Path) -> Iterator[Item]:

@@ -73,8 +73,8 @@ def tokenize(inputs: list[str], model_dir: str | Path, out_dir: str | Path, *, e
     settings = replace(base, batch=batch, codebooks=codec.codebooks(codebooks))
     Batcher(codec, batch).check()
     out = OutputDir(Path(out_dir), codec, settings.codebooks)
+    items = read_inputs(inputs)  # a wrong input path is refused before the folder is made
     with out.lock():
-        items = read_inputs(inputs)
         todo = out.todo(items)
         summary = Summary(files=len(items), skipped=len(items) - len(todo))
         # Tasks of a few batches' worth of files, but at least two a worker, so that a small
@@ -107,9 +107,9 @@ def tokenize(inputs: list[str], model_dir: str | Path, out_dir: str | Path, *, e
                     from .raydata import run_ray
 
                     run_ray(todo, settings, address, workers, per_task, emit)
-            finally:  # interrupted or failed, the rows that came back are kept
-                out.flush()
-        out.finish()
+            finally:  # interrupted or failed, the rows that came back are kept, and the errors
+                out.flush()  # table is this run's (the last one's inputs are all done again)
+                out.finish()
     summary.wall_s = time.perf_counter() - t0
     log.info("%s", summary.line())
     return summary

@@ -22,12 +22,20 @@ from .worker import Settings, Worker
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3  # a task whose worker died this often marks its files failed instead
-_worker: Worker | None = None
+_worker: Worker | CodecportError | None = None
 
 
 def _init_worker(settings: Settings, parent: int) -> None:
     global _worker
-    _worker = Worker(settings)
+    # A worker that cannot open the model (a provider not installed, a damaged graph) hands the
+    # cause to its first task: raised from an initializer, it would break the pool and read as a
+    # worker killed, over and over, and the job would end blaming memory.
+    try:
+        _worker = Worker(settings)
+    except CodecportError as e:
+        _worker = e
+    except Exception as e:  # noqa: BLE001 (ONNX Runtime's own errors: the job ends on them too)
+        _worker = CodecportError(f"a tokenize worker could not open the model: {type(e).__name__}: {e}")
     # A worker whose driver was killed has nobody to answer: it goes too, instead of idling on.
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
 
@@ -39,6 +47,8 @@ def _watch_parent(parent: int) -> None:
 
 
 def _work(items: list[Item]):
+    if isinstance(_worker, CodecportError):
+        raise _worker
     return _worker(items)
 
 
@@ -65,7 +75,7 @@ def run_local(todo: list[Item], settings: Settings, workers: int | None, per_tas
                     tasks.popleft()
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in finished:
-                    result = f.result()  # a worker's CodecportError (its model) ends the job
+                    result = f.result()  # a worker's CodecportError (its model, its provider) ends the job
                     running.pop(f)
                     emit(result)
         except BrokenProcessPool:

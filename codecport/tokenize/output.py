@@ -133,7 +133,7 @@ class OutputDir:
 
     def _check_model(self) -> None:
         meta = self.path / META
-        if meta.is_file():
+        if meta.is_file() and self._holds_codes():
             try:
                 have = json.loads(meta.read_text())
                 if OLD_PRESET in have and "preset" not in have:
@@ -147,9 +147,16 @@ class OutputDir:
                 raise CodecportError(
                     f"{self.path} holds codes of another model ({diff} {have[diff]}, this model's is "
                     f"{self.model[diff]}); codes are never mixed: pass another -o, or delete it")
-        elif self.path.is_dir() and any(p.name != LOCK for p in self.path.iterdir()):
+        elif not meta.is_file() and self._holds_codes():
             raise CodecportError(f"{self.path} holds files that are not a codecport tokenize output; "
                                  "pass another -o, or empty it first")
+
+    def _holds_codes(self) -> bool:
+        """Whether the folder holds anything but our lock and model note (and a killed run's
+        shard in the writing): a run that wrote no row yet claims it for no model."""
+        return self.path.is_dir() and any(
+            p.name not in (META, LOCK) and not (p.name.startswith(".") and p.name.endswith(".part"))
+            for p in self.path.iterdir())
 
     @contextmanager
     def lock(self):
@@ -168,7 +175,7 @@ class OutputDir:
                     raise CodecportError(f"another codec-run tokenize is writing {self.path}; wait "
                                          "for it, or pass another -o") from None
             self._check_model()
-            if not (self.path / META).is_file():
+            if not (self.path / META).is_file() or not self._holds_codes():
                 with atomic_path(self.path / META) as tmp:
                     tmp.write_text(json.dumps(self.model, indent=2))
             for tmp in self.path.glob(".*.part"):  # a killed run's shard that was being written
