@@ -58,11 +58,12 @@ def load(path: str | Path, provider: str = "cpu", fallback: str | None = None,
     return codec_of_folder(path).runtime(path, provider, fallback, options)
 
 
-def load_codes(path: str | Path):
-    """`Codes` from a file written by `Codes.save` or `codec-run encode`, picked by suffix."""
+def load_codes(path: str | Path, layout: str | None = None):
+    """`Codes` from a file written by `Codes.save` or `codec-run encode`, picked by suffix, or
+    arranged in `layout` (e.g. "orpheus")."""
     from .runtime.codes import load_codes as _load
 
-    return _load(path)
+    return _load(path, layout)
 
 
 def available_codecs() -> list[str]:

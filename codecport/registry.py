@@ -92,12 +92,6 @@ class CodecSpec:
 
         return codefile.suffixes(self.name)
 
-    @property
-    def layouts(self) -> list:
-        """The layouts of its codes (`--layout`), from runtime/codefile.py."""
-        from .runtime import codefile
-
-        return [lay for lay in codefile.LAYOUTS.values() if lay.codec == self.name]
 
 
 BUILTIN = (
@@ -125,8 +119,10 @@ BUILTIN = (
     CodecSpec(
         "snac", "SnacCodec", default_preset="24khz",
         export_options=(
-            Option("--step-frames", int, 1, "Coarse frames the step decoder gives audio for per call "
-                                            "(decoder_step.onnx).", minimum=1, aliases=("--stream-frames",)),
+            Option("--step-frames", int, 1, "Window units the step decoder (decoder_step.onnx) gives audio "
+                                            "for per call: a unit is a coarse frame at 24 kHz, four (one "
+                                            "attention window) at 32 and 44 kHz.", minimum=1,
+                   aliases=("--stream-frames",)),
         ),
         smoke=("--preset", "tiny", "--len", "4800")),
 )

@@ -54,10 +54,10 @@ def main() -> int:
     ap.add_argument("--preset", default="tiny")
     args = ap.parse_args()
 
+    import codecport
     from codecport.export.dac import export_dac
     from codecport.models.dac import DAC, PRESETS, init_random
     from codecport.models.dac_weights import load_dac
-    import codecport
 
     official_mod = load_official(args.src)
     kwargs = PRESETS[args.preset].to_kwargs()

@@ -37,10 +37,10 @@ def main() -> int:
 
     from safetensors.torch import save_file
 
+    import codecport
     from codecport.export.mimi import export_mimi
     from codecport.models.mimi import PRESETS, MimiModel, init_random
     from codecport.models.mimi_weights import moshi_config
-    import codecport
 
     sentencepiece = types.ModuleType("sentencepiece")
     sentencepiece.SentencePieceProcessor = object

@@ -4,6 +4,7 @@ writing what the API writes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -13,9 +14,9 @@ import pytest
 import soundfile as sf
 from cli_support import invoke
 from conftest import noise
-from shared_exports import copy_folder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_exports import copy_folder
 
 import codecport
 from codecport import registry
@@ -161,7 +162,7 @@ def test_any_split_into_pushes_gives_the_same_codes(codecs, name, cuts):
     got.append(stream.flush_encoder())
     np.testing.assert_array_equal(np.concatenate(got, axis=1), want)
     bounds = [0, *sorted(c % (want.shape[1] + 1) for c in cuts), want.shape[1]]
-    out = [stream.decode_step(want[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    out = [stream.decode_step(want[:, a:b]) for a, b in itertools.pairwise(bounds) if b > a]
     audio = np.concatenate([*out, stream.flush_decoder()])
     np.testing.assert_array_equal(audio, codec.decode(want, mode="step")[0][0])
 

@@ -187,14 +187,14 @@ def test_nothing_is_written_when_a_variant_fails(dac_stage, tmp_path, monkeypatc
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-@pytest.mark.parametrize("shaping,msg", [
+@pytest.mark.parametrize("build,msg", [
     (Build("dml", "int8"), "dml takes"), (Build("coreml", "int8"), "coreml takes"),
     (Build("phone", "fp32"), "--target must be"), (Build("cpu", "fp8"), "--precision must be"),
     (Build("cpu", "fp16", calibration=["x.wav"]), "--calibration only applies"),
 ])
-def test_refused_combinations(shaping, msg):
+def test_refused_combinations(build, msg):
     with pytest.raises(ExportError, match=msg):
-        shaping.check()
+        build.check()
 
 
 def test_int8_calibrates_on_the_users_audio(dac_stage, tmp_path):

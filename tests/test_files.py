@@ -67,7 +67,7 @@ def test_multi_scale_codes_fit_the_same_type(tmp_path):
     got = load_codes(tmp_path / "c.npz")
     assert [a.tolist() for a in got.arrays] == [a.tolist() for a in arrays]
     with pytest.raises(CodesError, match="3 time scales"):
-        got.data
+        _ = got.data
     with pytest.raises(CodesError, match="3 time scales"):
         got.save(tmp_path / "c.npy")  # bare .npy holds one array
 
@@ -245,6 +245,21 @@ def test_damaged_valid_files_are_codes_or_one_codes_error(tmp_path_factory, save
     except CodesError:
         return
     assert all(a.ndim == 3 and a.dtype == np.int64 for a in codes.arrays)
+
+
+@pytest.mark.parametrize("arrays, kw, match", [
+    ((-np.ones((1, 4, 100), np.int64),), {}, "do not fit the .dac format"),
+    ((np.full((1, 4, 100), 70000),), {}, "do not fit the .dac format"),
+    (None, {"mode": "chunked"}, "need the chunk length"),  # chunked, but which chunks?
+    (None, {"mode": "chunked", "chunk_frames": 30}, "need the chunk length"),  # 30 does not divide 100
+])
+def test_codes_that_do_not_fit_a_dac_file_are_refused(tmp_path, arrays, kw, match):
+    """Codes made by hand, saved as `.dac`: refused in one error, nothing written (uint16 would
+    wrap a negative code into another code)."""
+    codes = valid_codes(**kw)
+    with pytest.raises(CodesError, match=match):
+        (codes.replace(arrays=arrays) if arrays else codes).save(tmp_path / "c.dac")
+    assert not list(tmp_path.iterdir())
 
 
 @FAST

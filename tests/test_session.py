@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,8 @@ print(before, after_load, set(map(frozenset, seen)), blas(), len(calls))
     proc = subprocess.run([sys.executable, "-c", code, str(tiny_mimi_export)], capture_output=True,
                           text=True, check=True, timeout=120)
     assert proc.stdout.split("} ", 1)[1].strip() == "{1} {frozenset({1})} {1} 1", proc.stdout
+    # A host that keeps its BLAS threads: never limited.
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny_mimi_export)], capture_output=True, text=True,
+                          check=True, timeout=120, env={**os.environ, "CODECPORT_BLAS_THREADS": "keep"})
+    before, rest = proc.stdout.split("} ", 1)
+    assert rest.strip().endswith(" 0") and before + "}" == rest.split(" ")[0], proc.stdout

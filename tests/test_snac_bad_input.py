@@ -98,7 +98,7 @@ def test_noise_settings_where_no_noise_is_drawn_are_refused(smoke_exports, tmp_p
 
 def test_bad_calls_of_the_api(codec):
     x = noise(3000)
-    with pytest.raises(CodesError, match="needs all 3; leave out --codebooks"):
+    with pytest.raises(CodesError, match="needs all 3; pass no codebook count"):
         codec.encode(x, 16000, n_codebooks=2)
     with pytest.raises(CodecportError, match="has no fixed mode"):
         codec.encode(x, 16000, mode="fixed")

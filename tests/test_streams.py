@@ -122,3 +122,19 @@ def test_state_moves_between_streams_and_reset_starts_over(codecs, name, side):
     for other_name, other_side in others[:1]:
         with pytest.raises(CodecportError, match="belongs to another stream"):
             _open(codecs[other_name], other_side).state = state
+
+
+@pytest.mark.parametrize("name", [n for n, side in SIDES if side == "encoder"])
+@pytest.mark.parametrize("pcm, match", [
+    (np.zeros((2, 480), np.float32), "takes one channel"),  # stereo would be interleaved
+    (np.zeros(480, np.int16), "not floats"),  # PCM not scaled to [-1, 1]
+    (np.full(480, np.nan, np.float32), "NaN"),
+    ("abc", "not floats"),
+])
+def test_an_encoder_stream_refuses_what_it_cannot_take(codecs, name, pcm, match):
+    from codecport.errors import AudioError
+
+    stream = codecs[name].encoder_stream()
+    with pytest.raises(AudioError, match=match):
+        stream.push(pcm)
+    assert stream.push(np.zeros((1, 0), np.float32)).shape[1] == 0  # and goes on

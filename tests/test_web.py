@@ -80,20 +80,20 @@ def test_web_folder_is_what_the_module_reads(folders, codec):
 
 def test_web_target_refusals(tmp_path, tiny_export):
     r = subprocess.run([*CODEC_EXPORT, "snac", "--preset", "tiny", "--random-init", "--target", "web", "-o",
-                        str(tmp_path / "s")], capture_output=True, text=True)
+                        str(tmp_path / "s")], capture_output=True, text=True, check=False)
     assert r.returncode == 2 and "no browser runtime yet" in r.stderr and "Traceback" not in r.stderr
     # A numpy-quantizer folder cannot be served: the browser reads no rvq.npz.
     r = subprocess.run([*CODEC_RUN, "web", "-m", str(tiny_export), "--port", "0", "--ort-web", str(ORT_WEB)],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, check=False, timeout=60)
     assert r.returncode == 1 and "--target web" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([*CODEC_RUN, "web", "-m", str(tmp_path / "none"), "--port", "0"], capture_output=True,
-                       text=True, timeout=60)
+                       text=True, check=False, timeout=60)
     assert r.returncode == 1 and "no such model folder" in r.stderr
 
 
 def test_web_target_refuses_missing_ort_web(tmp_path, dac_web):
     r = subprocess.run([*CODEC_RUN, "web", "-m", str(dac_web), "--port", "0", "--ort-web", str(tmp_path)],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, check=False, timeout=60)
     assert r.returncode == 1 and "npm install onnxruntime-web" in r.stderr
 
 
@@ -438,7 +438,7 @@ def test_codec_bench_web_reports_both_runtimes(tmp_path):
     r = subprocess.run([sys.executable, "-c", "from codecport.bench.cli import main; main()", "web", "--codec",
                         "mimi", "--preset", "tiny", "--seconds", "0.1", "--precision", "fp32", "--threads", "1",
                         "--runs", "2", "--rounds", "2", "--steps", "5", "--ort-web", str(ORT_WEB),
-                        "--dir", str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True,
+                        "--dir", str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True, check=False,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())

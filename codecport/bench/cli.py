@@ -63,8 +63,8 @@ def codec_cmd(codec, preset, variant, seconds, runs, rounds, providers, precisio
 
 
 _OPTIONS = [
-    click.Option(["--preset"], default=None, help="Preset [default: the codec's default, e.g. 44khz for "
-                                                  "dac, mimi for mimi]."),
+    click.Option(["--preset"], default=None, help="Preset [default: the codec's default: " + ", ".join(
+        f"{s.default_preset} for {s.name}" for s in registry.codecs()) + "]."),
     click.Option(["--variant"], default=None, hidden=True),
     click.Option(["--seconds"], type=float, default=5.0, help="Audio per encode/decode call."),
     click.Option(["--runs"], type=click.IntRange(min=1), default=3, help="Timed runs after one warm-up."),
@@ -87,13 +87,18 @@ _OPTIONS = [
                       "runs windows at once, see the `parallel` option), against the same windows "
                       "through torch; 0 for none."),
     click.Option(["--contender", "contenders"], multiple=True,
-                 default=["torch", "transformers", "official", "rustymimi"],
-                 help="Others to compare with (repeatable): torch, transformers, official (moshi for "
-                      "mimi), rustymimi."),
+                 default=["torch", "transformers", "official",
+                          *sorted({c for s in registry.codecs() for c in s.bench.contenders} - {"official"})],
+                 help="Others to compare with (repeatable): torch, transformers, official (each codec's "
+                      "official package), and a codec's own (" + ", ".join(
+                          f"{c} for {s.name}" for s in registry.codecs() for c in s.bench.contenders
+                          if c != "official") + ")."),
     click.Option(["--official-python"], type=click.Path(exists=True, dir_okay=False, path_type=Path),
                  default=None,
-                 help="DAC: the Python of an environment where descript-audio-codec is installed, for "
-                      "`--contender official` (it cannot share one with codecport)."),
+                 help="For a codec whose official package cannot share codecport's environment (" + ", ".join(
+                     f"{s.name}: {s.bench.official.label}" for s in registry.codecs()
+                     if s.bench.official and s.bench.official.script) + "): the Python of an environment "
+                      "where it is installed, for `--contender official`."),
     click.Option(["--memory", "minutes"], multiple=True, type=click.FloatRange(min=0.01),
                  help="Also run `codec-run encode` on a 44.1 kHz stereo WAV and `codec-run decode` on "
                       "codes this many minutes long, and report their peak RSS (repeatable, e.g. "

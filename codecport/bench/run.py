@@ -22,11 +22,9 @@ from .measure import gemm_peak, graph_flops, pool
 from .prepare import build_folder, export_source_hash, prepare
 from .report import code_agreement, directions, speedups
 
-# Contenders that are not installed here are listed, skipped, with the reason.
-OPTIONAL = {
-    "transformers": ("transformers", "pip install 'codecport[dev]' (transformers)"),
-    "rustymimi": ("rustymimi", "pip install rustymimi"),
-}
+# Contenders that are not installed here are listed, skipped, with the reason. A codec's own
+# contender (its bench facts' `contenders`) is the package of its name.
+OPTIONAL = {"transformers": ("transformers", "pip install 'codecport[dev]' (transformers)")}
 
 
 def run_worker(job: dict) -> dict:
@@ -100,7 +98,7 @@ def _jobs(spec, o: Options, work: Path, base: dict) -> tuple[dict, dict, dict]:
                 if official else ("official", None, f"{spec.label} has no official package to run")
         else:
             label = "torch-eager" if name == "torch" else name
-            module, reason = OPTIONAL.get(name, ("torch", ""))
+            module, reason = ("torch", "") if name == "torch" else OPTIONAL.get(name, (name, f"pip install {name}"))
         if official and facts.official.script is not None:
             if o.official_python is None:
                 skipped[label] = {"skipped": reason}

@@ -121,6 +121,9 @@ def tokenize_cmd(codec, preset, variant, length, batch, frames, clips, min_secon
 
     spec = registry.get(codec)
     preset = preset or variant or spec.default_preset
+    if preset not in spec.presets:
+        click.echo(f"error: {codec} has no preset {preset!r}; choose one of {', '.join(spec.presets)}", err=True)
+        sys.exit(2)
     if not spec.runtime.batchable:
         click.echo(f"{spec.label} has no batched encoders: its engines run at batch 1", err=True)
         batch = None

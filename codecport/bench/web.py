@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import registry
 from ..errors import CodecportError
+from ..export.targets import TARGETS
 from .measure import clip, percentiles, run_report, summary
 
 WARMUP_STEPS = 5
@@ -263,17 +264,18 @@ def table(report: dict) -> list[str]:
               help="Codecs to run (repeatable) [default: every codec codecport.mjs runs].")
 @click.option("--variant", default=None, hidden=True)
 @click.option("--preset", default=None,
-              help="Preset of every codec run [default: each codec's bench preset: 24khz for DAC, mimi for Mimi].")
+              help="Preset of every codec run [default: each codec's bench preset: " + ", ".join(
+                  f"{s.bench.web_preset} for {s.name}" for s in registry.codecs() if s.web) + "].")
 @click.option("--seconds", type=float, default=5.0, help="Audio per encode/decode call.")
 @click.option("--precision", "precisions", multiple=True, default=["fp32", "int8"],
-              type=click.Choice(["fp32", "fp16", "int8"]), help="Web folders in these precisions (repeatable).")
+              type=click.Choice(list(TARGETS["web"].precisions)), help="Web folders in these precisions (repeatable).")
 @click.option("--threads", multiple=True, type=click.IntRange(1, 64), default=[1, 2],
               help="WASM threads, and the native CPU EP's intra-op threads (repeatable).")
 @click.option("--runs", type=click.IntRange(min=1), default=3, help="Timed calls per round after a warm-up.")
 @click.option("--rounds", type=click.IntRange(min=1), default=2, help="Rounds, the contenders taking turns.")
 @click.option("--steps", type=click.IntRange(min=1), default=60, help="Live-loop frames timed per round.")
 @click.option("--frames", type=click.IntRange(min=1), default=1,
-              help="Code frames per streaming step (Mimi): the cost per frame falls, the latency grows.")
+              help="Code frames per streaming step (codecs whose steps the browser runs): the cost per frame falls, the latency grows.")
 @click.option("--ort-web", type=click.Path(path_type=Path), default=None,
               help="onnxruntime-web's dist folder [default: as codec-run web finds it].")
 @click.option("--dir", "work", type=click.Path(path_type=Path), default=None,

@@ -18,6 +18,14 @@ from ..runtime.codes import MODES
 from ..runtime.providers import PROVIDERS
 
 MODE_CHOICES = ("auto", *MODES)
+
+
+def codebooks_help(what: str) -> str:
+    """`--codebooks`'s help, its defaults read from the registered codecs."""
+    from .. import registry
+
+    defaults = ", ".join(f"{s.label} {s.runtime.default_codebooks or 'all'}" for s in registry.codecs())
+    return f"{what} [default: {defaults}]."
 PROVIDER_CHOICES = (*PROVIDERS, "auto")
 _state = {"verbose": False}
 
@@ -98,7 +106,7 @@ def run_options(fn):
     fn = provider_options(fn)
     fn = click.option("--mode", type=click.Choice(MODE_CHOICES), default="auto",
                       help="Way through the graphs: fixed (one call of the fixed-length pair), "
-                           "chunked (DAC's windows, as the official compress), step (the step graphs), "
+                           "chunked (fixed windows decoded alone, as an official chunked compress), step (the step graphs), "
                            "whole (windows overlapping by the receptive field: the official codes of "
                            "the whole clip), or auto (the codec's choice by length).")(fn)
     return click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,

@@ -128,6 +128,9 @@ def _export(spec, *, preset, preset_alias, length, weights, revision, random_ini
     check_batch(batch, build)
     if out_dir is not None:  # refused now, not after a long trace (the default name is checked later)
         check_out_dir(out_dir)
+    exporter = spec.module("export")
+    if length is None and getattr(exporter, "LEN_NEEDED", None):  # before any weights are fetched
+        raise CodecportError(f"pass --len N: {exporter.LEN_NEEDED}")
     models, presets = spec.module("model"), spec.presets
     t0 = time.perf_counter()
     if random_init:
@@ -145,7 +148,6 @@ def _export(spec, *, preset, preset_alias, length, weights, revision, random_ini
         preset = next((name for name, cfg in presets.items() if cfg == model.cfg), "custom")
     out_dir = out_dir or Path(f"{spec.name}-{preset}-{length or 'any'}")
     in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
-    exporter = spec.module("export")
     report = exporter.export(model, out_dir, length, options=_own_options(spec, given), preset=preset,
                              weights=source, weights_sha256=sha, in_graph_codebooks=in_graph, build=build,
                              batch=batch)

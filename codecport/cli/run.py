@@ -11,9 +11,9 @@ import click
 
 from .. import registry
 from ..errors import CodesError
-from ..runtime.codefile import LAYOUTS
+from ..runtime.codefile import FORMATS, LAYOUTS
 from ..version import __version__
-from .common import guard, note, run_options, setup_logging, verbose_option
+from .common import codebooks_help, guard, note, run_options, setup_logging, verbose_option
 from .tokenize import tokenize_cmd
 from .web import web_cmd
 
@@ -36,10 +36,10 @@ layout_option = click.option(
 @click.argument("audio_in", type=click.Path(path_type=Path))
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True,
               help="codes.npy (bare codes [channels, codebooks, frames]), codes.npz (codes plus "
-                   "the original length and rate), or the codec's own format (DAC: .dac).")
+                   "the original length and rate), or a codec's own format ("
+                   + ", ".join(f"{f.codec}: {f.suffix}" for f in FORMATS.values() if f.codec) + ").")
 @click.option("--codebooks", type=click.IntRange(min=1), default=None,
-              help="Use the first K codebooks (lower bitrate) [default: all for DAC, 8 for Mimi "
-                   "as Moshi uses].")
+              help=codebooks_help("Use the first K codebooks (lower bitrate)"))
 @layout_option
 @run_options
 @guard
@@ -79,7 +79,7 @@ def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fall
               help="Output audio (.wav, written as RF64 past 4 GiB, or .flac).")
 @layout_option
 @click.option("--noise-seed", type=click.IntRange(min=0), default=None,
-              help="Decoders that add noise (SNAC): draw it from this seed, the same audio every "
+              help="Decoders that add noise: draw it from this seed, the same audio every "
                    "time [default: fresh noise each decode, as the official decode].")
 @click.option("--no-noise", is_flag=True, help="Decoders that add noise: add none (zero noise).")
 @run_options

@@ -8,7 +8,7 @@ import click
 
 from .. import registry
 from ..tokenize.driver import ENGINES
-from .common import guard, note, provider_options, setup_logging, verbose_option
+from .common import codebooks_help, guard, note, provider_options, setup_logging, verbose_option
 
 
 @click.command("tokenize")
@@ -28,7 +28,7 @@ from .common import guard, note, provider_options, setup_logging, verbose_option
 @click.option("--batch", type=click.IntRange(min=1), default=None,
               help="Rows per call of the batched encoders [default: the folder's, else 1].")
 @click.option("--codebooks", type=click.IntRange(min=1), default=None,
-              help="Use the first K codebooks [default: all for DAC, 8 for Mimi].")
+              help=codebooks_help("Use the first K codebooks"))
 @click.option("--shard-rows", type=click.IntRange(min=1), default=1000,
               help="Rows per Parquet shard (a shard is also written every minute when rows come slower).")
 @provider_options

@@ -240,11 +240,15 @@ def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
                       specs={s.name: s for s in specs})
 
 
+# Why `codec-export dac` needs --len (the CLI asks before loading any weights).
+LEN_NEEDED = ("the samples per call of the fixed-length graphs (the chunked graphs for longer audio "
+              "take --chunk-len, default --len)")
+
+
 def export(model: DAC, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
     """`codec-export dac`: the four graphs for `--len` and `--chunk-len` (`options`)."""
     if length is None:
-        raise ExportError("pass --len N: the samples per call of the fixed-length graphs (the "
-                          "chunked graphs for longer audio take --chunk-len, default --len)")
+        raise ExportError(f"pass --len N: {LEN_NEEDED}")
     return export_dac(model, out_dir, length, options.get("chunk_len"), **common)
 
 

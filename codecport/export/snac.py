@@ -195,11 +195,14 @@ def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
                       clip_samples=2 * geo["samples"], specs={s.name: s for s in specs})
 
 
+# Why `codec-export snac` needs --len (the CLI asks before loading any weights).
+LEN_NEEDED = "the samples of the window graphs (longer audio goes through overlapping windows of it)"
+
+
 def export(model: SNAC, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
     """`codec-export snac`: the window graphs for `--len`, the step decoder for `--step-frames`."""
     if length is None:
-        raise ExportError("pass --len N: the samples of the window graphs (longer audio goes through "
-                          "overlapping windows of it)")
+        raise ExportError(f"pass --len N: {LEN_NEEDED}")
     return export_snac(model, out_dir, length, options.get("step_frames") or 1, **common)
 
 

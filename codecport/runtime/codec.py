@@ -121,7 +121,7 @@ class Codec(GraphFolder):
 
     def window_plan(self, source, n_codebooks: int | None, mode: str | None = None):
         """The clip's encode as independent windows through one encoder graph (a
-        `batch.WindowPlan`), or None where it needs graphs with state (a long clip in Mimi's
+        `plan.WindowPlan`), or None where it needs graphs with state (a long clip in Mimi's
         step mode): batched tokenizing runs those one by one through `encode_source`."""
         return
 
@@ -171,14 +171,18 @@ class Codec(GraphFolder):
         channels, samples = write_audio_pieces(path, pieces, sr, total)
         return channels, samples, sr
 
+    def check_noise(self, noise) -> None:
+        """A noise setting is refused where the decoder draws none: it would change nothing."""
+        if noise is not None and not self.draws_noise:
+            raise CodesError(f"{self.label}'s decoder draws no noise; leave out the noise setting")
+
     def decode_pieces(self, codes: Codes | np.ndarray, *, mode: str | None = None, progress: bool = False,
                       spill: Path | None = None, noise=None) -> tuple[Iterator[np.ndarray], int, int | None]:
         """(pieces `[channels, n]`, sample rate, total samples when known) of `decode`. Where the
         loudness is restored the whole decode is measured first: `spill` is a folder to hold it
         meanwhile on disk (else memory)."""
         codes = self.check_codes(codes)
-        if noise is not None and not self.draws_noise:
-            raise CodesError(f"{self.label}'s decoder draws no noise; leave out the noise setting")
+        self.check_noise(noise)
         extra = {"noise": noise} if self.draws_noise else {}
         pieces = self.raw_pieces(codes, self.check_mode(mode), progress, **extra)
         if codes.loudness_db is not None:

@@ -1,6 +1,6 @@
 """DAC on ONNX Runtime: fixed-length graphs plus the numpy RVQ, for audio of any length.
 
-Two ways through the graphs (`mode`), both from the official package:
+Three ways through the graphs (`mode`), all from the official package:
 - fixed: audio whose length rounds up to the fixed graph's frames goes through `encoder.onnx`
   in one call, giving the codes of the official `DAC.encode`;
 - chunked: anything else follows the official `compress`: padding off, the signal zero-padded by

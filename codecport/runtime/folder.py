@@ -189,7 +189,7 @@ class GraphFolder:
         if name in self.sliding or self.parallel == 1 or self.threads is not None or \
                 self.provider != "CPUExecutionProvider":
             return base
-        key = f"{name}@windows"
+        key = f"{name}@parallel"
         with self._lock:
             if key not in self._graphs:
                 self._graphs[key] = open_graph(self.files[name], self.provider, self.options,

@@ -22,14 +22,14 @@ from typing import ClassVar
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import AudioError, CodesError, ModelFileError
+from ..errors import CodesError, ModelFileError
 from .audio import Counted
 from .codec import Codec
 from .codes import Codes
 from .graph import Graph
 from .plan import WindowPlan
 from .rvq import MimiRvq
-from .stream import DecoderStream, Duplex, EncoderStream, Latency, StepRunner, as_levels
+from .stream import DecoderStream, Duplex, EncoderStream, Latency, StepRunner, as_levels, as_pcm
 
 MOSHI_CODEBOOKS = 8  # what Moshi uses; the default unless asked for more (up to all 32)
 
@@ -72,10 +72,6 @@ class MimiCodec(Codec):
                                  f"{want}; the file is damaged, re-export the folder")
         if mode == "step":
             g.int("positions_per_step")
-
-    def fits_fixed(self, n: int) -> bool:
-        """Whether `n` samples at 24 kHz go through the fixed-length encoder in one call."""
-        return "encoder" in self.present and n <= self.graph("encoder").int("samples")
 
     # ---- codes <-> what the graphs take --------------------------------------------------
     def decoder_input(self, codes: np.ndarray) -> np.ndarray:
@@ -219,9 +215,7 @@ class MimiEncoderStream(_Steps, EncoderStream):
         return f"codebooks={self.k}"
 
     def push(self, pcm) -> np.ndarray:
-        pcm = np.asarray(pcm, np.float32).reshape(-1)
-        if not np.isfinite(pcm).all():
-            raise AudioError("audio contains NaN or infinite samples; fix the input before encoding")
+        pcm = as_pcm(pcm)
         self._pcm = np.concatenate([self._pcm, pcm])
         n = len(self._pcm) // self.step_samples * self.step_samples
         out = [self.codec.latent_codes(self.runner(self._pcm[i:i + self.step_samples][None, None])[0], self.k)

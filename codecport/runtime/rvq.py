@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from pathlib import Path
 
@@ -28,12 +29,18 @@ def blas_on_one_thread() -> None:
     76 ms with them and 26 ms without. The limit is process-wide, and threadpoolctl lets only one
     thread change it (the first to try; the others' calls do nothing), so it is set once and
     kept, never taken and given back per call from whichever thread runs a codec.
+    `CODECPORT_BLAS_THREADS=keep` leaves BLAS as it is, for a host whose own numpy work needs
+    its threads more than the RVQ needs them gone.
     """
+    if os.environ.get("CODECPORT_BLAS_THREADS") == "keep":
+        return
     with _blas_lock:
         if not _blas_limited:
             from threadpoolctl import ThreadpoolController
 
             # numpy's own BLAS where it bundles one: torch's, in the same process, keeps its threads.
+            # Where numpy links a shared BLAS (conda's MKL, the system's OpenBLAS), that one is
+            # limited, for everything in the process that uses it.
             blas = ThreadpoolController().select(user_api="blas")
             home = Path(np.__file__).resolve().parent
             ours = [i["filepath"] for i in blas.info()

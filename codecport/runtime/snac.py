@@ -88,7 +88,7 @@ class SnacCodec(Codec):
     def codebooks(self, n_codebooks: int | None) -> int:
         if n_codebooks not in (None, self.n_codebooks):
             raise CodesError(f"{self.label} codes have one codebook per time scale and its decoder "
-                             f"needs all {self.n_codebooks}; leave out --codebooks")
+                             f"needs all {self.n_codebooks}; pass no codebook count (--codebooks)")
         return self.n_codebooks
 
     def padded_frames(self, n: int) -> int:
@@ -221,6 +221,7 @@ class SnacCodec(Codec):
     def decoder_stream(self, noise=None) -> SnacDecoderStream:
         """Codes that arrive a coarse frame at a time (mono), e.g. from a TTS model: see
         `SnacDecoderStream`."""
+        self.check_noise(noise)
         return SnacDecoderStream(self, noise)
 
     def decode_stream(self, noise=None) -> SnacDecoderStream:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import CodecportError, CodesError, ModelFileError
+from ..errors import AudioError, CodecportError, CodesError, ModelFileError
 from .codes import Codes
 from .graph import Graph, dtype_of
 from .providers import onnxruntime
@@ -64,6 +64,26 @@ class StreamState:
             frozen[k] = a
         object.__setattr__(self, "arrays", MappingProxyType(frozen))
         object.__setattr__(self, "values", MappingProxyType(dict(self.values)))
+
+
+def as_pcm(pcm) -> np.ndarray:
+    """Samples pushed to an encoder stream as one float32 row: `[samples]` or `[1, samples]` of
+    floats, none NaN; any number, none included."""
+    try:
+        pcm = np.asarray(pcm)
+    except (TypeError, ValueError) as e:
+        raise AudioError(f"push samples as a float array, got {type(pcm).__name__} ({e})") from None
+    if pcm.dtype.kind != "f":
+        raise AudioError(f"samples are {pcm.dtype}, not floats; push float audio in [-1, 1] (int16 PCM "
+                         "divided by 32768)")
+    if pcm.ndim == 2 and pcm.shape[0] == 1:
+        pcm = pcm[0]
+    if pcm.ndim != 1:
+        raise AudioError(f"an encoder stream takes one channel, [samples] or [1, samples], got shape "
+                         f"{list(pcm.shape)}; use one stream per channel")
+    if not np.isfinite(pcm).all():
+        raise AudioError("audio contains NaN or infinite samples; fix the input before encoding")
+    return pcm.astype(np.float32, copy=False)
 
 
 def as_levels(codes, levels: int) -> list[np.ndarray]:
@@ -278,5 +298,9 @@ class Duplex:
         return self.encoder.latency.frames
 
     def __getattr__(self, name: str):
-        # The step geometry (step_frames, step_samples, io_binding...) is the encoder's.
-        return getattr(self.__dict__["encoder"], name)
+        # The step geometry (step_frames, step_samples, io_binding...) is the encoder's. Before
+        # __init__ (copy and pickle probe a bare object) there is none: a plain AttributeError.
+        encoder = self.__dict__.get("encoder")
+        if encoder is None:
+            raise AttributeError(name)
+        return getattr(encoder, name)

@@ -5,7 +5,7 @@
 // length and, where the codec keeps it (DAC), the loudness, as the Python runtime does.
 //
 //   import * as ort from "onnxruntime-web";
-//   import { load, readCodes } from "codecport/codecport.mjs";
+//   import { load, readCodes } from "codecport";   // the npm package (or "./codecport.mjs", copied)
 //   const codec = await load("/model/", { ort, executionProviders: ["wasm"] });
 //   const codes = await codec.encode(pcm);        // Float32Array at codec.sampleRate, mono
 //   const audio = await codec.decode(codes);      // {data, shape: [K, T], numSamples...} -> Float32Array
@@ -328,6 +328,8 @@ class StepStream {
       throw new CodecportError(`${codec.codec} has no ${side} stream: ${have}`);
     }
     Object.assign(this, { codec, side, plan, stepFrames: plan.frames, stepSamples: plan.frames * codec.frameSize });
+    // A step plan is a stateful graph fed whole steps: a frame waits for the rest of its step, so
+    // its result is at most frames - 1 frames late, whatever the codec (Python's step streams).
     this.latency = { frames: plan.frames - 1, samples: (plan.frames - 1) * codec.frameSize };
     this._ready = codec.graph(plan.graph);
     this.reset();
