@@ -179,20 +179,20 @@ def test_windows_side_by_side_give_the_same_bits(tiny_snac_export):
     """Long audio runs two windows at once on the CPU (each on its share of the cores, a session
     of its own beside the one single calls use); one at a time gives the same codes and audio."""
     x = noise(int(0.3 * SR), channels=2, seed=14)
-    one, two = SnacCodec(tiny_snac_export, options={"windows": "1"}), SnacCodec(tiny_snac_export, options={"windows": "2"})
+    one, two = SnacCodec(tiny_snac_export, options={"parallel": "1"}), SnacCodec(tiny_snac_export, options={"parallel": "2"})
     a, b = one.encode(x, SR), two.encode(x, SR)
     for p, q in zip(a.arrays, b.arrays):
         np.testing.assert_array_equal(p, q)
     np.testing.assert_array_equal(one.decode(a, noise=1)[0], two.decode(a, noise=1)[0])
-    assert "encoder@windows" in two._graphs and "decoder@windows" in two._graphs
-    assert two._graphs["encoder@windows"].session is not two.graph("encoder").session
-    assert "encoder@windows" not in one._graphs
+    assert "encoder@parallel" in two._graphs and "decoder@parallel" in two._graphs
+    assert two._graphs["encoder@parallel"].session is not two.graph("encoder").session
+    assert "encoder@parallel" not in one._graphs
 
 
 def test_a_clip_of_one_window_is_one_call(tiny_snac_export):
     """Audio exactly as long as the window graph goes through it once, on every core (the
     reader looks past the window's end before calling it the last)."""
-    codec = SnacCodec(tiny_snac_export, options={"windows": "2"})
+    codec = SnacCodec(tiny_snac_export, options={"parallel": "2"})
     g = codec.graph("encoder")
     calls, run = [], g.run
     g.run = lambda feeds: calls.append(1) or run(feeds)
@@ -200,4 +200,4 @@ def test_a_clip_of_one_window_is_one_call(tiny_snac_export):
     assert len(calls) == 1
     codec.encode(noise(g.int("samples") + 1, seed=15), SR)
     assert len(calls) == 1  # two windows: through the side-by-side session, not this one
-    assert "encoder@windows" in codec._graphs
+    assert "encoder@parallel" in codec._graphs
