@@ -138,3 +138,15 @@ def test_an_encoder_stream_refuses_what_it_cannot_take(codecs, name, pcm, match)
     with pytest.raises(AudioError, match=match):
         stream.push(pcm)
     assert stream.push(np.zeros((1, 0), np.float32)).shape[1] == 0  # and goes on
+
+
+def test_a_bare_duplex_has_no_attributes_rather_than_a_key_error():
+    """copy and pickle look up hooks on an object before its __init__ ran: a plain
+    AttributeError tells them there are none."""
+    import copy
+
+    from codecport.runtime.stream import Duplex
+
+    bare = Duplex.__new__(Duplex)
+    assert not hasattr(bare, "step_frames")
+    assert copy.copy(bare) is not bare
