@@ -27,7 +27,7 @@ _worker: Worker | CodecportError | None = None
 
 def _init_worker(settings: Settings, parent: int) -> None:
     global _worker
-    # A worker that cannot open the model (a provider not installed, a damaged graph) hands the
+    # A worker that cannot open the model (a provider this onnxruntime lacks, a damaged file) hands the
     # cause to its first task: raised from an initializer, it would break the pool and read as a
     # worker killed, over and over, and the job would end blaming memory.
     try:
