@@ -244,3 +244,46 @@ def test_reexport_replaces_an_export_whole_and_nothing_else(smoke_exports, tmp_p
         pass
 
 
+
+
+OLD = Path(__file__).parent / "data" / "codecport-0.2"
+OLD_FILES = {"decoder_stream.onnx": "decoder_step.onnx"}  # 0.2's name of SNAC's step decoder
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_folder_codecport_0_2_wrote_still_loads(smoke_exports, tmp_path, name):
+    """A folder as codecport 0.2 wrote it: its manifest and each graph's metadata, stored from a
+    real 0.2 export (tests/data/codecport-0.2: `--variant tiny` and the registry's smoke length),
+    put on today's graphs of the same export, which compute the same. It loads under the old
+    names (`variant`, Mimi's `attention_window`, SNAC's `stream_frames` and `decoder_stream.onnx`)
+    and gives today's codes, audio and streams."""
+    import onnx
+
+    stored = json.loads((OLD / f"{name}.json").read_text())
+    new = smoke_exports[name]
+    export_id = json.loads((new / "manifest.json").read_text())["export_id"]  # rvq.npz carries it
+    old = tmp_path / "old"
+    old.mkdir()
+    for file in stored["manifest"]["files"].values():
+        if file.endswith(".onnx"):
+            model = onnx.load(str(new / OLD_FILES.get(file, file)))
+            del model.metadata_props[:]
+            onnx.helper.set_model_props(model, {**stored["graph_metadata"][file], "export_id": export_id})
+            onnx.save(model, str(old / file))
+        elif file != "manifest.json":
+            (old / file).write_bytes((new / file).read_bytes())
+    (old / "manifest.json").write_text(json.dumps({**stored["manifest"], "export_id": export_id}))
+    assert "variant" in stored["manifest"] and "preset" not in stored["manifest"]
+
+    was, now = codecport.load(old), codecport.load(new)
+    assert was.preset == now.preset == "tiny" and was.streams == now.streams
+    x = noise(4 * now.strides[0] * now.frame_size * 10, seed=5)
+    codes = now.encode(x, now.sample_rate)
+    assert all(np.array_equal(a, b) for a, b in zip(was.encode(x, was.sample_rate).arrays, codes.arrays))
+    extra = {"noise": 0} if now.draws_noise else {}
+    np.testing.assert_array_equal(was.decode(codes, **extra)[0], now.decode(codes, **extra)[0])
+    for side in now.streams:
+        a, b = (getattr(c, f"{side}_stream")(**(extra if side == "decoder" else {})) for c in (was, now))
+        assert (a.step_frames, a.latency) == (b.step_frames, b.latency)
+    info = invoke("codec-run", "info", old)
+    assert info.returncode == 0 and "tiny" in info.stdout, info.stderr
