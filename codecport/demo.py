@@ -105,7 +105,8 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
 def _streams(codec, clip: np.ndarray) -> str:
     """The clip through the codec's streams a step at a time, as a live loop runs them (encoder
     then decoder, or the whole clip's codes into the decoder), against the whole decode."""
-    dec = codec.decoder_stream(**({"noise": 1} if codec.draws_noise else {}))
+    noise = {"noise": 1} if codec.draws_noise else {}  # one seed for the stream and the whole decode
+    dec = codec.decoder_stream(**noise)
     enc = codec.encoder_stream() if "encoder" in codec.streams else None
     step = (enc or dec).step_frames
     lat, parts = [], []
@@ -130,7 +131,7 @@ def _streams(codec, clip: np.ndarray) -> str:
         coarse_ms = 1000 * codec.strides[0] * codec.frame_size / codec.sample_rate
         what = f"stream decode, {step} frame{'s' if step > 1 else ''} ({step * coarse_ms:.0f} ms) a push"
     parts.append(dec.flush())
-    whole = codec.decode(whole_codes, **({"noise": 1} if codec.draws_noise else {}))[0][0]
+    whole = codec.decode(whole_codes, **noise)[0][0]
     got = np.concatenate(parts)
     err = float(np.abs(got[:len(whole)] - whole[:len(got)]).max())
     return (f"{what}: median {1e3 * np.median(lat):.1f} ms, p95 {1e3 * np.percentile(lat, 95):.1f} ms, "
@@ -143,6 +144,7 @@ def _tokenize(codec, out_dir: Path) -> bool:
     `codec-run tokenize`'s local engine into a Parquet dataset, a row checked against encode."""
     import codecport
     from codecport.tokenize import tokenize
+    from codecport.tokenize.output import codes_column
 
     corpus = out_dir / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
@@ -155,7 +157,7 @@ def _tokenize(codec, out_dir: Path) -> bool:
 
     rows = {r["id"]: r for r in pads.dataset(out_dir / "tokens", format="parquet").to_table().to_pylist()}
     row, encoded = rows["clip3.wav"], codec.encode_file(corpus / "clip3.wav").arrays
-    same = all(np.array_equal(np.array(row["codes" if i == 0 else f"codes_{i}"]), a) for i, a in enumerate(encoded))
+    same = all(np.array_equal(np.array(row[codes_column(i)]), a) for i, a in enumerate(encoded))
     click.echo(f"tokenize (a folder of 6 files, 2 workers): {summary.line()}; {out_dir / 'tokens'} "
                f"holds {len(rows)} rows, clip3's codes {'equal' if same else 'DIFFER from'} encode's, "
                f"and the broken file is in __errors__/errors.parquet")

@@ -46,14 +46,14 @@ layout_option = click.option(
 def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fallback, options, verbose) -> None:
     """Encode an audio file of any length and sample rate to codes (read block by block)."""
     from ..runtime.audio import FileSource
-    from ..runtime.codefile import check_npy
+    from ..runtime.codefile import check_npy, format_of
     from ..runtime.codefile import layout as find_layout
 
     setup_logging(verbose)
     spec = registry.codec_of_folder(model_dir)
     lay = None if layout is None else find_layout(layout, spec.name)
-    if lay is not None and out.suffix != lay.suffix:
-        raise CodesError(f"{out}: the {lay.name} layout is written as {lay.suffix}")
+    if lay is not None:
+        format_of(out, layout)  # the layout's suffix, refused before the work
     if out.suffix not in spec.suffixes:
         raise CodesError(f"{out}: {spec.label} codes are written as {', '.join(spec.suffixes)}")
     source = FileSource(audio_in)

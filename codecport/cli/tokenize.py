@@ -6,7 +6,6 @@ from pathlib import Path
 
 import click
 
-from .. import registry
 from ..tokenize.driver import ENGINES
 from .common import codebooks_help, guard, note, provider_options, setup_logging, verbose_option
 
@@ -43,7 +42,6 @@ def tokenize_cmd(inputs, model_dir, out_dir, engine, address, workers, batch, co
     from ..tokenize import tokenize
 
     setup_logging(verbose)
-    registry.codec_of_folder(model_dir)  # says what the folder is before anything starts
     summary = tokenize(list(inputs), model_dir, out_dir, engine=engine, address=address, workers=workers,
                        batch=batch, codebooks=codebooks, provider=provider, fallback=fallback,
                        options=options, shard_rows=shard_rows, progress=True)

@@ -80,8 +80,8 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
     """Write the export for `build`: the validated fp32 graphs as they are, or their build
     with its measured deviation. Everything is built in a staging folder that then replaces
     `out_dir` whole: a failed step leaves `out_dir` as it was, a new export leaves nothing of an
-    old one. Returns the report additions (files, deviation, target)."""
-    build.check()
+    old one. Returns the report additions (files, deviation, target). The exporters checked
+    `build` before their trace."""
     target = TARGETS[build.target]
     if target.web and rvq is not None:
         raise ExportError("the browser cannot read rvq.npz: --target web puts the quantizer in the graphs")
@@ -145,6 +145,7 @@ def build_of_folder(spec, fp32_dir: Path, out_dir: Path, build: Build) -> dict:
     modules, so not `--target coreml`."""
     from ..runtime.folder import read_manifest
 
+    build.check()
     if TARGETS[build.target].mlpackage:
         raise ExportError("a .mlpackage is converted from the torch model: export with --target coreml")
     manifest = read_manifest(fp32_dir)

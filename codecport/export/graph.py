@@ -23,7 +23,8 @@ import onnx
 import torch
 
 from ..atomic import atomic_dir, atomic_path
-from ..errors import ExportError
+from ..errors import ExportError, ModelFileError
+from ..runtime.folder import read_manifest
 from ..version import __version__
 
 log = logging.getLogger(__name__)
@@ -229,12 +230,11 @@ def check_out_dir(out_dir: str | Path) -> None:
         return
     refuse = f"{out_dir} holds files that are not a codecport export; pass another -o, or empty it first"
     try:
-        manifest = json.loads((out_dir / "manifest.json").read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
+        manifest = read_manifest(out_dir)  # None, or a dict that names a codec
+    except ModelFileError:
         raise ExportError(refuse) from None
-    files = manifest.get("files") if isinstance(manifest, dict) else None
-    if not (isinstance(manifest, dict) and isinstance(manifest.get("codec"), str)
-            and isinstance(manifest.get("export_id"), str) and isinstance(files, dict)
+    files = manifest.get("files") if manifest else None
+    if not (manifest and isinstance(manifest.get("export_id"), str) and isinstance(files, dict)
             and all(isinstance(f, str) for f in files.values())):
         raise ExportError(refuse)
     foreign = [e for e in entries if e not in {*files.values(), "manifest.json"}]

@@ -28,7 +28,7 @@ from .codes import Codes
 from .folder import GraphFolder
 from .loudness import LoudnessMeter
 from .rvq import check_code_values, check_n_codebooks
-from .stream import DecoderStream, EncoderStream
+from .stream import DecoderStream, Duplex, EncoderStream
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class Codec(GraphFolder):
 
     def bare_samples(self, codes: Codes) -> int:
         """Samples at the model rate of codes that carry no original length: every frame's."""
-        return codes.n_frames[0] * self.frame_size
+        return codes.n_frames[0] * self.strides[0] * self.frame_size
 
     def expected_frames(self, n: int, mode: str | None) -> int | None:
         """Frames `encode` gives for `n` samples at the model rate in `mode` (None: any)."""
@@ -277,8 +277,6 @@ class Codec(GraphFolder):
     def stream(self, n_codebooks: int | None = None):
         """Both streams in one object, with codecport 0.2's names (`encode_step`, `decode_step`,
         `flush_encoder`, `flush_decoder`, `reset`)."""
-        from .stream import Duplex
-
         return Duplex(self.encoder_stream(n_codebooks), self.decoder_stream())
 
 

@@ -28,12 +28,12 @@ import numpy as np
 from ..atomic import atomic_path
 from ..errors import CodesError
 from . import dacfile, orpheus
+from .graph import RENAMED
 from .npyfile import read_npy, read_npz
 
-# The fields beside the arrays, by type. `variant` is the name codecport 0.2 wrote for `preset`.
+# The fields beside the arrays, by type (codecport 0.2 wrote `variant` for `preset`: graph.RENAMED).
 INTS, FLOATS, TEXTS = ("sample_rate", "num_samples", "chunk_frames"), ("loudness_db",), \
     ("codec", "mode", "preset", "export_id")
-OLD_NAMES = {"variant": "preset"}
 
 Reader = Callable[[Path], tuple[list[np.ndarray], dict]]
 Writer = Callable[[Path, list[np.ndarray], dict], None]
@@ -101,7 +101,7 @@ def _read_npz(path: Path) -> tuple[list[np.ndarray], dict]:
         raise CodesError(f"{path}: holds no codes (no codes_0, codes or arr_0 array); not a codes file")
     fields = {}
     for key, value in z.items():
-        key = OLD_NAMES.get(key, key)
+        key = RENAMED.get(key, key)
         if key in (*INTS, *FLOATS, *TEXTS):
             fields[key] = _field(path, key, value)
     arrays = [z[n] for n in names]

@@ -107,8 +107,8 @@ def write(path: Path, arrays: list[np.ndarray], fields: dict) -> None:
                          f"these codes lack ({', '.join(missing)}); encode the audio itself, or "
                          "write .npy")
     codes = arrays[0]
-    if len(arrays) != 1 or fields["mode"] not in ("fixed", "chunked", "whole") or codes.size == 0 or \
-            not np.issubdtype(codes.dtype, np.integer) or codes.min() < 0 or codes.max() > np.iinfo(np.uint16).max:
+    if len(arrays) != 1 or fields["mode"] not in ("fixed", "chunked", "whole") or \
+            codes.min() < 0 or codes.max() > np.iinfo(np.uint16).max:  # `Codes` are non-empty integers
         raise CodesError(f"{path}: these codes do not fit the .dac format (DAC codes, 0 to 65535); "
                          "write .npy")
     # Whole-clip codes are what `decompress` decodes in one call: padding on, one chunk of all.
@@ -117,7 +117,7 @@ def write(path: Path, arrays: list[np.ndarray], fields: dict) -> None:
     if chunked and not (isinstance(step, int | np.integer) and step > 0 and codes.shape[-1] % step == 0):
         raise CodesError(f"{path}: chunked codes need the chunk length that divides their {codes.shape[-1]} "
                          f"frames, these carry {step!r}; encode the audio itself, or write .npy")
-    DacFile(codes=codes, chunk_length=fields["chunk_frames"] if chunked else codes.shape[-1],
+    DacFile(codes=codes, chunk_length=step if chunked else codes.shape[-1],
             original_length=fields["num_samples"], input_db=fields["loudness_db"], channels=codes.shape[0],
             sample_rate=fields["sample_rate"], padding=not chunked).save(path)
 

@@ -132,7 +132,6 @@ class MimiCodec(Codec):
         if mode == "fixed":
             raise CodesError(f"the audio is longer than the fixed {self.graph('encoder').int('samples')}"
                              "-sample encoder; use the step mode (or leave the mode out)")
-        self.need_steps("encoder")
         streams = [self.encoder_stream(k) for _ in range(source.channels)]
         out: list[list[np.ndarray]] = [[] for _ in streams]
         bar = tqdm(total=source.frames, desc="encode", unit="sample", unit_scale=True,
@@ -163,7 +162,6 @@ class MimiCodec(Codec):
         if mode == "fixed":
             raise CodesError(f"{frames} frames are more than the fixed decoder's "
                              f"{self.graph('decoder').int('frames')}; use the step mode")
-        self.need_steps("decoder")
         streams = [self.decoder_stream() for _ in data]
         n = streams[0].step_frames
         for i in tqdm(range(0, frames, n), desc="decode", unit="step", disable=None if progress else True):

@@ -35,7 +35,7 @@ from .codes import Codes
 from .graph import Graph
 from .noise import Noise
 from .plan import overlap_windows
-from .rvq import SnacRvq
+from .rvq import SnacRvq, check_code_values
 from .stream import DecoderStream, Latency, as_levels
 
 log = logging.getLogger(__name__)
@@ -173,9 +173,6 @@ class SnacCodec(Codec):
                              f"decodes whole groups of {self.unit // self.strides[0]}")
         return codes
 
-    def bare_samples(self, codes: Codes) -> int:
-        return codes.arrays[0].shape[2] * self.strides[0] * self.frame_size
-
     def noise_of(self, noise, channels: int) -> Noise:
         return Noise(noise, self.rates if self.draws_noise else [], self.unit, channels)
 
@@ -258,7 +255,7 @@ class SnacDecoderStream(DecoderStream):
     def latency(self) -> Latency:
         """Coarse frames that must follow a frame before its audio comes out: the receptive
         field, and the rest of the frames one call decodes (`--step-frames`)."""
-        frames = (self.margin + self.window - 2 * self.margin) / self.codec.strides[0] - 1
+        frames = (self.window - self.margin) / self.codec.strides[0] - 1
         return Latency(frames, round(frames * self.frame_samples))
 
     @property
@@ -278,10 +275,7 @@ class SnacDecoderStream(DecoderStream):
             if a.shape[0] != frames * coarse // s:
                 raise CodesError(f"each coarse frame holds {[coarse // s for s in self.codec.strides]} "
                                  f"codes of its time scales, got {[len(a) for a in arrays]}")
-            if a.dtype.kind not in "ui":
-                raise CodesError(f"codes must be integers, got {a.dtype}")
-            if a.size and (a.min() < 0 or a.max() >= self.codec.codebook_size):
-                raise CodesError(f"codes must be in [0, {self.codec.codebook_size})")
+            check_code_values(a, self.codec.codebook_size)
         self.levels = [np.concatenate([old, a.astype(np.int64)]) for old, a in zip(self.levels, arrays)]
         self.received += frames * coarse
         return self._run(final=False)

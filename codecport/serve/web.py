@@ -8,6 +8,7 @@ re-export shows on reload. Nothing else is served: no listing, no path outside t
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
@@ -106,10 +107,14 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _send(self, status: int, body: bytes, ctype: str) -> None:
-        self._head(status, ctype, len(body))
+        self._reply(status, ctype, len(body), io.BytesIO(body))
+
+    def _reply(self, status: int, ctype: str, length: int, body) -> None:
+        """Headers, then `body` (a file object) a block at a time unless the request is a HEAD."""
+        self._head(status, ctype, length)
         if self.command != "HEAD":
             try:
-                self.wfile.write(body)
+                shutil.copyfileobj(body, self.wfile, BLOCK)
             except (BrokenPipeError, ConnectionResetError):
                 log.info("client went away during %s", self.path)
 
@@ -132,12 +137,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with handle:
             # Streamed a block at a time: a graph of hundreds of MB never sits in memory.
-            self._head(HTTPStatus.OK, TYPES.get(f.suffix, "application/octet-stream"), os.fstat(handle.fileno()).st_size)
-            if self.command != "HEAD":
-                try:
-                    shutil.copyfileobj(handle, self.wfile, BLOCK)
-                except (BrokenPipeError, ConnectionResetError):
-                    log.info("client went away during %s", self.path)
+            self._reply(HTTPStatus.OK, TYPES.get(f.suffix, "application/octet-stream"),
+                        os.fstat(handle.fileno()).st_size, handle)
 
     do_HEAD = do_GET
 

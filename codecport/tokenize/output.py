@@ -52,7 +52,7 @@ def schema(codec):
     return pa.schema([
         ("id", pa.string()), ("path", pa.string()),
         # `codes` is the first time scale; a multi-scale codec adds codes_1, codes_2...
-        *[(_codes_name(level), codes) for level in range(codec.levels)],
+        *[(codes_column(level), codes) for level in range(codec.levels)],
         ("n_frames", pa.int32()), ("sample_rate", pa.int32()), ("num_samples", pa.int64()),
         ("duration_s", pa.float64()), ("codec", pa.string()), ("preset", pa.string()),
         ("n_codebooks", pa.int16()), ("export_id", pa.string()), ("input_key", pa.string()),
@@ -60,7 +60,8 @@ def schema(codec):
     ])
 
 
-def _codes_name(level: int) -> str:
+def codes_column(level: int) -> str:
+    """The column of one time scale's codes: `codes`, then `codes_1`, `codes_2`..."""
     return "codes" if level == 0 else f"codes_{level}"
 
 
@@ -106,7 +107,7 @@ def result_table(codec, items, results: dict):
         cols["input_key"].append(item.key)
         cols["error"].append(None if ok else _one_line(r))
     value_type = sch.field("codes").type.value_type.value_type.value_type
-    coded = {_codes_name(level): arrays for level, arrays in enumerate(levels)}
+    coded = {codes_column(level): arrays for level, arrays in enumerate(levels)}
     data = {n: (_codes_array(coded[n], value_type) if n in coded else pa.array(v, sch.field(n).type))
             for n, v in cols.items()}
     return pa.table(data, schema=sch)
