@@ -62,6 +62,11 @@ class CodecSpec:
         return importlib.import_module(self.path(layer))
 
     @property
+    def has_step_graphs(self) -> bool:
+        """Its export writes step graphs, `--step-frames` code frames a call."""
+        return any(o.dest == "step_frames" for o in self.export_options)
+
+    @property
     def runtime(self) -> type:
         """The `Codec` subclass: `spec.runtime(folder, provider, ...)` opens an export."""
         return getattr(self.module("runtime"), self.runtime_class)

@@ -330,8 +330,8 @@ def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, prec
         par["chunked_encode"], par["chunked_decode"] = agreement(c_ref, c_dev), closeness(a_ref, a_dev)
         out["chunked_audio_seconds"] = lsecs
     if dev.streams == ("encoder", "decoder"):
-        enc_ref, dec_ref, enc_dev, dec_dev = (c.encoder_stream() if i == 0 else c.decoder_stream()
-                                              for c in (ref, dev) for i in (0, 1))
+        enc_ref, dec_ref = ref.encoder_stream(), ref.decoder_stream()
+        enc_dev, dec_dev = dev.encoder_stream(), dev.decoder_stream()
         step = enc_dev.step_frames * dev.frame_size
         n = args.warmup_steps + args.steps
         pcm = make_clip(n * step, sr, seed=2)[0]

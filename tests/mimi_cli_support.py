@@ -7,7 +7,6 @@ import functools
 import math
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,6 @@ from codecport.export.mimi import rvq_of
 from codecport.models.mimi import PRESETS
 from codecport.runtime.audio import read_audio, resample
 
-BIN = Path(sys.executable).parent
 CFG = PRESETS["tiny"]
 FRAME = CFG.frame_size  # 24 samples per code frame
 SR = CFG.sample_rate  # 24000

@@ -12,15 +12,14 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cli_support import process
 from filelock import FileLock
 
 CODE = Path(__file__).resolve().parents[1] / "codecport"
-BIN = Path(sys.executable).parent
 
 
 def source_key() -> str:
@@ -57,8 +56,7 @@ def copy_folder(src: Path, dst: Path) -> Path:
 def cli_export(folder: Path, *args) -> None:
     """`codec-export ARGS --random-init -o folder` as a user runs it (a process of its own); what
     it printed is kept beside the folder (`cli_output`)."""
-    proc = subprocess.run([str(BIN / "codec-export"), *map(str, args), "--random-init", "-o", str(folder)],
-                          capture_output=True, text=True, timeout=600, check=False)
+    proc = process("codec-export", *args, "--random-init", "-o", folder, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     folder.with_name(folder.name + ".stdout").write_text(proc.stdout)
     folder.with_name(folder.name + ".stderr").write_text(proc.stderr)

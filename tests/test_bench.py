@@ -157,7 +157,7 @@ def test_bench_runs_rustymimi_on_the_released_config(tmp_path, released_mimi):
     (work / "config.json").write_text(json.dumps(PRESETS["mimi"].to_kwargs()))
     (work / "stamp.json").write_text(json.dumps({
         "codec": "mimi", "preset": "mimi", "seconds": 2.0, "codecport": __version__,
-        "source": export_source_hash(), **({"frames": 1} if registry.get("mimi").bench.step_frames else {})}))
+        "source": export_source_hash(), **({"frames": 1} if registry.get("mimi").has_step_graphs else {})}))
     out = tmp_path / "report.json"
     proc = bench("mimi", "--seconds", "2", "--dir", work, *QUICK, "--runs", "1", "--steps", "3",
                  "--contender", "rustymimi", "--json", out)

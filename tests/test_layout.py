@@ -37,10 +37,11 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
-def imports(path: Path, name: str) -> list[tuple[str, int, bool]]:
-    """(module imported, line, at module level) for every import in `path`, codecport's only;
-    `from pkg import mod` counts as importing `pkg.mod` when that is a module."""
-    known = modules()
+def imports(path: Path, name: str, known: dict | None = None) -> list[tuple[str, int, bool]]:
+    """(module imported, line, at module level) for every import in `path`, codecport's only
+    (`known`: codecport's modules, found anew when not given); `from pkg import mod` counts as
+    importing `pkg.mod` when that is a module."""
+    known = known or modules()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
     tree = ast.parse(path.read_text())
@@ -69,14 +70,15 @@ def layer(name: str) -> tuple[str, int]:
 
 
 def graph() -> dict[str, set[str]]:
-    return {name: {t for t, _, _ in imports(path, name)} for name, path in modules().items()}
+    known = modules()
+    return {name: {t for t, _, _ in imports(path, name, known)} for name, path in known.items()}
 
 
 def test_imports_point_down():
-    bad = []
-    for name, path in modules().items():
+    bad, known = [], modules()
+    for name, path in known.items():
         home, rank = layer(name)
-        for target, line, _ in imports(path, name):
+        for target, line, _ in imports(path, name, known):
             there, their_rank = layer(target)
             if their_rank > rank or (their_rank == rank and there != home):
                 bad.append(f"{path.relative_to(ROOT.parent)}:{line} ({home}) imports {target} ({there})")

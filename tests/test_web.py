@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import pytest
 import soundfile as sf
+from shared_exports import copy_folder
 from web_support import (
     ARTIFACTS,
     DAC_WEB_LEN,
@@ -27,7 +28,6 @@ from web_support import (
     ROUND_TRIP,
     Page,
     clip,
-    copy_folder,
     same_fields,
     served,
 )

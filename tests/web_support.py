@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +147,3 @@ def same_fields(codes, js: dict) -> None:
             assert got == want, (py_name, got, want)
 
 
-def copy_folder(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    return dst

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import sys
 from pathlib import Path
 
 import click
@@ -19,15 +18,12 @@ from .. import registry
 from ..export.targets import PRECISIONS
 from ..runtime.providers import PROVIDERS
 from .measure import run_report
+from .prepare import fail as _fail
+from .prepare import preset_of
 from .report import plot as plot_report
 from .report import table
 from .tokenize import tokenize_cmd
 from .web import web_cmd
-
-
-def _fail(message: str, code: int = 2):
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
 
 
 def codec_cmd(codec, preset, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
@@ -44,16 +40,14 @@ def codec_cmd(codec, preset, variant, seconds, runs, rounds, providers, precisio
         _fail("--plot needs matplotlib; pip install 'codecport[bench]'", 1)
     spec = registry.get(codec)
     facts = spec.bench
-    if frames != 1 and not facts.step_frames:
-        with_steps = [c.name for c in registry.codecs() if c.bench.step_frames]
+    if frames != 1 and not spec.has_step_graphs:
+        with_steps = [c.name for c in registry.codecs() if c.has_step_graphs]
         _fail(f"--frames is for codecs with step graphs ({', '.join(with_steps)}); {codec} has none")
     if official_python and not (facts.official and facts.official.script):
         own = [c.name for c in registry.codecs() if c.bench.official and c.bench.official.script]
         _fail(f"--official-python is for {', '.join(own)}; {codec}'s official package runs in the bench's "
               "own environment")
-    preset = preset or variant or spec.default_preset
-    if preset not in spec.presets:
-        _fail(f"{codec} has no preset {preset!r}; choose one of {', '.join(spec.presets)}")
+    preset = preset_of(spec, preset, variant)
     options = Options(preset, seconds, runs, rounds, tuple(providers), tuple(precisions), steps, frames,
                       long_windows, tuple(contenders), tuple(minutes), official_python, peak_seconds)
     report = run_report(work, "codec-bench-", lambda w: bench(spec, options, w), table, json_out)

@@ -37,16 +37,6 @@ def torch_encode(model, x, k):
     return model.encode(x, k)
 
 
-def torch_codes(model, x, k) -> list:
-    return [model.encode(x, k).numpy()]
-
-
-def torch_decode(model, arrays):
-    import torch
-
-    return model.decode(torch.from_numpy(arrays[0]))[:, 0].numpy()
-
-
 def torch_long(model, job: dict, meta: dict) -> dict:
     """The same windows as the runtime's long-audio run, through the torch reference one after
     another (the official chunked `compress`/`decompress` loop)."""
@@ -86,7 +76,7 @@ def transformers_model(conf: dict):
 FACTS = BenchFacts(
     # The smaller 24 kHz model keeps the demo's export short.
     demo_preset="24khz", demo_seconds=1.0, web_preset="24khz",
-    clip_samples=clip_samples, torch_encode=torch_encode, torch_codes=torch_codes, torch_decode=torch_decode,
+    clip_samples=clip_samples, torch_encode=torch_encode,
     transformers_model=transformers_model,
     long=LongAudio("chunked", ("encoder_chunked", "decoder_chunked"), "through the chunked graphs",
                    "one window after another", long_samples),

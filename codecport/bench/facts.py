@@ -36,12 +36,14 @@ def _seconds_of_frames(cfg, seconds: float) -> int:
     return round(seconds * cfg.sample_rate / cfg.frame_size) * cfg.frame_size
 
 
+def _one_scale_decode(model, arrays):
+    import torch
+
+    return model.decode(torch.from_numpy(arrays[0]))[:, 0].numpy()
+
+
 def _no_skip(contender: str, preset: str) -> str | None:
     return None
-
-
-def _no_options(step_frames: int) -> dict:
-    return {}
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,10 @@ class BenchFacts:
     demo_preset: str  # the preset the demo exports (small, for a quick offline run)
     demo_seconds: float  # audio per call of the demo's fixed graphs
     torch_encode: Callable  # (model, x [B, 1, T], k) -> what the torch reference's encode returns
-    torch_codes: Callable  # (model, x, k) -> its codes as `Codes` arrays
-    torch_decode: Callable  # (model, arrays) -> audio [B, samples], noise as `compare_noise` asks
+    torch_codes: Callable | None = None  # (model, x, k) -> its codes as `Codes` arrays (None: torch_encode's, one scale)
+    torch_decode: Callable = _one_scale_decode  # (model, arrays) -> audio [B, samples], noise as `compare_noise` asks
     transformers_model: Callable | None = None  # (config kwargs) -> (encode, decode) of transformers' port
     clip_samples: Callable = _seconds_of_frames  # (config, seconds) -> samples of one fixed call
-    export_options: Callable = _no_options  # (step frames) -> the exporter's `options`
     skip: Callable = _no_skip  # (contender, preset) -> why it cannot run, or None
     web_preset: str | None = None  # `codec-bench web`'s preset (None: codecport.mjs does not run it)
     web_codebooks: int | None = None  # codebooks in the web graphs (None: all)
@@ -61,11 +62,12 @@ class BenchFacts:
     compare_noise: Mapping = field(default_factory=dict)  # decode settings that match torch's decode
     long: LongAudio | None = None  # None: no `--long` path
     torch_long: Callable | None = None  # (model, job, manifest) -> the torch timings of `long`
-    step_frames: bool = False  # `--frames` (code frames a step) applies: it has step graphs
     official: Official | None = None
     prepare_official: Callable | None = None  # (bench folder) -> the weights in the official layout
     contenders: Mapping[str, Callable] = field(default_factory=dict)  # worker runners of its own
 
     def __post_init__(self):
+        if self.torch_codes is None:
+            object.__setattr__(self, "torch_codes", lambda model, x, k: [self.torch_encode(model, x, k).numpy()])
         object.__setattr__(self, "compare_noise", MappingProxyType(dict(self.compare_noise)))
         object.__setattr__(self, "contenders", MappingProxyType(dict(self.contenders)))

@@ -66,6 +66,9 @@ def summary(seconds: list[float], audio_seconds: float) -> dict:
             "audio_seconds": audio_seconds, "seconds": [float(x) for x in seconds]}
 
 
+WARMUP_STEPS = 5  # streaming steps run before the timed ones: the first warm the sessions up
+
+
 def percentiles(seconds: list[float]) -> dict:
     ms = np.array(seconds) * 1e3
     return {**{f"p{p}_ms": float(np.percentile(ms, p)) for p in (50, 95, 99)},
@@ -104,14 +107,17 @@ def peak_rss_mb() -> float:
     for line in status.splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+    return _maxrss_mb(resource.RUSAGE_SELF)
 
 
 def children_peak_rss_mb() -> float:
     """Peak resident set size of the largest child process waited for, in MB."""
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024
+    return _maxrss_mb(resource.RUSAGE_CHILDREN)
+
+
+def _maxrss_mb(who: int) -> float:
+    rss = resource.getrusage(who).ru_maxrss
+    return rss / (1 << 20) if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB elsewhere
 
 
 def graph_flops(path) -> int:

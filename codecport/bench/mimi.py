@@ -14,10 +14,6 @@ from .facts import BenchFacts, Official
 from .measure import clip, summary, timings
 
 
-def export_options(step_frames: int) -> dict:
-    return {"step_frames": step_frames}
-
-
 def skip(contender: str, preset: str) -> str | None:
     if contender == "rustymimi" and preset != "mimi":
         # Its Tokenizer builds the released Mimi's config whatever the file holds.
@@ -27,16 +23,6 @@ def skip(contender: str, preset: str) -> str | None:
 
 def torch_encode(model, x, k):
     return model.encode(model.pad(x), k)
-
-
-def torch_codes(model, x, k) -> list:
-    return [torch_encode(model, x, k).numpy()]
-
-
-def torch_decode(model, arrays):
-    import torch
-
-    return model.decode(torch.from_numpy(arrays[0]))[:, 0].numpy()
 
 
 def transformers_model(conf: dict):
@@ -126,8 +112,8 @@ def run_moshi(job: dict) -> dict:
 
 FACTS = BenchFacts(
     demo_preset="mimi", demo_seconds=2.0, web_preset="mimi", web_codebooks=MOSHI_CODEBOOKS,
-    torch_encode=torch_encode, torch_codes=torch_codes, torch_decode=torch_decode,
-    transformers_model=transformers_model, export_options=export_options, skip=skip, step_frames=True,
+    torch_encode=torch_encode,
+    transformers_model=transformers_model, skip=skip,
     official=Official("moshi", "moshi", "pip install moshi, in an environment of its own (it pins "
                       "torch<2.10 and numpy<2.3), or pip install --no-deps moshi sentencepiece einops"),
     contenders={"rustymimi": run_rustymimi, "official": run_moshi},

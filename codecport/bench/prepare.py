@@ -6,9 +6,30 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import click
+
+
+def fail(message: str, code: int = 2):
+    """End the command with one `error:` line."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def preset_of(spec, preset: str | None, variant: str | None) -> str:
+    """The preset asked for (`--preset`, or its old name `--variant`), else the codec's default;
+    one it does not have ends the command."""
+    preset = preset or variant or spec.default_preset
+    if preset not in spec.presets:
+        fail(f"{spec.name} has no preset {preset!r}; choose one of {', '.join(spec.presets)}")
+    return preset
+
+
+def export_options(spec, step_frames: int) -> dict:
+    """The exporter's `options` for `step_frames` code frames a step, where it has step graphs."""
+    return {"step_frames": step_frames} if spec.has_step_graphs else {}
 
 
 def prepare(spec, preset: str, seconds: float, step_frames: int, seed: int, out: Path,
@@ -21,7 +42,7 @@ def prepare(spec, preset: str, seconds: float, step_frames: int, seed: int, out:
     cfg = spec.presets[preset]
     model = models.init_random(models.MODEL(cfg), seed).eval()
     samples = facts.clip_samples(cfg, seconds)
-    spec.module("export").export(model, out / "model", samples, options=facts.export_options(step_frames),
+    spec.module("export").export(model, out / "model", samples, options=export_options(spec, step_frames),
                                  preset=preset, weights=f"random-init seed {seed}", weights_sha256="none",
                                  batch=batch)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "weights.safetensors"))

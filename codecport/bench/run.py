@@ -64,10 +64,9 @@ class Options:
 def ensure_model(spec, o: Options, work: Path) -> dict:
     """The bench's export in `work` (made once per preset, length, step frames and export code);
     returns its manifest."""
-    facts = spec.bench
     stamp = work / "stamp.json"
     key = {"codec": spec.name, "preset": o.preset, "seconds": o.seconds, "codecport": __version__,
-           "source": export_source_hash(), **({"frames": o.frames} if facts.step_frames else {})}
+           "source": export_source_hash(), **({"frames": o.frames} if spec.has_step_graphs else {})}
     if not stamp.is_file() or json.loads(stamp.read_text()) != key:
         click.echo(f"exporting {spec.name} {o.preset} for {o.seconds:g} s of audio (random weights) ...")
         # Builds of the previous export go too: the same seed gives the same export id, so
@@ -111,6 +110,8 @@ def _jobs(spec, o: Options, work: Path, base: dict) -> tuple[dict, dict, dict]:
             skipped[label] = {"skipped": f"not a contender for {spec.name}"}
         elif name != "torch" and (module is None or importlib.util.find_spec(module) is None):
             skipped[label] = {"skipped": f"not installed: {reason}"}
+        elif name == "transformers" and facts.transformers_model is None:
+            skipped[label] = {"skipped": f"transformers has no {spec.label} port"}
         elif (why := facts.skip(name, o.preset)) is not None:
             skipped[label] = {"skipped": why}
         else:

@@ -40,16 +40,6 @@ def torch_long(model, job: dict, meta: dict) -> dict:
     return {"encode-long": summary(enc, seconds), "decode-long": summary(dec, seconds)}
 
 
-def export_options(step_frames: int) -> dict:
-    return {"step_frames": step_frames}
-
-
-def skip(contender: str, preset: str) -> str | None:
-    if contender == "transformers":
-        return "transformers has no SNAC port"
-    return None
-
-
 def torch_encode(model, x, k):
     return model.encode(x)
 
@@ -99,14 +89,14 @@ def run_official(job: dict) -> dict:
 
 
 FACTS = BenchFacts(
-    demo_preset="24khz", demo_seconds=2.0, clip_samples=clip_samples, export_options=export_options,
-    skip=skip, torch_encode=torch_encode, torch_codes=torch_codes, torch_decode=torch_decode,
+    demo_preset="24khz", demo_seconds=2.0, clip_samples=clip_samples,
+    torch_encode=torch_encode, torch_codes=torch_codes, torch_decode=torch_decode,
     fixed_mode="whole",  # one call of the window graph
     compare_noise={"noise": "zero"},  # comparisons with torch's decode: neither adds noise
     long=LongAudio("whole", ("encoder", "decoder"),
                    "through the window graphs, overlapping by the receptive field", "on the whole clip at once",
                    long_samples),
-    torch_long=torch_long, step_frames=True,
+    torch_long=torch_long,
     official=Official("snac", "snac", "pip install snac (it installs beside codecport's torch)"),
     contenders={"official": run_official},
 )

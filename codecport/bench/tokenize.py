@@ -117,13 +117,10 @@ def _contenders(batch: int | None, with_ray: bool) -> dict[str, dict]:
 def tokenize_cmd(codec, preset, variant, length, batch, frames, clips, min_seconds, max_seconds, slices, many,
                  with_ray, json_out) -> None:
     """Corpus tokenizing: our engines against a torch loop, audio seconds per wall second."""
-    from .prepare import prepare
+    from .prepare import prepare, preset_of
 
     spec = registry.get(codec)
-    preset = preset or variant or spec.default_preset
-    if preset not in spec.presets:
-        click.echo(f"error: {codec} has no preset {preset!r}; choose one of {', '.join(spec.presets)}", err=True)
-        sys.exit(2)
+    preset = preset_of(spec, preset, variant)
     if not spec.runtime.batchable:
         click.echo(f"{spec.label} has no batched encoders: its engines run at batch 1", err=True)
         batch = None
@@ -131,7 +128,7 @@ def tokenize_cmd(codec, preset, variant, length, batch, frames, clips, min_secon
         work = Path(tmp)
         click.echo(f"exporting {codec} {preset} (random weights, --len {length} s, --batch {batch}, "
                    f"--frames {frames})...", err=True)
-        prepare(spec, preset, length, frames if spec.bench.step_frames else 1, 0, work, batch=batch)
+        prepare(spec, preset, length, frames if spec.has_step_graphs else 1, 0, work, batch=batch)
         parts = [work / f"slice{i}" for i in range(slices)]
         audio = []
         for i, part in enumerate(parts):

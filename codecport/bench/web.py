@@ -25,9 +25,7 @@ import numpy as np
 from .. import registry
 from ..errors import CodecportError
 from ..export.targets import TARGETS
-from .measure import clip, percentiles, run_report, summary
-
-WARMUP_STEPS = 5
+from .measure import WARMUP_STEPS, clip, percentiles, run_report, summary
 
 PAGE_RUN = """async ([what, runs, steps]) => {
   const c = window.demo.codec, x = window.benchClip, out = {};
@@ -61,7 +59,7 @@ def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], fram
     """precision -> web folder of `spec`'s bench preset (random weights), built once and reused
     while the export code and the settings are the same."""
     from ..export.builds import Build, build_of_folder
-    from .prepare import export_source_hash
+    from .prepare import export_options, export_source_hash
 
     facts, models = spec.bench, spec.module("model")
     preset = preset or facts.web_preset
@@ -70,7 +68,7 @@ def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], fram
     cfg = spec.presets[preset]
     codebooks = min(facts.web_codebooks or cfg.n_codebooks, cfg.n_codebooks)
     samples = facts.clip_samples(cfg, seconds)
-    frames = frames if facts.step_frames else 1
+    frames = frames if spec.has_step_graphs else 1
     key = {"preset": preset, "samples": samples, "codebooks": codebooks, "frames": frames,
            "source": export_source_hash()}
     stamp, base = work / "stamp.json", work / "base"
@@ -79,7 +77,7 @@ def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], fram
         for old in work.glob("web-*"):
             shutil.rmtree(old)
         model = models.init_random(models.MODEL(cfg), 0).eval()
-        spec.module("export").export(model, base, samples, options=facts.export_options(frames), preset=preset,
+        spec.module("export").export(model, base, samples, options=export_options(spec, frames), preset=preset,
                                      weights="random-init seed 0", weights_sha256="none",
                                      in_graph_codebooks=codebooks)
         work.mkdir(parents=True, exist_ok=True)

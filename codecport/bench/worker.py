@@ -21,7 +21,16 @@ import numpy as np
 
 from .. import registry
 from ..errors import CodecportError
-from .measure import children_peak_rss_mb, clip, flat_codes, peak_rss_mb, percentiles, summary, timings
+from .measure import (
+    WARMUP_STEPS,
+    children_peak_rss_mb,
+    clip,
+    flat_codes,
+    peak_rss_mb,
+    percentiles,
+    summary,
+    timings,
+)
 
 
 def run_onnx(job: dict) -> dict:
@@ -73,11 +82,11 @@ def stream_bench(codec, steps: int) -> dict:
     else:
         rng, lat = np.random.default_rng(0), []
         per = [dec.step_frames * codec.strides[0] // s for s in codec.strides]  # codes of each scale a push
-        for i in range(steps + 5):
+        for i in range(steps + WARMUP_STEPS):
             codes = [rng.integers(0, codec.codebook_size, n) for n in per]
             t0 = time.perf_counter()
             dec.push(codes)
-            if i >= 5:  # the first steps warm the sessions up
+            if i >= WARMUP_STEPS:
                 lat.append(time.perf_counter() - t0)
         frame = codec.strides[0] * codec.frame_size
         out = {"decode_step": percentiles(lat), "steps": steps, "frames_per_step": dec.step_frames,
@@ -89,16 +98,16 @@ def stream_bench(codec, steps: int) -> dict:
 def stream_steps(encoder, decoder, frames: int, samples: int, rate: int, steps: int) -> dict:
     """Latency of one streaming step (`frames` code frames, `samples` samples at `rate`), encode
     and decode separately: `encoder.push(pcm)` gives codes, `decoder.push(codes)` audio."""
-    x = clip(samples * (steps + 5))[0]
+    x = clip(samples * (steps + WARMUP_STEPS))[0]
     enc, dec = [], []
-    for i in range(steps + 5):
+    for i in range(steps + WARMUP_STEPS):
         t0 = time.perf_counter()
         codes = encoder.push(x[i * samples:(i + 1) * samples])
         t1 = time.perf_counter()
         if decoder is not None:
             decoder.push(codes)
         t2 = time.perf_counter()
-        if i >= 5:  # the first steps warm the sessions up
+        if i >= WARMUP_STEPS:
             enc.append(t1 - t0)
             dec.append(t2 - t1)
     return {"encode_step": percentiles(enc), **({"decode_step": percentiles(dec)} if decoder is not None else {}),

@@ -172,15 +172,15 @@ export class Codec {
     return next;
   }
 
+  /** An ort.Tensor; codes held as numbers become the BigInt64Array an int64 input takes. */
   tensor(type, data, shape) {
-    return new this.ort.Tensor(type, data, shape);
+    return new this.ort.Tensor(type, type === "int64" && !(data instanceof BigInt64Array) ? toInt64(data) : data, shape);
   }
 
   async _call(name, input) {
     const g = await this.graph(name);
     const v = g.facts.inputs[0];
-    const data = v.type === "int64" ? toInt64(input.data ?? input) : input.data ?? input;
-    const out = await this.run(g, { [v.name]: this.tensor(v.type, data, v.shape) });
+    const out = await this.run(g, { [v.name]: this.tensor(v.type, input.data ?? input, v.shape) });
     return out[g.facts.outputs[0].name].data;
   }
 
@@ -346,7 +346,7 @@ class StepStream {
       const t = g.facts.inputs.find((i) => i.name === name);
       return [name, this.codec.tensor(t.type, zeros(t.type, t.shape), t.shape)];
     }));
-    const out = await this.codec.run(g, { [v.name]: this.codec.tensor(v.type, v.type === "int64" ? toInt64(x) : x, v.shape),
+    const out = await this.codec.run(g, { [v.name]: this.codec.tensor(v.type, x, v.shape),
       ...this._state });
     this._state = Object.fromEntries(this.plan.state.map(([i, o]) => [i, out[o]]));
     return out[g.facts.outputs[0].name].data;
