@@ -63,7 +63,7 @@ def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fall
     if source.sample_rate != codec.sample_rate:
         note(f"resampling {source.sample_rate} Hz -> {codec.sample_rate} Hz (soxr)")
     t0 = time.perf_counter()
-    codes = codec.encode_source(source, codebooks, codec.check_mode(None if mode == "auto" else mode), True)
+    codes = codec.encode_source(source, codebooks, codec.check_mode(mode), True)
     took = time.perf_counter() - t0
     codes.save(out, layout)
     label = MODE_LABELS[codes.mode].format(chunk=codes.chunk_frames)
@@ -108,8 +108,7 @@ def decode_cmd(codes_in, out, layout, noise_seed, no_noise, model_dir, mode, pro
     codec = spec.runtime(model_dir, provider, fallback, options)
     t0 = time.perf_counter()
     noise = "zero" if no_noise else noise_seed
-    channels, samples, sr = codec.decode_to_file(codes, out, mode=None if mode == "auto" else mode,
-                                                 progress=True, noise=noise)
+    channels, samples, sr = codec.decode_to_file(codes, out, mode=mode, progress=True, noise=noise)
     click.echo(f"{codes_in} -> {channels} ch x {samples} samples @ {sr} Hz in "
                f"{time.perf_counter() - t0:.2f} s on {codec.provider}")
     click.echo(f"wrote {out}")
