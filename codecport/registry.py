@@ -99,6 +99,10 @@ class CodecSpec:
 
 
 
+# Codecs with step graphs can write them again for several streams a call (codec-serve's batches).
+SLOTS = Option("--slots", int, None, "Also write step graphs that step this many independent streams a "
+                                     "call (<side>_slots.onnx), for codec-serve.", minimum=2)
+
 BUILTIN = (
     CodecSpec(
         "dac", "DacCodec", default_preset="44khz", web=True,
@@ -117,6 +121,7 @@ BUILTIN = (
                    "moshi's streaming mode (step graphs), whose ring cache drops a step's oldest keys, "
                    "or Kyutai's Rust Mimi (fixed and step graphs), which sees one key more.",
                    aliases=("--window",)),
+            SLOTS,
         ),
         # 0.1 s: the tiny preset's attention masks are constants of frames squared, so a short
         # fixed pair keeps the folder small (1.7 MiB at 0.2 s); the step graphs take any length.
@@ -128,6 +133,7 @@ BUILTIN = (
                                             "for per call: a unit is a coarse frame at 24 kHz, four (one "
                                             "attention window) at 32 and 44 kHz.", minimum=1,
                    aliases=("--stream-frames",)),
+            SLOTS,
         ),
         smoke=("--preset", "tiny", "--len", "4800")),
 )

@@ -3,7 +3,7 @@
 # onnxruntime-web, then run the whole test suite on the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh export,dev,bench,coreml,ray
+bash scripts/setup.sh export,dev,bench,coreml,ray,serve
 bash scripts/setup_web.sh
 # Three processes, each taking whole test files (--dist loadfile): many tests wait on a process or
 # a page (a worker, a Ray cluster, Chromium), so on the 2-core machine three keep both cores

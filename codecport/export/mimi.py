@@ -39,6 +39,7 @@ from .batch import export_batched
 from .builds import Build, finish_export
 from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated
+from .slots import run_streams
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 
 log = logging.getLogger(__name__)
@@ -101,15 +102,16 @@ class Geometry:
 
 
 def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
-                k: int | None = None, attention: str = "whole-clip") -> list[GraphSpec]:
-    """The fixed-length pair and/or the step pair; `k` puts the quantizer (k levels) inside."""
+                k: int | None = None, attention: str = "whole-clip", slots: int | None = None) -> list[GraphSpec]:
+    """The fixed-length pair and/or the step pair; `k` puts the quantizer (k levels) inside;
+    `slots` adds the step pair again for that many independent streams a call."""
     cfg = model.cfg
     quant = {"quantizer": "numpy" if k is None else "graph",
              "n_codebooks": str(cfg.n_codebooks if k is None else k)}
 
-    def frames_io(frames: int) -> Tensor:
-        return Tensor("latent", (1, cfg.dimension, frames), "float32") if k is None else \
-            Tensor("codes", (1, k, frames), "int64")
+    def frames_io(frames: int, b: int = 1) -> Tensor:
+        return Tensor("latent", (b, cfg.dimension, frames), "float32") if k is None else \
+            Tensor("codes", (b, k, frames), "int64")
 
     specs = []
     facts = {"attention": attention, "context": str(attention_context(cfg.context, attention))}
@@ -125,20 +127,22 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
         ]
     if geo.step_frames is not None:
         f, n = geo.step_frames, geo.step_samples
-        offset = [Tensor("offset_in", (1,), "int64")]
-        for side, x, y in (("encoder", Tensor("audio", (1, 1, n), "float32"), frames_io(f)),
-                           ("decoder", frames_io(f), Tensor("audio", (1, 1, n), "float32"))):
-            shapes = model.state_shapes(side)
-            states_in = [Tensor(f"{name}_in", s, "float32") for name, s in shapes.items()]
-            states_out = [Tensor(f"{name}_out", s, "float32") for name, s in shapes.items()]
-            specs.append(GraphSpec(
-                f"{side}_step", StepGraph(model, side, k), [x, *offset, *states_in],
-                [y, Tensor("offset_out", (1,), "int64"), *states_out],
-                {**meta, **quant, **facts, "role": side, "mode": "step", "frames": str(f),
-                 "samples": str(n), "positions_per_step": str(f * cfg.downsample_stride),
-                 "states": ",".join(shapes),
-                 "initial_state": "every <state>_in all zeros and offset_in = 0; then feed each "
-                                  "<state>_out and offset_out back as <state>_in and offset_in"}))
+        for b, mode in ((1, "step"), *(((slots, "slots"),) if slots else ())):
+            offset = [Tensor("offset_in", (b,), "int64")]
+            for side, x, y in (("encoder", Tensor("audio", (b, 1, n), "float32"), frames_io(f, b)),
+                               ("decoder", frames_io(f, b), Tensor("audio", (b, 1, n), "float32"))):
+                shapes = {name: (b, *s[1:]) for name, s in model.state_shapes(side).items()}
+                states_in = [Tensor(f"{name}_in", s, "float32") for name, s in shapes.items()]
+                states_out = [Tensor(f"{name}_out", s, "float32") for name, s in shapes.items()]
+                specs.append(GraphSpec(
+                    f"{side}_{mode}", StepGraph(model, side, k), [x, *offset, *states_in],
+                    [y, Tensor("offset_out", (b,), "int64"), *states_out],
+                    {**meta, **quant, **facts, "role": side, "mode": mode, "frames": str(f),
+                     "samples": str(n), "positions_per_step": str(f * cfg.downsample_stride),
+                     "states": ",".join(shapes), "slots": str(b),
+                     "initial_state": "every <state>_in all zeros and offset_in = 0; then feed each "
+                                      "<state>_out and offset_out back as <state>_in and offset_in; "
+                                      "each batch row is a stream of its own"}))
     return specs
 
 
@@ -164,15 +168,45 @@ def _decoder_input(spec: GraphSpec, codes: np.ndarray, rvq: MimiRvq) -> np.ndarr
     return codes if spec.metadata["quantizer"] == "graph" else rvq.decode(codes[0])[None]
 
 
-def _run_steps(call, spec: GraphSpec, pieces: list[np.ndarray], rvq: MimiRvq):
-    """Chain `call([x, offset, *states]) -> [y, offset, *states]` from the zero state."""
-    state = [np.zeros(t.shape, np.float32) for t in spec.inputs[2:]]
+def _run_steps(call, model: MimiModel, spec: GraphSpec, pieces: list[np.ndarray], rvq: MimiRvq):
+    """Chain `call([x, offset, *states]) -> [y, offset, *states]` from the zero state (one stream)."""
+    state = [np.zeros(s, np.float32) for s in model.state_shapes(spec.metadata["role"]).values()]
     offset, out = np.zeros(1, np.int64), []
     for x in pieces:
         x = x if spec.metadata["role"] == "encoder" else _decoder_input(spec, x, rvq)
         y, offset, *state = call([x, offset, *state])
         out.append(y)
     return np.concatenate(out, axis=-1), int(offset[0])
+
+
+def _stream(spec: GraphSpec, model: MimiModel, rvq: MimiRvq, rng, steps: int):
+    """A random input of `steps` steps (one call's worth for a fixed graph) and what torch makes
+    of it: the whole clip, or its own chained steps where the graph follows moshi's ring."""
+    cfg, meta = model.cfg, spec.metadata
+    k, encoder = int(meta["n_codebooks"]), meta["role"] == "encoder"
+    if encoder:
+        x = (0.3 * rng.standard_normal((1, 1, int(meta["samples"]) * steps))).astype(np.float32)
+        with torch.no_grad():
+            want = model.encode(model.pad(torch.from_numpy(x)), k).numpy()
+    else:
+        x = rng.integers(0, cfg.codebook_size, (1, k, int(meta["frames"]) * steps))
+        with torch.no_grad():
+            want = model.decode(torch.from_numpy(x)).numpy()
+    if meta["mode"] != "fixed" and meta["attention"] == "moshi-stream":
+        with torch.no_grad():
+            want, _ = _run_steps(lambda xs: [t.numpy() for t in spec.module(*map(torch.from_numpy, xs))],
+                                 model, spec, np.split(x, steps, axis=-1), rvq)
+            if encoder and meta["quantizer"] == "numpy":
+                want = model.quantizer.encode(torch.from_numpy(want), k).numpy()
+    return x, want
+
+
+def _compare(spec: GraphSpec, got: np.ndarray, want: np.ndarray, rvq: MimiRvq) -> dict[str, float]:
+    """Encoders must give identical codes, decoders audio within `AUDIO_ATOL`."""
+    if spec.metadata["role"] == "decoder":
+        return {"audio_max_abs_err": check_close(spec.name, got, want, AUDIO_ATOL)}
+    check_codes(spec.name, _codes_of(spec, got, rvq), want)
+    return {"codes_identical": 1.0}
 
 
 def validate(spec: GraphSpec, onnx_model, model: MimiModel, rvq: MimiRvq, seed: int = 1,
@@ -182,48 +216,40 @@ def validate(spec: GraphSpec, onnx_model, model: MimiModel, rvq: MimiRvq, seed: 
     Fixed graphs: one call against the torch whole clip. Step graphs: `steps` calls chained from
     the zero state, against the torch whole clip (which checks the state handling as well as
     the numbers), or against torch's own chained steps when the graph follows moshi's streaming
-    ring (which does not equal the whole clip past the window). Encoders must give identical
-    codes, decoders audio within `AUDIO_ATOL`.
+    ring (which does not equal the whole clip past the window). Graphs of several slots: a
+    stream more than the slots, joining and leaving at different steps (export/slots.py), each
+    against its own reference. Encoders must give identical codes, decoders audio within
+    `AUDIO_ATOL`.
     """
     cfg, meta = model.cfg, spec.metadata
     rng = np.random.default_rng(seed)
-    k = int(meta["n_codebooks"])
-    step = meta["mode"] == "step"
-    n = steps if step else 1
     encoder = meta["role"] == "encoder"
-    if encoder:
-        x = (0.3 * rng.standard_normal((1, 1, int(meta["samples"]) * n))).astype(np.float32)
-        with torch.no_grad():
-            want = model.encode(model.pad(torch.from_numpy(x)), k).numpy()
-    else:
-        x = rng.integers(0, cfg.codebook_size, (1, k, int(meta["frames"]) * n))
-        with torch.no_grad():
-            want = model.decode(torch.from_numpy(x)).numpy()
+    per = cfg.downsample_stride
+    if meta["mode"] == "slots":
+        b = int(meta["slots"])
+        streams = [_stream(spec, model, rvq, rng, steps) for _ in range(b + 1)]
+        feeds = [[(p if encoder else _decoder_input(spec, p, rvq), {}) for p in np.split(x, steps, axis=-1)]
+                 for x, _ in streams]
+        outs = run_streams(onnx_model, spec.name, b, feeds)
+        errs = [_compare(spec, np.concatenate(o, axis=-1), want, rvq) for o, (_, want) in zip(outs, streams)]
+        return {k: max(e[k] for e in errs) for k in errs[0]}
+    x, want = _stream(spec, model, rvq, rng, steps if meta["mode"] == "step" else 1)
     names = [t.name for t in spec.inputs]
-    if step:
-        pieces = np.split(x, steps, axis=-1)
-        got, offset = _run_steps(lambda xs: run(onnx_model, dict(zip(names, xs))), spec, pieces, rvq)
-        if offset != x.shape[-1] // (cfg.frame_size if encoder else 1) * cfg.downsample_stride:
-            raise ExportError(f"{spec.name}: offset_out is {offset} after {steps} steps, expected "
-                              f"{x.shape[-1] // (cfg.frame_size if encoder else 1) * cfg.downsample_stride}")
-        if meta["attention"] == "moshi-stream":
-            with torch.no_grad():
-                want, _ = _run_steps(lambda xs: [t.numpy() for t in spec.module(*map(torch.from_numpy, xs))],
-                                     spec, pieces, rvq)
-                if encoder and meta["quantizer"] == "numpy":
-                    want = model.quantizer.encode(torch.from_numpy(want), k).numpy()
+    if meta["mode"] == "step":
+        got, offset = _run_steps(lambda xs: run(onnx_model, dict(zip(names, xs))), model, spec,
+                                 np.split(x, steps, axis=-1), rvq)
+        expected = x.shape[-1] // (cfg.frame_size if encoder else 1) * per
+        if offset != expected:
+            raise ExportError(f"{spec.name}: offset_out is {offset} after {steps} steps, expected {expected}")
     else:
         got = run(onnx_model, {names[0]: x if encoder else _decoder_input(spec, x, rvq)})[0]
-    if not encoder:
-        return {"audio_max_abs_err": check_close(spec.name, got, want, AUDIO_ATOL)}
-    check_codes(spec.name, _codes_of(spec, got, rvq), want)
-    return {"codes_identical": 1.0}
+    return _compare(spec, got, want, rvq)
 
 
 def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, step_frames: int | None = 1,
                 *, preset: str, weights: str, weights_sha256: str,
                 in_graph_codebooks: int | None = None, attention: str = "whole-clip",
-                build: Build | None = None, batch: int | None = None) -> dict:
+                build: Build | None = None, batch: int | None = None, slots: int | None = None) -> dict:
     """Export, check and validate the requested graphs, then write them all; returns the report.
 
     `samples` gives the fixed-length pair, `step_frames` the streaming pair (any length; None
@@ -234,6 +260,7 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
     positions, as candle's mask in Kyutai's Rust Mimi does; its streaming equals its whole clip).
     `build` asks for a target/precision build (see builds.py), measured against the
     validated fp32 graphs. `batch` adds a batched copy of the fixed-length encoder (batch.py).
+    `slots` adds step graphs that step that many independent streams a call (`<side>_slots`).
     Nothing is written unless every graph passes; each file is written atomically.
     """
     cfg = model.cfg
@@ -248,6 +275,8 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
         raise ExportError(f"--len must be positive, got {samples}")
     if step_frames is not None and step_frames < 1:
         raise ExportError(f"--step-frames must be at least 1, got {step_frames}")
+    if slots is not None and (step_frames is None or not 1 < slots <= 4096):
+        raise ExportError(f"--slots must be 2 to 4096 (streams one step graph call holds), got {slots}")
     if attention not in ATTENTION:
         raise ExportError(f"--attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     k = in_graph_codebooks
@@ -263,14 +292,15 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
             "latent_dim": str(cfg.dimension), "codebook_size": str(cfg.codebook_size),
             "codebook_dim": str(cfg.codebook_dim), "n_semantic": str(cfg.n_semantic),
             "weights": weights, "weights_sha256": weights_sha256}
-    meta["export_id"] = export_id(meta, vars(geo), k, attention)
+    meta["export_id"] = export_id(meta, vars(geo), k, attention, slots)
     rvq = rvq_of(model)
     context = attention_context(cfg.context, attention)
-    models, report = {}, {"validation": {}, "geometry": {**vars(geo), "step_samples": geo.step_samples},
+    models, report = {}, {"validation": {}, "geometry": {**vars(geo), "step_samples": geo.step_samples,
+                                                         "slots": slots},
                           "attention": attention, "context": context}
     model.set_moshi_ring(attention == "moshi-stream")
     model.set_context(context)
-    specs = graph_specs(model.eval(), geo, meta, k, attention)
+    specs = graph_specs(model.eval(), geo, meta, k, attention, slots)
     try:
         export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, model, rvq))
         from ..runtime.mimi import MimiCodec
@@ -313,7 +343,7 @@ def export(model: MimiModel, out_dir: Path, length: int | None, *, options: dict
     """`codec-export mimi`: the step graphs (any length, streaming) and, with `--len`, the
     fixed-length pair for clips up to that length."""
     return export_mimi(model, out_dir, length, options.get("step_frames") or 1,
-                       attention=options.get("attention") or "whole-clip", **common)
+                       attention=options.get("attention") or "whole-clip", slots=options.get("slots"), **common)
 
 
 def describe(report: dict) -> list[str]:
@@ -325,5 +355,8 @@ def describe(report: dict) -> list[str]:
     if geo["step_frames"] is not None:
         lines.append(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
                      "per call, state in/out (zeros to start)")
+        if geo.get("slots"):
+            lines.append(f"  slot graphs  : the same step for {geo['slots']} independent streams a call "
+                         "(codec-serve)")
     lines.append(f"  attention    : {report['attention']}, {report['context']} positions")
     return lines

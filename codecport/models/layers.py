@@ -162,7 +162,8 @@ class StreamState:
 
     moshi keeps this state hidden inside its modules, which ONNX cannot see. Here every stateful
     module reads `inputs[its name]` and writes `outputs[its name]`, so an exported step graph
-    carries the state as plain inputs/outputs. `offset` counts the positions seen so far.
+    carries the state as plain inputs/outputs. `offset` `[B]` counts the positions each batch row
+    (an independent stream) has seen so far.
     """
 
     def __init__(self, inputs: dict[str, torch.Tensor], offset: torch.Tensor):
@@ -172,7 +173,8 @@ class StreamState:
     def first(self) -> torch.Tensor:
         """1.0 on the first step, else 0.0, computed without comparison ops (CoreML's ML Program
         has none): offset is a whole number >= 0."""
-        return (1 - self.offset.float()).clamp(0, 1)  # both bounds: no empty optional input
+        # [B, 1, 1]: each batch row a stream of its own. Both bounds: no empty optional input.
+        return (1 - self.offset.float()).clamp(0, 1).reshape(-1, 1, 1)
 
 
 class _Wrap(nn.Module):

@@ -19,12 +19,15 @@ from .layers import StreamState
 def apply_rope(x: torch.Tensor, pos: torch.Tensor, max_period: float) -> torch.Tensor:
     """Interleaved RoPE as moshi: pairs (2i, 2i+1) rotate by `pos * max_period^(-2i/D)`.
 
-    x `[B, H, T, D]`, pos `[T]` float32 positions. The frequencies are computed with moshi's
+    x `[B, H, T, D]`, pos `[T]` (every row alike) or `[B, T]` (each row its own) float32
+    positions. The frequencies are computed with moshi's
     formula (exp of a log), not transformers' `1/base**x`, so the angles match to the ulp.
     """
     d = x.shape[-1]
     freqs = torch.exp(torch.arange(d // 2, dtype=torch.float32) * (-math.log(max_period) * 2 / d))
-    ang = pos[:, None] * freqs  # [T, D/2]
+    ang = pos[..., None] * freqs  # [T, D/2] or [B, T, D/2]
+    if ang.dim() == 3:
+        ang = ang[:, None]  # [B, 1, T, D/2]: every head alike
     cos, sin = torch.cos(ang), torch.sin(ang)
     xr, xi = x.reshape(*x.shape[:-1], d // 2, 2).unbind(-1)  # Split, not Gather (CoreML)
     return torch.stack([xr * cos - xi * sin, xr * sin + xi * cos], dim=-1).reshape(x.shape)
@@ -34,9 +37,10 @@ class Attention(nn.Module):
     """Causal multi-head self-attention over a sliding context of `context` positions.
 
     A key at position k is visible from a query at q iff `0 <= q - k < context` (moshi's mask).
-    Streaming keeps the last `context` rotated keys and values as state `[2, 1, H, context, D]`:
+    Streaming keeps the last `context` rotated keys and values as state `[B, 2, H, context, D]`:
     a shifted window rather than an index-addressed ring, so the step graph needs no scatter and
-    every shape stays static; slots holding positions before 0 are masked out.
+    every shape stays static; slots holding positions before 0 are masked out. Each batch row
+    is a stream of its own, at its own `offset` (`[B]`): its own rotary positions and mask.
 
     `moshi_ring` (streaming only) reproduces moshi's own streaming mode instead: its ring cache
     holds `context` entries *after* a step's new positions are written, so a step's earlier
@@ -55,7 +59,7 @@ class Attention(nn.Module):
 
     def state_shape(self) -> tuple[int, ...]:
         dim = self.out_proj.in_features
-        return (2, 1, self.heads, self.context, dim // self.heads)
+        return (1, 2, self.heads, self.context, dim // self.heads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, dim = x.shape
@@ -67,22 +71,24 @@ class Attention(nn.Module):
             pos_q = pos_k = steps
             q, k = apply_rope(q, pos_q, self.max_period), apply_rope(k, pos_k, self.max_period)
         else:
-            offset = self.stream.offset.float()  # exact: positions stay far below 2**24
-            pos_q = offset + steps
+            offset = self.stream.offset.float()[:, None]  # [B, 1], exact: far below 2**24
+            pos_q = offset + steps  # [B, T]
             pos_k = torch.cat([offset - self.context + torch.arange(self.context, dtype=torch.float32),
-                               pos_q])
+                               pos_q], 1)
             # Cached keys are already rotated; rotate only the new ones. The window
-            # `[2, B, H, context + t, D]` is the state with this step's keys and values appended.
+            # `[B, 2, H, context + t, D]` is the state with this step's keys and values appended.
             q, k = apply_rope(q, pos_q, self.max_period), apply_rope(k, pos_q, self.max_period)
-            window = torch.cat([self.stream.inputs[self.state_name], torch.stack([k, v])], dim=3)
+            window = torch.cat([self.stream.inputs[self.state_name], torch.stack([k, v], 1)], dim=3)
             self.stream.outputs[self.state_name] = window[:, :, :, t:]
         # Visibility as 0/1 floats from clamps rather than comparisons (none in CoreML's ML
         # Program); positions are whole numbers, so clamp(n, 0, 1) is 1 iff n >= 1.
-        delta = pos_q[:, None] - pos_k[None, :]
+        delta = pos_q[..., :, None] - pos_k[..., None, :]  # [T, S] or [B, T, S]
         visible = ((delta + 1).clamp(0, 1) * (self.context - delta).clamp(0, 1)
-                   * (pos_k + 1).clamp(0, 1)[None, :])
+                   * (pos_k + 1).clamp(0, 1)[..., None, :])
         if self.stream is not None and self.moshi_ring:
-            visible = visible * (pos_k - pos_q[-1] + self.context).clamp(0, 1)[None, :]
+            visible = visible * (pos_k - pos_q[..., -1:] + self.context).clamp(0, 1)[..., None, :]
+        if visible.dim() == 3:
+            visible = visible[:, None]  # [B, 1, T, S]: every head alike
         # A finite -3e4 rather than -inf: exp() of it is exactly 0 all the same, and it stays
         # finite in fp16, where 0 * inf would give NaN for the visible keys.
         mask = (visible - 1) * 3e4
@@ -95,8 +101,8 @@ class Attention(nn.Module):
             # halves, keeping the unwanted half (t x (context + t) values): slicing K and V out
             # and stacking them back copied the whole cache three more times a step (1.3 ms of
             # the preset's 13 ms one-frame step on 2 cores).
-            scores = torch.matmul(q, window.transpose(-1, -2)).unbind(0)[0] / norm + mask
-            y = torch.matmul(torch.softmax(scores, dim=-1), window).unbind(0)[1]
+            scores = torch.matmul(q[:, None], window.transpose(-1, -2)).unbind(1)[0] / norm + mask
+            y = torch.matmul(torch.softmax(scores, dim=-1)[:, None], window).unbind(1)[1]
         return self.out_proj(y.transpose(1, 2).reshape(b, t, dim))
 
 

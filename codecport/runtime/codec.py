@@ -71,7 +71,9 @@ class Codec(GraphFolder):
 
     @property
     def modes(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(mode for _, mode in self.graphs.values()))
+        # "slots" graphs are the step graphs again, several streams a call: a server's, not a way
+        # through for a clip.
+        return tuple(dict.fromkeys(mode for _, mode in self.graphs.values() if mode != "slots"))
 
     @property
     def frame_rate(self) -> float:

@@ -33,7 +33,7 @@ INT_RANGES = {
     "codebook_size": (2, 1 << 20), "codebook_dim": (1, 1 << 16), "latent_dim": (1, 1 << 16),
     "samples": (1, 1 << 31), "frames": (1, 1 << 31), "window": (1, 1 << 31),
     "chunk_step": (1, 1 << 31), "chunk_frames": (1, 1 << 31), "delay": (0, 1 << 31),
-    "positions_per_step": (1, 1 << 20), "batch": (1, 4096), "context": (1, 1 << 20), "n_semantic": (0, 1024),
+    "positions_per_step": (1, 1 << 20), "batch": (1, 4096), "slots": (1, 4096), "context": (1, 1 << 20), "n_semantic": (0, 1024),
     "unit_frames": (1, 1 << 16), "step_frames": (1, 1 << 20), "margin": (0, 1 << 20), "vq_strides": (1, 4096), "decoder_rates": (1, 64),
 }
 RERUN = "re-export it with this version of codec-export"

@@ -29,7 +29,7 @@ from .codes import Codes
 from .graph import Graph
 from .plan import WindowPlan
 from .rvq import MimiRvq
-from .stream import DecoderStream, Duplex, EncoderStream, Latency, StepRunner, as_levels, as_pcm
+from .stream import DecoderStream, Duplex, EncoderStream, Latency, Stepped, StepRunner, as_levels, as_pcm
 
 MOSHI_CODEBOOKS = 8  # what Moshi uses; the default unless asked for more (up to all 32)
 
@@ -43,7 +43,8 @@ class MimiCodec(Codec):
 
     name, label = "mimi", "Mimi"
     graphs: ClassVar = {"encoder": ("encoder", "fixed"), "decoder": ("decoder", "fixed"),
-              "encoder_step": ("encoder", "step"), "decoder_step": ("decoder", "step")}
+              "encoder_step": ("encoder", "step"), "decoder_step": ("decoder", "step"),
+              "encoder_slots": ("encoder", "slots"), "decoder_slots": ("decoder", "slots")}
     default_codebooks = MOSHI_CODEBOOKS
     batchable = ("encoder",)
     streams = ("encoder", "decoder")
@@ -63,14 +64,15 @@ class MimiCodec(Codec):
         if role == "encoder" and math.ceil(samples / g.int("frame_size")) != frames:
             raise ModelFileError(f"{g.path}: {samples} samples cannot give {frames} frames; the "
                                  "file is damaged, re-export the folder")
-        audio, codes = (g.batch, 1, samples), (g.batch, width, frames)
+        b = g.int("slots") if mode == "slots" else g.batch
+        audio, codes = (b, 1, samples), (b, width, frames)
         ins, outs = g.shapes()
         got = (ins[:1], outs[:1])
         want = ([audio], [codes]) if role == "encoder" else ([codes], [audio])
-        if got != want or (mode == "step" and (ins[1], outs[1]) != ((1,), (1,))):
+        if got != want or (mode != "fixed" and (ins[1], outs[1]) != ((b,), (b,))):
             raise ModelFileError(f"{g.path}: its inputs/outputs are {g.shapes()}, its metadata says "
                                  f"{want}; the file is damaged, re-export the folder")
-        if mode == "step":
+        if mode != "fixed":
             g.int("positions_per_step")
 
     # ---- codes <-> what the graphs take --------------------------------------------------
@@ -179,10 +181,10 @@ class MimiCodec(Codec):
         return Duplex(self.encoder_stream(n_codebooks, io_binding), self.decoder_stream(io_binding))
 
 
-class _Steps:
+class _Steps(Stepped):
     """What both of Mimi's streams share: one step graph, its state, and a buffer of the input
     of a step not yet whole. Partial steps wait in the buffer until the next push, or until
-    `flush()` pads them (zeros, code 0, as moshi pads) and returns the rest."""
+    `flush()` pads them (zeros, code 0, as moshi pads) and returns the rest, trimmed."""
 
     def _steps(self, codec: MimiCodec, side: str, io_binding: bool | None) -> None:
         codec.need_steps(side)
@@ -191,11 +193,43 @@ class _Steps:
         self.step_samples = self.step_frames * codec.frame_size
         self.io_binding = codec.io_binding if io_binding is None else io_binding
         self.runner = StepRunner(g, self.io_binding)
+        self._ending = False  # flush asked: the buffered rest makes one padded step
+        self._keep: int | None = None  # frames of the padded step that are the input's
 
     @property
     def latency(self) -> Latency:
         """A frame's result waits for the rest of its step: `step_frames - 1` frames at most."""
         return Latency(self.step_frames - 1, (self.step_frames - 1) * self.codec.frame_size)
+
+    def end(self) -> None:
+        self._ending = True
+
+    def ready(self) -> bool:
+        have = self._buffered()
+        return have >= self._step_len() or (self._ending and have > 0)
+
+    def _cut(self, buf: np.ndarray, pad) -> tuple[np.ndarray, np.ndarray]:
+        """(the next step's input, the rest), padding the last one with `pad`."""
+        n = self._step_len()
+        if buf.shape[-1] >= n:
+            return buf[..., :n], buf[..., n:]
+        self._keep = math.ceil(buf.shape[-1] / self._frame_len())
+        widths = [(0, 0)] * (buf.ndim - 1) + [(0, n - buf.shape[-1])]
+        return np.pad(buf, widths, constant_values=pad), buf[..., :0]
+
+    def _trimmed(self, out: np.ndarray, frame: int) -> np.ndarray:
+        """The padded last step's output, cut to the frames that were input; the stream goes on
+        after it as if nothing was padded (a new push starts a new step)."""
+        if self._keep is None:
+            return out
+        out, self._keep = out[..., :self._keep * frame], None
+        self._ending = False
+        return out
+
+    def reset(self) -> None:
+        self.runner.reset()
+        self._ending, self._keep = False, None
+        self._clear()
 
 
 class MimiEncoderStream(_Steps, EncoderStream):
@@ -207,30 +241,35 @@ class MimiEncoderStream(_Steps, EncoderStream):
         super().__init__(codec)
         self.k = codec.codebooks(n_codebooks)
         self._steps(codec, "encoder", io_binding)
-        self._pcm = np.zeros(0, np.float32)
+        self._clear()
 
     def settings(self) -> str:
         return f"codebooks={self.k}"
 
-    def push(self, pcm) -> np.ndarray:
-        pcm = as_pcm(pcm)
-        self._pcm = np.concatenate([self._pcm, pcm])
-        n = len(self._pcm) // self.step_samples * self.step_samples
-        out = [self.codec.latent_codes(self.runner(self._pcm[i:i + self.step_samples][None, None])[0], self.k)
-               for i in range(0, n, self.step_samples)]
-        self._pcm = self._pcm[n:]
-        return np.concatenate(out, axis=1) if out else np.zeros((self.k, 0), np.int64)
-
-    def flush(self) -> np.ndarray:
-        rem = len(self._pcm)
-        if rem == 0:
-            return np.zeros((self.k, 0), np.int64)
-        codes = self.push(np.zeros(self.step_samples - rem, np.float32))
-        return codes[:, :math.ceil(rem / self.codec.frame_size)]
-
-    def reset(self) -> None:
-        self.runner.reset()
+    def _clear(self) -> None:
         self._pcm = np.zeros(0, np.float32)
+
+    def _buffered(self) -> int:
+        return len(self._pcm)
+
+    def _step_len(self) -> int:
+        return self.step_samples
+
+    def _frame_len(self) -> int:
+        return self.codec.frame_size
+
+    def feed(self, pcm) -> None:
+        self._pcm = np.concatenate([self._pcm, as_pcm(pcm)])
+
+    def next_step(self):
+        x, self._pcm = self._cut(self._pcm, 0.0)
+        return x[None, None], {}
+
+    def take(self, y: np.ndarray) -> np.ndarray:
+        return self._trimmed(self.codec.latent_codes(y[0], self.k), 1)
+
+    def join(self, pieces: list) -> np.ndarray:
+        return np.concatenate(pieces, axis=1) if pieces else np.zeros((self.k, 0), np.int64)
 
     def _get_state(self):
         return {**self.runner.state, "pcm": self._pcm}, {}
@@ -252,12 +291,24 @@ class MimiDecoderStream(_Steps, DecoderStream):
     def __init__(self, codec: MimiCodec, io_binding: bool | None = None):
         super().__init__(codec)
         self._steps(codec, "decoder", io_binding)
+        self._clear()
+
+    def _clear(self) -> None:
         self._codes: np.ndarray | None = None  # frames of a step not yet whole, [K, t]
 
-    def push(self, codes) -> np.ndarray:
+    def _buffered(self) -> int:
+        return 0 if self._codes is None else self._codes.shape[1]
+
+    def _step_len(self) -> int:
+        return self.step_frames
+
+    def _frame_len(self) -> int:
+        return 1
+
+    def feed(self, codes) -> None:
         codes = as_levels(codes, 1)[0]
         if codes.shape[1] == 0:  # nothing new (an encoder stream's push may give no frames)
-            return np.zeros(0, np.float32)
+            return
         codes = self.codec.check_codes(codes).data[0]
         if self._codes is None:
             self._codes = np.zeros((codes.shape[0], 0), np.int64)
@@ -265,22 +316,16 @@ class MimiDecoderStream(_Steps, DecoderStream):
             raise CodesError(f"this stream is decoding {self._codes.shape[0]} codebooks, got "
                              f"{codes.shape[0]}")
         self._codes = np.concatenate([self._codes, codes], axis=1)
-        n = self._codes.shape[1] // self.step_frames * self.step_frames
-        out = [self.runner(self.codec.decoder_input(self._codes[:, i:i + self.step_frames]))[0, 0]
-               for i in range(0, n, self.step_frames)]
-        self._codes = self._codes[:, n:]
-        return np.concatenate(out) if out else np.zeros(0, np.float32)
 
-    def flush(self) -> np.ndarray:
-        rem = 0 if self._codes is None else self._codes.shape[1]
-        if rem == 0:
-            return np.zeros(0, np.float32)
-        pad = np.zeros((self._codes.shape[0], self.step_frames - rem), np.int64)
-        return self.push(pad)[:rem * self.codec.frame_size]
+    def next_step(self):
+        x, self._codes = self._cut(self._codes, 0)
+        return self.codec.decoder_input(x), {}
 
-    def reset(self) -> None:
-        self.runner.reset()
-        self._codes = None
+    def take(self, y: np.ndarray) -> np.ndarray:
+        return self._trimmed(y[0, 0], self.codec.frame_size)
+
+    def join(self, pieces: list) -> np.ndarray:
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
     def _get_state(self):
         codes = {} if self._codes is None else {"codes": self._codes}
@@ -294,5 +339,3 @@ class MimiDecoderStream(_Steps, DecoderStream):
                              "decoder stream's")
         self.runner.state = arrays
         self._codes = None if codes is None else np.array(codes, np.int64)
-
-

@@ -174,34 +174,93 @@ class DecoderStream(Stream):
     side = "decoder"
 
 
+class Stepped:
+    """What a stream whose work is whole graph steps adds: its input is buffered (`feed`), each
+    step's inputs taken out (`next_step`) and its output handed back (`take`). `push` and
+    `flush` run the steps on the stream's own `runner` (a StepRunner); a server's pool runs the
+    same steps for many streams in one batched call (slots.py), its runner a row of the batch.
+    Either way the output is the same."""
+
+    runner: Any  # `runner(x, **extra)` -> the step's first output; `state`; `reset()`
+
+    def push(self, x):
+        self.feed(x)
+        return self._drain()
+
+    def flush(self):
+        self.end()
+        return self._drain()
+
+    def _drain(self):
+        out = []
+        while self.ready():
+            x, extra = self.next_step()
+            out.append(self.take(self.runner(x, **extra)))
+        return self.join(out)
+
+    @abstractmethod
+    def feed(self, x) -> None:
+        """Check and buffer input (what `push` takes)."""
+
+    @abstractmethod
+    def end(self) -> None:
+        """The input is over: what is buffered is padded into last steps."""
+
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether a step is waiting to run."""
+
+    @abstractmethod
+    def next_step(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The next step's first input `[1, ...]` and its other per-step inputs by name."""
+
+    @abstractmethod
+    def take(self, y: np.ndarray):
+        """This stream's output of the step whose output is `y` (`[1, ...]`)."""
+
+    @abstractmethod
+    def join(self, pieces: list):
+        """Output pieces as one (none: an empty one)."""
+
+
+def step_io(graph: Graph) -> tuple[list[tuple[str, str]], list[str]]:
+    """A step graph's state pairs (`<name>_out` -> `<name>_in`, in output order, `offset` among
+    them) and its other inputs (what each step is fed: the first is its audio or codes)."""
+    inputs, outputs = graph.session.get_inputs(), graph.session.get_outputs()
+    names = {i.name for i in inputs}
+    pairs = [(o.name, o.name[:-len("_out")] + "_in") for o in outputs[1:]]
+    if any(not o.endswith("_out") or i not in names for o, i in pairs):
+        raise ModelFileError(f"{graph.path}: its state inputs and outputs are not <name>_in/<name>_out "
+                             "pairs; re-export it")
+    shapes = {a.name: tuple(a.shape) for a in [*inputs, *outputs]}
+    for out_name, in_name in pairs:
+        if shapes[out_name] != shapes[in_name]:
+            raise ModelFileError(f"{graph.path}: {out_name} {shapes[out_name]} cannot feed "
+                                 f"{in_name} {shapes[in_name]}; re-export it")
+    states = {i for _, i in pairs}
+    return pairs, [i.name for i in inputs if i.name not in states]
+
+
 class StepRunner:
     """A streaming step graph with its state carried between calls: each `<state>_out` (and
     `offset_out`) of one step is the `<state>_in` of the next; `reset()` zeroes it all, which is
-    the initial state the step graphs document in their `initial_state` metadata.
+    the initial state the step graphs document in their `initial_state` metadata. A call feeds
+    the step's first input and any others it takes each step (`extra`, by name).
 
     `io_binding=False` keeps the state as numpy arrays and calls `session.run`. `io_binding=True`
     keeps it as OrtValues on `graph.device`, in two sets that swap roles every step (one bound as
     the inputs, the other as the outputs: an output never overwrites the input it is computed
-    from, and nothing is allocated per step); only the step's first input goes in from the host
+    from, and nothing is allocated per step); only the step's own inputs go in from the host
     and its first output comes back, into a new array the caller owns. Both give the same bits.
     `state` copies the state out to numpy; setting it copies it back in.
     """
 
     def __init__(self, graph: Graph, io_binding: bool):
         self.graph, self.io_binding = graph, io_binding
-        inputs, outputs = graph.session.get_inputs(), graph.session.get_outputs()
-        self.input, self.output = inputs[0].name, outputs[0]
+        self.pairs, fed = step_io(graph)
+        self.input, self.output = fed[0], graph.session.get_outputs()[0]
         self.out_dtype = dtype_of(self.output, graph.path)
-        self.pairs = [(o.name, o.name[:-len("_out")] + "_in") for o in outputs[1:]]
-        self.states = {i.name: i for i in inputs[1:]}
-        if any(not o.endswith("_out") for o, _ in self.pairs) or {i for _, i in self.pairs} != set(self.states):
-            raise ModelFileError(f"{graph.path}: its state inputs and outputs are not <name>_in/<name>_out "
-                                 "pairs; re-export it")
-        outs = {o.name: o for o in outputs[1:]}
-        for out_name, in_name in self.pairs:
-            if tuple(outs[out_name].shape) != tuple(self.states[in_name].shape):
-                raise ModelFileError(f"{graph.path}: {out_name} {outs[out_name].shape} cannot feed "
-                                     f"{in_name} {self.states[in_name].shape}; re-export it")
+        self.states = {i.name: i for i in graph.session.get_inputs() if i.name not in fed}
         self.reset()
 
     def _zeros(self, name: str) -> np.ndarray:
@@ -254,14 +313,15 @@ class StepRunner:
             binding.bind_ortvalue_output(out_name, dst[in_name])
         return binding
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, **extra: np.ndarray) -> np.ndarray:
         """The step's first output for its first input `x`; the state moves on one step."""
         if not self.io_binding:
-            outs = self.graph.session.run(None, {self.input: x, **self._state})
+            outs = self.graph.session.run(None, {self.input: x, **extra, **self._state})
             self._state = {in_name: v for (_, in_name), v in zip(self.pairs, outs[1:])}
             return outs[0]
         binding = self._bindings[self._turn]
-        binding.bind_cpu_input(self.input, np.ascontiguousarray(x))
+        for name, v in {self.input: x, **extra}.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(v))
         # A new host array each step: the caller keeps it while the next step writes elsewhere.
         out = np.empty(self.output.shape, self.out_dtype)
         binding.bind_ortvalue_output(self.output.name, onnxruntime().OrtValue.ortvalue_from_numpy(out))

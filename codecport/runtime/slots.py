@@ -1,0 +1,200 @@
+"""Many live streams of one codec folder, stepped together: what a server holds.
+
+A `SlotPool` has `size` slots of one side (`"encoder"` or `"decoder"`). Each connection `open()`s
+a slot (None when all are taken), `feed()`s it input as it arrives, `end()`s it when the input is
+over, and `close()`s it when it leaves (the slot goes back to the zero state at once). The
+scheduler asks which slots are `ready()` and calls `pool.step(those)`: one graph step for each
+of them, and gets each slot's output piece (codes `[codebooks, frames]` from an encoder slot,
+as the stream protocol's `push` returns them; audio samples from a decoder slot; either may be
+empty). `step` blocks: a server runs it in a thread (ONNX Runtime releases the GIL).
+
+The steps run in a `StepBank`: the state of every slot in numpy rows, stepped through the
+folder's batched step graphs (`<side>_slots.onnx`, written by `codec-export --slots B`: B slots
+a call) or, without them, its step graphs one slot a call. A batched call feeds zeros to the
+slots with nothing to do and keeps their rows as they were, so an idle slot changes nothing,
+and a slot reset or joining never disturbs the others (every op of the graphs keeps the batch
+rows apart). A slot gives, piece by piece, exactly what one stream of stream.py gives for the
+same input: the same stream objects run here, their runner a row of the bank.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import CodecportError
+from .graph import Graph, dtype_of
+from .stream import Latency, step_io
+
+log = logging.getLogger(__name__)
+
+
+class StepBank:
+    """The state of `size` slots of one step graph; a graph of batch b runs `ceil(size / b)`
+    groups of b slots, one call per group that has a slot to step."""
+
+    def __init__(self, graph: Graph, size: int):
+        self.graph = graph
+        self.pairs, self.fed = step_io(graph)
+        args = {a.name: a for a in graph.session.get_inputs()}
+        self.b = int(args[self.fed[0]].shape[0])
+        self.size = size
+        rows = -(-size // self.b) * self.b
+        self.rows = {n: (tuple(args[n].shape[1:]), dtype_of(args[n], graph.path)) for n in args}
+        self.state = {i: np.zeros((rows, *self.rows[i][0]), self.rows[i][1]) for _, i in self.pairs}
+
+    def reset(self, slot: int) -> None:
+        for a in self.state.values():
+            a[slot] = 0
+
+    def run(self, steps: Mapping[int, tuple[np.ndarray, dict[str, np.ndarray]]]) -> dict[int, np.ndarray]:
+        """One step of each slot in `steps` (slot -> its first input `[1, ...]` and its other
+        inputs): slot -> its first output `[1, ...]`."""
+        out: dict[int, np.ndarray] = {}
+        b = self.b
+        for lo in sorted({s // b * b for s in steps}):
+            rows = [s - lo for s in steps if lo <= s < lo + b]
+            feeds = {}
+            for i, name in enumerate(self.fed):
+                shape, dtype = self.rows[name]
+                a = np.zeros((b, *shape), dtype)
+                for r in rows:
+                    x, extra = steps[lo + r]
+                    a[r] = (x if i == 0 else extra[name])[0]
+                feeds[name] = a
+            for _, name in self.pairs:
+                feeds[name] = self.state[name][lo:lo + b]
+            ys = self.graph.session.run(None, feeds)
+            for (_, name), v in zip(self.pairs, ys[1:]):
+                self.state[name][[lo + r for r in rows]] = v[rows]
+            for r in rows:
+                out[lo + r] = ys[0][r:r + 1]
+        return out
+
+
+class BankRow:
+    """One slot of a bank as a stream's runner (StepRunner's interface)."""
+
+    def __init__(self, bank: StepBank, slot: int):
+        self.bank, self.slot = bank, slot
+
+    def __call__(self, x: np.ndarray, **extra: np.ndarray) -> np.ndarray:
+        return self.bank.run({self.slot: (x, extra)})[self.slot]
+
+    def reset(self) -> None:
+        self.bank.reset(self.slot)
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        return {n: a[self.slot:self.slot + 1].copy() for n, a in self.bank.state.items()}
+
+    @state.setter
+    def state(self, values: Mapping[str, np.ndarray]) -> None:
+        if set(values) != set(self.bank.state):
+            raise CodecportError(f"a state of {self.bank.graph.path.name} holds {sorted(self.bank.state)}, "
+                                 f"got {sorted(values)}")
+        for n, v in values.items():
+            a = self.bank.state[n]
+            if v.shape != (1, *a.shape[1:]) or v.dtype != a.dtype:
+                raise CodecportError(f"state {n} of {self.bank.graph.path.name} is {a.dtype} "
+                                     f"{[1, *a.shape[1:]]}, got {v.dtype} {list(v.shape)}")
+        for n, v in values.items():
+            self.bank.state[n][self.slot] = v[0]
+
+
+class Slot:
+    """One live stream of a pool. Input in with `feed`/`end`, output out of `pool.step`."""
+
+    def __init__(self, pool: SlotPool, index: int):
+        self.pool, self.index = pool, index
+        self.stream = None
+        self.open = False
+        self._ended = False
+
+    def feed(self, x) -> None:
+        """Input as the stream protocol's `push` takes it: float samples at the codec's model
+        rate (encoder), or code frames (decoder). Checked here, so a bad message is refused
+        before it reaches a batch (CodecportError, one line)."""
+        if self._ended:
+            raise CodecportError("this stream has ended; open another for more input")
+        self.stream.feed(x)
+
+    def end(self) -> None:
+        """The input is over: the slot stays ready until the rest of its output has come out."""
+        self._ended = True
+        self.stream.end()
+
+    def ready(self) -> bool:
+        """Whether a step of this slot is waiting to run."""
+        return self.open and self.stream.ready()
+
+    @property
+    def finished(self) -> bool:
+        """The input has ended and every output has come out."""
+        return self._ended and not self.stream.ready()
+
+    def close(self) -> None:
+        """Give the slot back (its state zeroed at once): the connection is gone."""
+        self.pool.release(self)
+
+    @property
+    def latency(self) -> Latency:
+        return self.stream.latency
+
+    @property
+    def step_frames(self) -> int:
+        return self.stream.step_frames
+
+
+class SlotPool:
+    """`size` slots of `side` on one codec folder. `settings` are the streams' (codebooks,
+    noise...), `open(**settings)` overrides them for one slot. `batched=False` steps one slot a
+    call even where the folder has batched step graphs (one step per stream)."""
+
+    def __init__(self, codec, side: str, size: int, batched: bool = True, **settings):
+        if side not in codec.streams:
+            raise codec.no_stream(side)
+        if not 1 <= size <= 4096:
+            raise CodecportError(f"a pool holds 1 to 4096 slots, got {size}")
+        self.codec, self.side, self.size, self.settings = codec, side, size, settings
+        name = f"{side}_slots"
+        if not (batched and name in codec.present):
+            name = f"{side}_step"
+        self.bank = StepBank(codec.graph(name), size)
+        self.slots = [Slot(self, i) for i in range(size)]
+
+    @property
+    def batch(self) -> int:
+        """Slots one graph call steps."""
+        return self.bank.b
+
+    @property
+    def active(self) -> int:
+        return sum(s.open for s in self.slots)
+
+    def open(self, **settings) -> Slot | None:
+        """A free slot, in the zero state, or None when every slot is taken. Bad settings raise
+        (CodecportError) and take no slot."""
+        free = next((s for s in self.slots if not s.open), None)
+        if free is None:
+            return None
+        make = self.codec.encoder_stream if self.side == "encoder" else self.codec.decoder_stream
+        stream = make(**{**self.settings, **settings, "io_binding": False})
+        stream.runner = BankRow(self.bank, free.index)
+        stream.reset()
+        free.stream, free.open, free._ended = stream, True, False
+        return free
+
+    def release(self, slot: Slot) -> None:
+        if slot.open:
+            slot.open = False
+            self.bank.reset(slot.index)
+            slot.stream = None
+
+    def step(self, slots: Sequence[Slot]) -> dict[Slot, np.ndarray]:
+        """One step of each slot given that is ready: its output piece (possibly empty)."""
+        ready = [s for s in slots if s.ready()]
+        ys = self.bank.run({s.index: s.stream.next_step() for s in ready})
+        return {s: s.stream.take(ys[s.index]) for s in ready}
