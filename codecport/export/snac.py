@@ -5,8 +5,11 @@ Three graphs, all static, no ConvTranspose, no Conv pads:
   `[1, latent, frames]` (the RVQ runs in numpy, `rvq.npz`);
 - `decoder.onnx`: latent, `mask` and the noise of each decoder block (`noise_i`
   `[1, 1, frames * prod(rates[:i+1])]`) -> audio `[1, 1, frames * hop]`;
-- `decoder_step.onnx`: the decoder on a short window (the receptive field either side of a
-  few coarse frames), for decoding codes as a language model emits them.
+- `decoder_step.onnx`: one streaming step of the decoder with explicit state (models/snac_stream.py):
+  latent `[1, latent, n]`, `offset_in`, `end`, the step's noise and `<state>_in`... -> audio
+  `[1, 1, n * hop]` of the positions `delay` samples before the step's, `offset_out`,
+  `<state>_out`...; each layer computes each position once, for codes a language model emits a
+  frame at a time. `--slots B` writes it again as `decoder_slots.onnx`, B streams a call.
 
 `mask` marks the window's frames that belong to the clip: the graph then computes exactly what
 the official model computes on that clip alone (layers.FrameMask), so one window serves a short
@@ -26,10 +29,13 @@ from torch import nn
 
 from ..errors import ExportError
 from ..models.snac import SNAC
+from ..models.snac_stream import SnacStepDecoder
 from ..runtime.rvq import SnacRvq
+from ..runtime.snac import END_UNKNOWN
 from .builds import Build, finish_export
 from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated, factorised_rvq_arrays
+from .slots import run_streams
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 
 log = logging.getLogger(__name__)
@@ -60,12 +66,13 @@ class Geometry:
     unit_frames: int  # latent frames of a coarse frame (windows start and end on these)
     encoder_margin: int  # latent frames kept clear of a window's edges (receptive field)
     decoder_margin: int
-    step_frames: int  # latent frames the step decoder gives audio for per call
-    step_window: int  # latent frames of its window
+    step_frames: int  # latent frames the step decoder takes per call
+    step_delay: int  # samples its audio runs behind its input (the decoder's right context)
     sample_rate: int
+    slots: int | None = None  # streams a call of decoder_slots.onnx
 
     @classmethod
-    def of(cls, snac: SNAC, samples: int, step_coarse: int) -> Geometry:
+    def of(cls, snac: SNAC, samples: int, step_coarse: int, slots: int | None = None) -> Geometry:
         cfg = snac.cfg
         hop, unit = cfg.hop_length, cfg.unit_frames
         enc, dec = cfg.margins()
@@ -75,7 +82,8 @@ class Geometry:
             raise ExportError(f"--len {samples} is too short for windows that keep their receptive "
                               f"field: pass at least {least * hop} samples ({least * hop / cfg.sample_rate:.2f} s)")
         step = step_coarse * unit
-        return cls(frames, frames * hop, unit, enc, dec, step, step + 2 * dec, cfg.sample_rate)
+        return cls(frames, frames * hop, unit, enc, dec, step, SnacStepDecoder(snac, step).plan.delay,
+                   cfg.sample_rate, slots)
 
 
 def rvq_of(snac: SNAC) -> SnacRvq:
@@ -86,6 +94,27 @@ def rvq_of(snac: SNAC) -> SnacRvq:
 def graph_specs(snac: SNAC, geo: Geometry, meta: dict[str, str]) -> list[GraphSpec]:
     cfg = snac.cfg
     hop = cfg.hop_length
+
+    def step(name: str, b: int) -> GraphSpec:
+        n = geo.step_frames
+        module = SnacStepDecoder(snac, n, b)
+        plan = module.plan
+        noise = [Tensor(f"noise_{i}", (b, 1, n * u), "float32") for i, u in enumerate(module.noise_rates())]
+        states = [(f"{k}_in", f"{k}_out", (b, *shape)) for k, shape in plan.states.items()]
+        return GraphSpec(name, module,
+                         [Tensor("latent", (b, cfg.latent, n), "float32"), Tensor("offset_in", (b,), "int64"),
+                          Tensor("end", (b,), "int64"), *noise,
+                          *(Tensor(i, shape, "float32") for i, _, shape in states)],
+                         [Tensor("audio", (b, 1, n * hop), "float32"), Tensor("offset_out", (b,), "int64"),
+                          *(Tensor(o, shape, "float32") for _, o, shape in states)],
+                         {**meta, "role": "decoder", "mode": "step" if b == 1 else "slots", "frames": str(n),
+                          "samples": str(n * hop), "step_frames": str(n), "slots": str(b),
+                          "delay": str(plan.delay), "noise_delays": ",".join(map(str, plan.noise_delays)),
+                          "states": ",".join(plan.states),
+                          "initial_state": "every <state>_in all zeros and offset_in = 0 (latent frames "
+                                           "stepped); then feed each <state>_out and offset_out back; `end` "
+                                           "is the clip's latent frames once known, else 2**62; each batch "
+                                           "row is a stream of its own"})
 
     def dec(name: str, frames: int, mode: str, extra: dict) -> GraphSpec:
         noise = [Tensor(f"noise_{i}", s, "float32") for i, s in enumerate(snac.noise_shapes(frames))]
@@ -103,7 +132,8 @@ def graph_specs(snac: SNAC, geo: Geometry, meta: dict[str, str]) -> list[GraphSp
                   {**meta, "role": "encoder", "mode": "whole", "frames": str(geo.frames),
                    "samples": str(geo.samples), "margin": str(geo.encoder_margin)}),
         dec("decoder", geo.frames, "whole", {}),
-        dec("decoder_step", geo.step_window, "step", {"step_frames": str(geo.step_frames)}),
+        step("decoder_step", 1),
+        *([step("decoder_slots", geo.slots)] if geo.slots else []),
     ]
 
 
@@ -116,10 +146,63 @@ def _mask(frames: int, unit: int) -> np.ndarray:
     return m
 
 
+def _shifted(a: np.ndarray, lo: int, n: int) -> np.ndarray:
+    """`a[lo:lo + n]`, zeros where that runs outside `a`."""
+    out = np.zeros(n, np.float32)
+    i, j = max(lo, 0), min(lo + n, len(a))
+    if j > i:
+        out[i - lo:j - lo] = a[i:j]
+    return out
+
+
+def step_feeds(module: SnacStepDecoder, latent: np.ndarray, noise: list[np.ndarray]) -> list:
+    """The steps that decode `latent` `[L, N]` (noise: one `[N * rate]` array per block) through
+    the step graph, as the runtime's stream feeds them: the end unknown (2**62) while whole steps
+    of input come, then known; zeros after the input until the delay has drained."""
+    n, hop, delay = module.step, module.snac.cfg.hop_length, module.plan.delay
+    total = latent.shape[-1]
+    out = []
+    for k in range(-(-(total * hop + delay) // (n * hop))):
+        x = np.zeros((1, latent.shape[0], n), np.float32)
+        part = latent[:, k * n:(k + 1) * n]
+        x[0, :, :part.shape[1]] = part
+        extra = {"end": np.array([END_UNKNOWN if (k + 1) * n <= total else total], np.int64)}
+        for i, (u, d) in enumerate(zip(module.noise_rates(), module.plan.noise_delays)):
+            extra[f"noise_{i}"] = _shifted(noise[i], k * n * u - d, n * u)[None, None]
+        out.append((x, extra))
+    return out
+
+
+def validate_steps(spec: GraphSpec, model, snac: SNAC, rvq: SnacRvq, rng) -> dict[str, float]:
+    """Step graphs chained from the zero state against the torch whole-clip decode with the same
+    noise; a graph of B slots runs B + 1 streams of different lengths that join and leave at
+    different steps (export/slots.py), each against its own whole clip."""
+    module: SnacStepDecoder = spec.module
+    b, n, hop = int(spec.metadata["slots"]), module.step, snac.cfg.hop_length
+    errs = []
+    streams, wants = [], []
+    for i in range(b + 1 if b > 1 else 1):
+        frames = n * (3 + i % 2)
+        codes = [rng.integers(0, snac.cfg.codebook_size, frames // s) for s in rvq.strides]
+        latent = rvq.decode_levels(codes)
+        noise = [rng.standard_normal(frames * u).astype(np.float32) for u in module.noise_rates()]
+        with torch.no_grad():
+            wants.append(snac.decode_latent(torch.from_numpy(latent[None]),
+                                            [torch.from_numpy(a[None, None]) for a in noise]).numpy()[0, 0])
+        streams.append(step_feeds(module, latent, noise))
+    outs = run_streams(model, spec.name, b, streams)
+    for out, want in zip(outs, wants):
+        got = np.concatenate([y[0, 0] for y in out])[module.plan.delay:module.plan.delay + len(want)]
+        errs.append(check_close(spec.name, got, want, AUDIO_ATOL))
+    return {"audio_max_abs_err": max(errs)}
+
+
 def validate(spec: GraphSpec, model, snac: SNAC, rvq: SnacRvq, seed: int = 1) -> dict[str, float]:
     """ONNX Runtime against torch on inputs other than the export dummy, a masked window: the
     encoder's codes through the numpy RVQ identical, the decoder's audio within `AUDIO_ATOL`."""
     rng = np.random.default_rng(seed)
+    if spec.metadata["mode"] in ("step", "slots"):
+        return validate_steps(spec, model, snac, rvq, rng)
     frames = spec.inputs[1].shape[-1]
     mask = _mask(frames, snac.cfg.unit_frames)
     if spec.metadata["role"] == "encoder":
@@ -143,8 +226,9 @@ def validate(spec: GraphSpec, model, snac: SNAC, rvq: SnacRvq, seed: int = 1) ->
 
 def export_snac(snac: SNAC, out_dir: Path, samples: int, step_coarse: int = 1, *, preset: str,
                 weights: str, weights_sha256: str, in_graph_codebooks: int | None = None,
-                build: Build | None = None, batch: int | None = None) -> dict:
-    """Export, check and validate every graph, then write them all; returns the report."""
+                build: Build | None = None, batch: int | None = None, slots: int | None = None) -> dict:
+    """Export, check and validate every graph, then write them all; returns the report. `slots`
+    adds the step decoder again for that many streams a call (decoder_slots.onnx)."""
     build = build or Build()
     build.check()
     if in_graph_codebooks is not None:
@@ -153,8 +237,10 @@ def export_snac(snac: SNAC, out_dir: Path, samples: int, step_coarse: int = 1, *
     if batch is not None:
         raise ExportError("SNAC has no batched encoder yet (its window graph takes a mask beside the "
                           "audio); tokenize SNAC without --batch")
+    if slots is not None and not 1 < slots <= 4096:
+        raise ExportError(f"--slots must be 2 to 4096 (streams one step graph call holds), got {slots}")
     cfg = snac.cfg
-    geo = Geometry.of(snac.eval(), samples, step_coarse)
+    geo = Geometry.of(snac.eval(), samples, step_coarse, slots)
     meta = {"codec": "snac", "preset": preset, "sample_rate": str(cfg.sample_rate),
             "frame_size": str(cfg.hop_length), "latent_dim": str(cfg.latent),
             "codebook_size": str(cfg.codebook_size), "codebook_dim": str(cfg.codebook_dim),
@@ -203,7 +289,8 @@ def export(model: SNAC, out_dir: Path, length: int | None, *, options: dict, **c
     """`codec-export snac`: the window graphs for `--len`, the step decoder for `--step-frames`."""
     if length is None:
         raise ExportError(f"pass --len N: {LEN_NEEDED}")
-    return export_snac(model, out_dir, length, options.get("step_frames") or 1, **common)
+    return export_snac(model, out_dir, length, options.get("step_frames") or 1, slots=options.get("slots"),
+                       **common)
 
 
 def describe(report: dict) -> list[str]:
@@ -214,6 +301,8 @@ def describe(report: dict) -> list[str]:
     return [(f"  window graphs : {geo['samples']} samples <-> {geo['frames']} frames; receptive field "
              f"{geo['encoder_margin']} frames (encoder) / {geo['decoder_margin']} (decoder) either side, "
              f"so long audio keeps {keep} of every {geo['frames']} frames a window"),
-            (f"  step decoder  : {geo['step_window']} frames in, {geo['step_frames'] * hop} samples "
-             f"out per call; its audio is final {geo['decoder_margin']} frames "
-             f"({1000 * geo['decoder_margin'] * hop / sr:.0f} ms) after the frame it belongs to")]
+            (f"  step decoder  : {geo['step_frames']} frames in, {geo['step_frames'] * hop} samples out "
+             f"per call, state in/out; its audio runs {geo['step_delay']} samples "
+             f"({1000 * geo['step_delay'] / sr:.0f} ms) behind the codes (the decoder's right context)"),
+            *([f"  slot graph    : the same step for {geo['slots']} independent streams a call (codec-serve)"]
+              if geo.get("slots") else [])]

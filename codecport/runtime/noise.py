@@ -70,3 +70,11 @@ class Noise:
             a, b = max(u * self.unit, lo), min((u + 1) * self.unit, hi)
             out[0, 0, (a - start) * up:(b - start) * up] = chunk[(a - u * self.unit) * up:(b - u * self.unit) * up]
         return out
+
+    def positions(self, channel: int, block: int, lo: int, count: int, n: int) -> np.ndarray:
+        """`[1, 1, count]` noise of `block` at its own positions [lo, lo + count) (a stream step's,
+        which need not start on a latent frame); zeros outside the clip's `n` frames."""
+        up = self.up[block]
+        first = lo // up
+        w = self.window(channel, block, first, -(-(lo + count) // up) - first, n)
+        return w[..., lo - first * up:lo - first * up + count]

@@ -14,7 +14,9 @@ position from a seed (`noise=SEED`), random (`None`, as the official decode), ze
 given (one array per decoder block over the whole clip).
 
 The decoder streams (`decoder_stream`): codes a coarse frame at a time, as a language model
-emits them, through `decoder_step.onnx` (`decoder_stream.onnx` in folders of codecport 0.2).
+emits them, through `decoder_step.onnx`, a step with explicit state that computes each position
+once (`SnacStepStream`; export/snac.py). Folders of codecport 0.3 and older hold a window graph
+there instead (`decoder_stream.onnx` in 0.2), which `SnacWindowStream` re-runs a window a push.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from .graph import Graph
 from .noise import Noise
 from .plan import overlap_windows
 from .rvq import SnacRvq, check_code_values
-from .stream import DecoderStream, Latency, as_levels
+from .stream import DecoderStream, Latency, Stepped, StepRunner, as_levels
+
+END_UNKNOWN = 1 << 62  # a step graph's `end` while the clip goes on (past any position)
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ class SnacCodec(Codec):
 
     name, label = "snac", "SNAC"
     graphs: ClassVar = {"encoder": ("encoder", "whole"), "decoder": ("decoder", "whole"),
-                        "decoder_step": ("decoder", "step")}
+                        "decoder_step": ("decoder", "step"), "decoder_slots": ("decoder", "slots")}
     old_names: ClassVar = {"decoder_step": "decoder_stream"}
     shared = (*Codec.shared, "vq_strides", "unit_frames", "decoder_rates", "noise", "latent_dim")
     in_graph_quantizer = False
@@ -68,6 +72,8 @@ class SnacCodec(Codec):
         return SnacRvq.load(self.dir / "rvq.npz", self.first)
 
     def check_graph(self, name: str, g: Graph) -> None:
+        if "states" in g.meta:
+            return self._check_step_graph(g)
         frames, latent, hop = g.int("frames"), g.int("latent_dim"), g.int("frame_size")
         unit, margin = g.int("unit_frames"), g.int("margin")
         if frames % unit or margin % unit or frames <= 2 * margin or g.int("samples") != frames * hop:
@@ -83,6 +89,21 @@ class SnacCodec(Codec):
         if g.shapes() != want:
             raise ModelFileError(f"{g.path}: its inputs/outputs are {g.shapes()}, its metadata says "
                                  f"{want}; the file is damaged, re-export the folder")
+
+    def _check_step_graph(self, g: Graph) -> None:
+        n, b, unit = g.int("step_frames"), g.int("slots"), g.int("unit_frames")
+        g.int("delay")
+        ins, outs = g.shapes()
+        noise = len(g.ints("noise_delays")) if g.meta.get("noise") == "1" else 0
+        if n % unit or ins[:3] != [(b, g.int("latent_dim"), n), (b,), (b,)] or \
+                outs[:2] != [(b, 1, n * g.int("frame_size")), (b,)] or noise != (len(self.rates) if noise else 0):
+            raise ModelFileError(f"{g.path}: its inputs/outputs {g.shapes()} are not a step of its metadata's "
+                                 "geometry; the file is damaged, re-export the folder")
+
+    @property
+    def stateful_steps(self) -> bool:
+        """Whether the step decoder carries state (codecport 0.4 on), rather than re-running windows."""
+        return "states" in self.graph("decoder_step").meta
 
     # ---- encoding ----------------------------------------------------------------------
     def codebooks(self, n_codebooks: int | None) -> int:
@@ -180,6 +201,9 @@ class SnacCodec(Codec):
         name = "decoder_step" if mode == "step" else "decoder"
         if mode not in (None, "whole", "step"):
             raise CodesError(f"{self.label} decodes in the whole or step mode, not {mode}")
+        if mode == "step" and self.stateful_steps:
+            yield from self._step_pieces(codes, progress, noise)
+            return
         g = self.graph(name)
         window, margin = g.int("frames"), g.int("margin")
         n = codes.arrays[0].shape[2] * self.strides[0]
@@ -199,6 +223,17 @@ class SnacCodec(Codec):
             pieces = self.map_windows(lambda w: run(wg, w), plan)
         yield from tqdm(pieces, total=len(plan), desc="decode", unit="window", disable=None if progress else True)
 
+    def _step_pieces(self, codes: Codes, progress: bool, noise) -> Iterator[np.ndarray]:
+        """Every channel through its own step stream, a step's coarse frames a push."""
+        source = self.noise_of(noise, codes.channels)
+        streams = [SnacStepStream(self, source, channel=c) for c in range(codes.channels)]
+        per, frames = streams[0].step_frames, codes.arrays[0].shape[2]
+        for i in tqdm(range(0, frames, per), desc="decode", unit="step", disable=None if progress else True):
+            yield np.stack([s.push([a[c, 0, i * self.strides[0] // st:(i + per) * self.strides[0] // st]
+                                    for a, st in zip(codes.arrays, self.strides)])
+                            for c, s in enumerate(streams)])
+        yield np.stack([s.flush() for s in streams])
+
     def decode_window(self, g: Graph, levels: list[np.ndarray], offset: int, n: int, start: int,
                       noise: Noise, channel: int) -> np.ndarray:
         """Audio `[window * hop]` of the window at latent frame `start` of a clip of `n` frames;
@@ -215,19 +250,125 @@ class SnacCodec(Codec):
             feeds[f"noise_{b}"] = noise.window(channel, b, start, window, n)
         return g.run(feeds)[0][0, 0]
 
-    def decoder_stream(self, noise=None) -> SnacDecoderStream:
+    def decoder_stream(self, noise=None, io_binding: bool | None = None) -> SnacStepStream | SnacWindowStream:
         """Codes that arrive a coarse frame at a time (mono), e.g. from a TTS model: see
-        `SnacDecoderStream`."""
+        `SnacStepStream` (`SnacWindowStream` for folders of codecport 0.3 and older)."""
         self.check_noise(noise)
-        return SnacDecoderStream(self, noise)
+        if self.stateful_steps:
+            return SnacStepStream(self, self.noise_of(noise, 1), io_binding=io_binding)
+        return SnacWindowStream(self, noise)
 
-    def decode_stream(self, noise=None) -> SnacDecoderStream:
+    def decode_stream(self, noise=None):
         """`decoder_stream`, by the name codecport 0.2 gave it."""
         return self.decoder_stream(noise)
 
 
-class SnacDecoderStream(DecoderStream):
-    """Decodes coarse frames as a language model emits them, through `decoder_step.onnx`.
+class SnacStepStream(Stepped, DecoderStream):
+    """Decodes coarse frames as a language model emits them, through the stateful
+    `decoder_step.onnx`: each push runs the steps its frames complete (`step_frames` coarse
+    frames each), each layer computing each position once; `flush()` runs the steps that drain
+    the decoder's right context. Together they give the audio `decode` gives for the whole
+    sequence with the same noise. The audio runs `latency.samples` behind the codes: the
+    decoder's right context, the least any SNAC stream can wait.
+
+    `push(codes)` takes whole coarse frames: one array per time scale, coarse first, each with
+    `strides[0] // strides[l]` codes a coarse frame (one Orpheus group of 7 codes is `[c0],
+    [c1, c1'], [c2 x4]`).
+    """
+
+    def __init__(self, codec: SnacCodec, noise: Noise, channel: int = 0, io_binding: bool | None = None):
+        super().__init__(codec)
+        g = codec.graph("decoder_step")
+        self.n, self.delay = g.int("step_frames"), g.int("delay")
+        self.noise_delays = g.ints("noise_delays") if codec.draws_noise else []
+        self.step_frames = max(1, self.n // codec.strides[0])
+        self.noise, self.channel = noise, channel
+        self.runner = StepRunner(g, codec.io_binding if io_binding is None else io_binding)
+        self.reset()
+
+    def reset(self) -> None:
+        self.runner.reset()
+        self._latent = np.zeros((self.codec.rvq.latent_dim, 0), np.float32)
+        self.received = 0  # latent frames pushed
+        self.steps = 0  # steps run
+        self.ended = False
+
+    @property
+    def latency(self) -> Latency:
+        return Latency(self.delay / (self.codec.strides[0] * self.codec.frame_size), self.delay)
+
+    def feed(self, codes) -> None:
+        if self.ended:
+            raise CodesError("this stream has been flushed; reset() it (or open another) for new codes")
+        coarse = self.codec.strides[0]
+        arrays = [a.reshape(-1) for a in as_levels(codes, len(self.codec.strides))]
+        frames = arrays[0].shape[0]
+        for a, s in zip(arrays, self.codec.strides):
+            if a.shape[0] != frames * coarse // s:
+                raise CodesError(f"each coarse frame holds {[coarse // s for s in self.codec.strides]} "
+                                 f"codes of its time scales, got {[len(a) for a in arrays]}")
+            check_code_values(a, self.codec.codebook_size)
+        if frames:
+            self._latent = np.concatenate([self._latent, self.codec.rvq.decode_levels(arrays)], axis=1)
+            self.received += frames * coarse
+
+    def end(self) -> None:
+        if self.received % self.codec.unit:
+            raise CodesError(f"the stream ended after {self.received // self.codec.strides[0]} coarse "
+                             f"frames; {self.codec.label} decodes whole groups of "
+                             f"{self.codec.unit // self.codec.strides[0]}")
+        self.ended = True
+
+    def ready(self) -> bool:
+        if not self.ended:
+            return self._latent.shape[1] >= self.n
+        return self.steps * self.n * self.codec.frame_size - self.delay < self.received * self.codec.frame_size
+
+    def next_step(self):
+        x = np.zeros((1, self._latent.shape[0], self.n), np.float32)
+        part = self._latent[:, :self.n]
+        x[0, :, :part.shape[1]] = part
+        self._latent = self._latent[:, self.n:]
+        a = self.steps * self.n
+        extra = {"end": np.array([self.received if self.ended else END_UNKNOWN], np.int64)}
+        for b, (u, d) in enumerate(zip(self.noise.up, self.noise_delays)):
+            extra[f"noise_{b}"] = self.noise.positions(self.channel, b, a * int(u) - d, self.n * int(u),
+                                                       self.received)
+        return x, extra
+
+    def take(self, y: np.ndarray) -> np.ndarray:
+        hop = self.codec.frame_size
+        start = self.steps * self.n * hop - self.delay  # the clip's sample at y's first
+        self.steps += 1
+        audio = y[0, 0]
+        stop = len(audio) if not self.ended else min(len(audio), self.received * hop - start)
+        return audio[max(0, -start):max(0, stop)]
+
+    def join(self, pieces: list) -> np.ndarray:
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+
+    def _get_state(self):
+        arrays, values = self.noise.state()
+        arrays.update(self.runner.state)
+        arrays["latent"] = self._latent
+        return arrays, {**values, "received": self.received, "steps": self.steps, "ended": self.ended}
+
+    def _set_state(self, arrays, values) -> None:
+        arrays = dict(arrays)
+        latent = arrays.pop("latent", None)
+        noise = {k: arrays.pop(k) for k in list(arrays) if k.startswith("noise_")}
+        if latent is None or latent.ndim != 2 or latent.shape[1] >= self.n or \
+                not all(isinstance(values.get(k), int) for k in ("received", "steps")):
+            raise CodesError("this stream state lacks the buffer or counters of a SNAC step stream")
+        self.runner.state = arrays
+        self.noise.set_state(noise, dict(values))
+        self._latent = np.array(latent, np.float32)
+        self.received, self.steps, self.ended = values["received"], values["steps"], bool(values.get("ended"))
+
+
+class SnacWindowStream(DecoderStream):
+    """Decodes coarse frames through the window graph that folders of codecport 0.3 and older hold
+    as `decoder_step.onnx`, re-running a window a push (see `SnacStepStream` for newer ones).
 
     `push(codes)` takes the next coarse frame(s): one array per time scale, coarse first, each
     with `strides[0] // strides[l]` codes a coarse frame (one Orpheus group of 7 codes is

@@ -16,6 +16,7 @@ between steps (a connection that leaves frees its slot at once, or after the ste
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
@@ -144,8 +145,6 @@ class Live:
         if self.finished == set(self.request.sides) and not self.closed:
             self.complete = True
             self.scheduler.metrics.done[self.request.op] += 1
-            import json
-
             self.outbox.put_nowait(json.dumps({"op": "done", "frames": self.frames, "samples": self.samples}))
             self.outbox.put_nowait(Close(1000))
 
@@ -163,8 +162,6 @@ class Live:
         elif self.backlog > bound // 2 and not self.warned:
             self.warned = True
             metrics.warnings += 1
-            import json
-
             self.outbox.put_nowait(json.dumps({
                 "op": "warning", "code": "behind", "backlog": self.backlog, "bound": bound,
                 "message": f"{self.backlog} bytes of output wait for this client; past {bound} it is dropped"}))
@@ -250,9 +247,10 @@ class Scheduler:
             self.held[side] += 1
         self.opening.append(live)
 
-    async def acquire(self, live: Live, timeout: float) -> None:
+    async def acquire(self, live: Live, timeout: float, on_queued=None) -> None:
         """Slots for `live` (opened between steps), waiting in the queue up to `timeout` s when
-        there is one; `ProtocolError("busy")` when there are none (or "shutting_down")."""
+        there is one (`on_queued(message)` is told its place); `ProtocolError("busy")` when there
+        are none (or "shutting_down")."""
         if self.draining:
             raise ProtocolError("shutting_down", "the server is stopping; connect to another")
         queued = False
@@ -262,7 +260,8 @@ class Scheduler:
         elif len(self.waiting) < self.queue_limit:
             self.waiting.append(live)
             queued = True
-            live.outbox.put_nowait(f'{{"op": "queued", "position": {len(self.waiting)}, "timeout": {timeout}}}')
+            if on_queued is not None:
+                on_queued({"op": "queued", "position": len(self.waiting), "timeout": timeout})
         else:
             self.metrics.busy += 1
             raise ProtocolError("busy", f"all {self.size} slots are taken and "
@@ -282,6 +281,15 @@ class Scheduler:
             raise
         if live.granted.exception() is not None:
             raise live.granted.exception()
+
+    def drain(self) -> None:
+        """Refuse new streams and the queued ones; the streaming ones go on."""
+        self.draining = True
+        while self.waiting:
+            live = self.waiting.popleft()
+            if not live.granted.done():
+                live.granted.set_exception(ProtocolError("shutting_down", "the server is stopping; connect "
+                                                                          "to another"))
 
     def leave(self, live: Live) -> None:
         """`live` is gone (or done, or failed): its slots go back now, or after the step in flight."""
@@ -321,7 +329,7 @@ class Scheduler:
                     if side == "decoder" and live.request.noise is not None:
                         # The stream's noise, put in as a state (a seed or zero) of a fresh stream.
                         slot.stream.state = self.codec.decoder_stream(noise=live.request.noise).state
-            except (CodecportError, ProtocolError) as e:
+            except CodecportError as e:
                 for slot in live.slots.values():
                     slot.close()
                     self.owner.pop(slot, None)
