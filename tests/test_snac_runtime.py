@@ -129,23 +129,26 @@ def test_the_stream_decoder_gives_the_whole_decode(codec, per_push):
     stream = codec.decode_stream(noise=3)
     pieces = _push_frames(stream, codes, per_push)
     np.testing.assert_allclose(np.concatenate(pieces), whole, atol=1e-5)
-    # Audio comes out once the receptive field past it has arrived, never before: after
-    # pushing j coarse frames, at most (j - latency) frames of audio are out.
-    out, lat = 0, stream.latency_frames
-    assert lat == 7 and stream.frame_samples == 4 * HOP  # 28 latent frames of margin, 4 a coarse frame
+    # Audio comes out as soon as the decoder's right context past it has arrived: after pushing
+    # j coarse frames, exactly the samples that lie `latency.samples` before their end.
+    out, lat = 0, stream.latency
+    assert lat.samples == codec.graph("decoder_step").int("delay") > 0 and stream.step_frames == 1
     for i, piece in enumerate(pieces[:-1]):
         out += len(piece)
         pushed = min((i + 1) * per_push, codes.n_frames[0])
-        assert out <= max(0, pushed - lat) * stream.frame_samples
+        assert out == max(0, pushed * 4 * HOP - lat.samples)
     assert len(pieces[-1]) > 0
 
 
 def test_the_stream_keeps_only_what_it_needs(codec):
-    """Codes before the window still to come are let go: memory stays flat however long."""
+    """Nothing but the layers' state and less than a step of latent frames is kept: memory stays
+    flat however long the stream runs."""
     stream, rng = codec.decode_stream(noise=1), np.random.default_rng(0)
+    sizes = []
     for _ in range(400):
         stream.push([rng.integers(0, 64, 1), rng.integers(0, 64, 2), rng.integers(0, 64, 4)])
-    assert stream.received == 1600 and len(stream.levels[2]) <= 2 * codec.graph("decoder_step").int("frames")
+        sizes.append(sum(a.nbytes for a in stream.state.arrays.values()))
+    assert stream.received == 1600 and max(sizes) == min(sizes)
 
 
 def _redistribute(flat: list[int]) -> list[list[int]]:

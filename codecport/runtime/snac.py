@@ -263,7 +263,24 @@ class SnacCodec(Codec):
         return self.decoder_stream(noise)
 
 
-class SnacStepStream(Stepped, DecoderStream):
+class _Names02:
+    """What codecport 0.2's SNAC stream called things."""
+
+    @property
+    def latency_frames(self) -> float:
+        return self.latency.frames
+
+    @property
+    def frame_samples(self) -> int:
+        """Audio samples per coarse frame."""
+        return self.codec.strides[0] * self.codec.frame_size
+
+    def finish(self) -> np.ndarray:
+        """`flush`, by the name codecport 0.2 gave it."""
+        return self.flush()
+
+
+class SnacStepStream(_Names02, Stepped, DecoderStream):
     """Decodes coarse frames as a language model emits them, through the stateful
     `decoder_step.onnx`: each push runs the steps its frames complete (`step_frames` coarse
     frames each), each layer computing each position once; `flush()` runs the steps that drain
@@ -288,14 +305,16 @@ class SnacStepStream(Stepped, DecoderStream):
 
     def reset(self) -> None:
         self.runner.reset()
-        self._latent = np.zeros((self.codec.rvq.latent_dim, 0), np.float32)
+        # Codes of the steps not run yet, one array per time scale: each step's are decoded on
+        # their own, the same numbers however the pushes split them.
+        self._codes = [np.zeros(0, np.int64) for _ in self.codec.strides]
         self.received = 0  # latent frames pushed
         self.steps = 0  # steps run
         self.ended = False
 
     @property
     def latency(self) -> Latency:
-        return Latency(self.delay / (self.codec.strides[0] * self.codec.frame_size), self.delay)
+        return Latency(self.delay / self.frame_samples, self.delay)
 
     def feed(self, codes) -> None:
         if self.ended:
@@ -308,9 +327,8 @@ class SnacStepStream(Stepped, DecoderStream):
                 raise CodesError(f"each coarse frame holds {[coarse // s for s in self.codec.strides]} "
                                  f"codes of its time scales, got {[len(a) for a in arrays]}")
             check_code_values(a, self.codec.codebook_size)
-        if frames:
-            self._latent = np.concatenate([self._latent, self.codec.rvq.decode_levels(arrays)], axis=1)
-            self.received += frames * coarse
+        self._codes = [np.concatenate([old, a.astype(np.int64)]) for old, a in zip(self._codes, arrays)]
+        self.received += frames * coarse
 
     def end(self) -> None:
         if self.received % self.codec.unit:
@@ -321,14 +339,16 @@ class SnacStepStream(Stepped, DecoderStream):
 
     def ready(self) -> bool:
         if not self.ended:
-            return self._latent.shape[1] >= self.n
+            return len(self._codes[0]) * self.codec.strides[0] >= self.n
         return self.steps * self.n * self.codec.frame_size - self.delay < self.received * self.codec.frame_size
 
     def next_step(self):
-        x = np.zeros((1, self._latent.shape[0], self.n), np.float32)
-        part = self._latent[:, :self.n]
-        x[0, :, :part.shape[1]] = part
-        self._latent = self._latent[:, self.n:]
+        x = np.zeros((1, self.codec.rvq.latent_dim, self.n), np.float32)
+        cut = [self.n // s for s in self.codec.strides]
+        if len(self._codes[0]):
+            part = self.codec.rvq.decode_levels([c[:k] for c, k in zip(self._codes, cut)])
+            x[0, :, :part.shape[1]] = part
+        self._codes = [c[k:] for c, k in zip(self._codes, cut)]
         a = self.steps * self.n
         extra = {"end": np.array([self.received if self.ended else END_UNKNOWN], np.int64)}
         for b, (u, d) in enumerate(zip(self.noise.up, self.noise_delays)):
@@ -350,23 +370,23 @@ class SnacStepStream(Stepped, DecoderStream):
     def _get_state(self):
         arrays, values = self.noise.state()
         arrays.update(self.runner.state)
-        arrays["latent"] = self._latent
+        arrays.update({f"level_{i}": c for i, c in enumerate(self._codes)})
         return arrays, {**values, "received": self.received, "steps": self.steps, "ended": self.ended}
 
     def _set_state(self, arrays, values) -> None:
         arrays = dict(arrays)
-        latent = arrays.pop("latent", None)
+        codes = [arrays.pop(f"level_{i}", None) for i in range(len(self.codec.strides))]
         noise = {k: arrays.pop(k) for k in list(arrays) if k.startswith("noise_")}
-        if latent is None or latent.ndim != 2 or latent.shape[1] >= self.n or \
+        if any(c is None or c.ndim != 1 for c in codes) or len(codes[0]) * self.codec.strides[0] >= self.n or \
                 not all(isinstance(values.get(k), int) for k in ("received", "steps")):
             raise CodesError("this stream state lacks the buffer or counters of a SNAC step stream")
         self.runner.state = arrays
         self.noise.set_state(noise, dict(values))
-        self._latent = np.array(latent, np.float32)
+        self._codes = [np.array(c, np.int64) for c in codes]
         self.received, self.steps, self.ended = values["received"], values["steps"], bool(values.get("ended"))
 
 
-class SnacWindowStream(DecoderStream):
+class SnacWindowStream(_Names02, DecoderStream):
     """Decodes coarse frames through the window graph that folders of codecport 0.3 and older hold
     as `decoder_step.onnx`, re-running a window a push (see `SnacStepStream` for newer ones).
 
@@ -399,15 +419,6 @@ class SnacWindowStream(DecoderStream):
         frames = (self.window - self.margin) / self.codec.strides[0] - 1
         return Latency(frames, round(frames * self.frame_samples))
 
-    @property
-    def latency_frames(self) -> float:
-        return self.latency.frames
-
-    @property
-    def frame_samples(self) -> int:
-        """Audio samples per coarse frame."""
-        return self.codec.strides[0] * self.codec.frame_size
-
     def push(self, codes: Sequence) -> np.ndarray:
         coarse = self.codec.strides[0]
         arrays = [a.reshape(-1) for a in as_levels(codes, len(self.levels))]
@@ -428,10 +439,6 @@ class SnacWindowStream(DecoderStream):
                              f"frames; {self.codec.label} decodes whole groups of "
                              f"{self.codec.unit // self.codec.strides[0]}")
         return self._run(final=True)
-
-    def finish(self) -> np.ndarray:
-        """`flush`, by the name codecport 0.2 gave it."""
-        return self.flush()
 
     def _run(self, final: bool) -> np.ndarray:
         out, hop, n = [], self.codec.frame_size, self.received

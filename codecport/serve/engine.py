@@ -40,6 +40,27 @@ class Close:
     code: int = 1000
 
 
+class Outbox:
+    """A connection's messages not yet sent, in order; a warning may go to the front."""
+
+    def __init__(self):
+        self.items: deque = deque()
+        self._ready = asyncio.Event()
+
+    def put(self, item, front: bool = False) -> None:
+        (self.items.appendleft if front else self.items.append)(item)
+        self._ready.set()
+
+    def clear(self) -> None:
+        self.items.clear()
+
+    async def get(self):
+        while not self.items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self.items.popleft()
+
+
 class Live:
     """One connection's stream: its slots, the input not yet fed to them, and the messages not
     yet sent (`outbox`, `backlog` bytes). The server puts input in (`put_pcm`, `put_codes`,
@@ -57,7 +78,7 @@ class Live:
         self.end_asked = dict.fromkeys(request.sides, False)
         self.ended = dict.fromkeys(request.sides, False)
         self.finished: set[str] = set()
-        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.outbox = Outbox()
         self.backlog, self.warned = 0, False
         self.error: ProtocolError | None = None  # why it failed
         self.complete = False  # done was queued
@@ -72,6 +93,12 @@ class Live:
             # VHQ, streamed: the samples of one `soxr.resample` of the whole input, as codec-run's.
             self.resampler = soxr.ResampleStream(request.sample_rate, codec.sample_rate, 1, dtype="float32",
                                                  quality="VHQ")
+
+    def settings(self, side: str) -> dict:
+        """The stream settings of this stream's `side` slot."""
+        if side == "encoder":
+            return {"n_codebooks": self.request.codebooks}
+        return {} if self.request.noise is None else {"noise": self.request.noise}
 
     @property
     def closed(self) -> bool:
@@ -124,7 +151,7 @@ class Live:
         metrics = self.scheduler.metrics
         duplex = self.request.op == "duplex"
         if side == "encoder":
-            codes = piece[:self.request.codebooks]
+            codes = piece
             n = codes.shape[1]
             if n:
                 self.frames[side] += n
@@ -145,14 +172,14 @@ class Live:
         if self.finished == set(self.request.sides) and not self.closed:
             self.complete = True
             self.scheduler.metrics.done[self.request.op] += 1
-            self.outbox.put_nowait(json.dumps({"op": "done", "frames": self.frames, "samples": self.samples}))
-            self.outbox.put_nowait(Close(1000))
+            self.outbox.put(json.dumps({"op": "done", "frames": self.frames, "samples": self.samples}))
+            self.outbox.put(Close(1000))
 
     def _send(self, data: bytes) -> None:
         if self.closed:
             return
         self.backlog += len(data)
-        self.outbox.put_nowait(data)
+        self.outbox.put(data)
         bound, metrics = self.scheduler.max_backlog, self.scheduler.metrics
         if self.backlog > bound:
             metrics.drops += 1
@@ -162,9 +189,11 @@ class Live:
         elif self.backlog > bound // 2 and not self.warned:
             self.warned = True
             metrics.warnings += 1
-            self.outbox.put_nowait(json.dumps({
+            # At the front: the next message the client gets, ahead of the backlog it warns of.
+            self.outbox.put(json.dumps({
                 "op": "warning", "code": "behind", "backlog": self.backlog, "bound": bound,
-                "message": f"{self.backlog} bytes of output wait for this client; past {bound} it is dropped"}))
+                "message": f"{self.backlog} bytes of output wait for this client; past {bound} it is dropped"}),
+                front=True)
 
     def sent(self, nbytes: int) -> None:
         """The sender wrote `nbytes` of output."""
@@ -179,8 +208,7 @@ class Live:
             return
         self.error = error
         self.scheduler.metrics.errors[error.code] += 1
-        while not self.outbox.empty():
-            self.outbox.get_nowait()
+        self.outbox.clear()
         self.backlog = 0
         self.room.set()
         self.scheduler.leave(self)
@@ -209,10 +237,7 @@ class Scheduler:
                  input_bound: int = 4 << 20):
         self.codec, self.size, self.queue_limit = codec, size, queue
         self.max_backlog, self.input_bound = max_backlog, input_bound
-        # The encoder pool gives every codebook; each stream keeps its first `codebooks` (a prefix
-        # of the residual quantizer's codes is the codes of fewer codebooks).
-        settings = {"encoder": {"n_codebooks": codec.n_codebooks}, "decoder": {}}
-        self.pools = {side: SlotPool(codec, side, size, **settings[side]) for side in codec.streams}
+        self.pools = {side: SlotPool(codec, side, size) for side in codec.streams}
         self.held = dict.fromkeys(self.pools, 0)  # slots granted or being granted, per side
         self.lives: dict[Live, None] = {}  # streams holding slots, in the order they came
         self.owner: dict = {}  # slot -> Live
@@ -321,14 +346,11 @@ class Scheduler:
         for live in self.opening:
             try:
                 for side in live.request.sides:
-                    slot = self.pools[side].open()
+                    slot = self.pools[side].open(**live.settings(side))
                     if slot is None:  # cannot happen while `held` counts every open slot
                         raise ProtocolError("internal", f"the {side} pool had no free slot")
                     live.slots[side] = slot
                     self.owner[slot] = live
-                    if side == "decoder" and live.request.noise is not None:
-                        # The stream's noise, put in as a state (a seed or zero) of a fresh stream.
-                        slot.stream.state = self.codec.decoder_stream(noise=live.request.noise).state
             except CodecportError as e:
                 for slot in live.slots.values():
                     slot.close()
@@ -405,7 +427,11 @@ class Scheduler:
                     if side == "encoder":
                         self.metrics.samples[side] += len(x)
                 if live.end_asked[side] and not live.pending[side] and not live.ended[side]:
-                    slot.end()
+                    try:
+                        slot.end()
+                    except CodecportError as e:
+                        live.fail(ProtocolError("bad_input", str(e)))
+                        break
                     live.ended[side] = True
             live.pending_bytes = sum(a.nbytes for p in live.pending.values() for x in p
                                      for a in (x if isinstance(x, list) else [x]))

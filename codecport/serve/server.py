@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,6 +50,10 @@ class ServeConfig:
     grace: float = 10.0  # seconds SIGTERM lets the streams in flight finish
     max_message: int = 1 << 20  # bytes of one message from a client (a larger one is refused)
     max_backlog: int = 4 << 20  # bytes of output waiting for a client: warned at half, dropped past it
+    # The kernel's send buffer of each connection (SO_SNDBUF; 0: the system's autotuning, which
+    # grows to net.ipv4.tcp_wmem's max, 4 MiB on Linux): what it holds is out of the server's
+    # sight, so a small one makes a slow reader show in `backlog` soon, with stale audio bounded.
+    send_buffer: int = 1 << 18
     handshake_timeout: float = 10.0  # seconds a new connection has to send its request
     close_timeout: float = 2.0  # seconds a closing handshake (or a refusal) may take
     heartbeat: float | None = 30.0  # seconds between pings (a vanished client is noticed)
@@ -157,6 +162,10 @@ class Server:
                                       "/stream is a WebSocket endpoint; connect with a WebSocket client"},
                                      status=400)
         await ws.prepare(request)
+        sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+        if cfg.send_buffer and sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.send_buffer)
         sched.connections += 1
         live = None
         try:

@@ -1,0 +1,72 @@
+"""`codec-serve`: live streams of one exported folder over WebSocket (codecport/serve/server.py,
+the protocol in docs/serve.md). Runtime only, plus aiohttp (the [serve] extra)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .. import registry
+from ..errors import CodecportError
+from ..version import __version__
+from .common import guard, provider_options, setup_logging, verbose_option
+
+DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "max_message": 1 << 20,
+            "max_backlog": 4 << 20, "send_buffer": 1 << 18}
+
+
+@click.command(context_settings={"show_default": True})
+@click.version_option(__version__, prog_name="codec-serve")
+@click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
+              help="Folder written by codec-export with step graphs (codec-export mimi, codec-export snac).")
+@click.option("--slots", type=click.IntRange(1, 4096), default=DEFAULTS["slots"],
+              help="Streams at once: slots of each side's pool (a duplex stream holds one of each).")
+@click.option("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULTS["port"],
+              help="Port to listen on (0: any free one; the printed URL says which).")
+@click.option("--queue", type=click.IntRange(min=0), default=0,
+              help="Connections that may wait for a slot when all are taken (0: refuse them at once, busy).")
+@click.option("--queue-timeout", type=click.FloatRange(min=0), default=DEFAULTS["queue_timeout"],
+              help="Seconds a queued connection waits before it is refused (busy).")
+@click.option("--grace", type=click.FloatRange(min=0), default=DEFAULTS["grace"],
+              help="Seconds SIGTERM lets the streams in flight finish before it ends them.")
+@click.option("--max-message", type=click.IntRange(min=1024), default=DEFAULTS["max_message"],
+              help="Bytes of one message from a client; a larger one is refused (too_large).")
+@click.option("--max-backlog", type=click.IntRange(min=1024), default=DEFAULTS["max_backlog"],
+              help="Bytes of output waiting for a slow client: warned at half of this, dropped past it.")
+@click.option("--send-buffer", type=click.IntRange(min=0), default=DEFAULTS["send_buffer"],
+              help="Bytes of each connection's kernel send buffer (SO_SNDBUF; 0: the system's autotuning, "
+                   "up to megabytes a connection, which hide a slow reader longer).")
+@provider_options
+@verbose_option
+@guard
+def serve_cli(model_dir, slots, host, port, queue, queue_timeout, grace, max_message, max_backlog, send_buffer,
+              provider, fallback, options, verbose) -> None:
+    """Serve live streams of an exported codec over WebSocket: PCM in and codes out (encode),
+    codes in and PCM out (decode), or both (duplex), one stream per connection at
+    ws://HOST:PORT/stream, with /health and /metrics. SIGTERM drains and exits."""
+    setup_logging(verbose)
+    try:
+        from ..serve.server import ServeConfig, run
+    except ImportError as e:
+        raise CodecportError(f"codec-serve needs aiohttp ({e}); pip install 'codecport[serve]'") from None
+    spec = registry.codec_of_folder(model_dir)
+    codec = spec.runtime(model_dir, provider, fallback, options)
+    if not codec.streams:
+        raise CodecportError(f"{model_dir}: {spec.label} has no streaming graphs to serve; serve a folder "
+                             "written by codec-export mimi or codec-export snac")
+    config = ServeConfig(slots=slots, host=host, port=port, queue=queue, queue_timeout=queue_timeout,
+                         grace=grace, max_message=max_message, max_backlog=max_backlog,
+                         send_buffer=send_buffer)
+
+    def announce(url: str) -> None:
+        click.echo(f"serving {spec.label} {codec.preset} ({model_dir}) on {codec.provider}: {slots} slots a side "
+                   f"({', '.join(codec.streams)})" + (f", a queue of {queue}" if queue else ""))
+        ws = url.replace("http", "ws", 1)
+        click.echo(f"listening on {url}  (streams: {ws}/stream, {url}/health, {url}/metrics; SIGTERM drains)")
+        sys.stdout.flush()
+
+    run(codec, config, announce)
+    click.echo("stopped")
