@@ -277,9 +277,9 @@ class MimiEncoderStream(_Steps, EncoderStream):
     def _set_state(self, arrays, values) -> None:
         arrays = dict(arrays)
         pcm = arrays.pop("pcm", None)
-        if pcm is None or pcm.ndim != 1 or len(pcm) >= self.step_samples:
-            raise CodesError("this stream state has no buffered audio of less than a step; it is not "
-                             "a Mimi encoder stream's")
+        # A slot's state may hold steps its pool has not run yet (slots.py): any length.
+        if pcm is None or pcm.ndim != 1:
+            raise CodesError("this stream state has no buffered audio; it is not a Mimi encoder stream's")
         self.runner.state = arrays
         self._pcm = np.array(pcm, np.float32)
 
@@ -334,8 +334,8 @@ class MimiDecoderStream(_Steps, DecoderStream):
     def _set_state(self, arrays, values) -> None:
         arrays = dict(arrays)
         codes = arrays.pop("codes", None)
-        if codes is not None and (codes.ndim != 2 or codes.shape[1] >= self.step_frames):
-            raise CodesError("this stream state holds more than a step of codes; it is not a Mimi "
+        if codes is not None and codes.ndim != 2:
+            raise CodesError("this stream state's codes are not [codebooks, frames]; it is not a Mimi "
                              "decoder stream's")
         self.runner.state = arrays
         self._codes = None if codes is None else np.array(codes, np.int64)

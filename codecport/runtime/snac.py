@@ -377,7 +377,7 @@ class SnacStepStream(_Names02, Stepped, DecoderStream):
         arrays = dict(arrays)
         codes = [arrays.pop(f"level_{i}", None) for i in range(len(self.codec.strides))]
         noise = {k: arrays.pop(k) for k in list(arrays) if k.startswith("noise_")}
-        if any(c is None or c.ndim != 1 for c in codes) or len(codes[0]) * self.codec.strides[0] >= self.n or \
+        if any(c is None or c.ndim != 1 for c in codes) or \
                 not all(isinstance(values.get(k), int) for k in ("received", "steps")):
             raise CodesError("this stream state lacks the buffer or counters of a SNAC step stream")
         self.runner.state = arrays

@@ -1,0 +1,187 @@
+"""Many streams at once (runtime/slots.py) and the stateful SNAC step decoder.
+
+A slot of a pool gives exactly what one stream gives alone, whether the folder's batched slot
+graphs (`--slots`) step it beside others or its step graphs one slot a call; streams join, leave
+and are reset at different steps, idle slots sit through steps of others. SNAC's step decoder
+pushed a coarse frame at a time gives the official `snac` package's whole-clip decode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import official_snac
+from shared_exports import TINY_SLOTS
+
+import codecport
+from codecport.errors import CodecportError
+from codecport.runtime.slots import SlotPool
+
+
+@pytest.fixture(scope="module")
+def mimi(tiny_mimi_export):
+    return codecport.load(tiny_mimi_export)
+
+
+@pytest.fixture(scope="module")
+def snac(tiny_snac_export):
+    return codecport.load(tiny_snac_export)
+
+
+def _mimi_input(codec, side: str, rng, frames: int):
+    if side == "encoder":
+        return (0.3 * rng.standard_normal(frames * codec.frame_size + int(rng.integers(0, codec.frame_size)))
+                ).astype(np.float32)
+    return rng.integers(0, codec.codebook_size, (codec.n_codebooks, frames))
+
+
+def _snac_input(codec, rng, frames: int):
+    return [rng.integers(0, codec.codebook_size, frames * codec.strides[0] // s) for s in codec.strides]
+
+
+def _chunks(x, n: int, side: str, codec) -> list:
+    """`x` cut into `n` pieces (samples, code frames, or whole coarse frames of every scale)."""
+    if isinstance(x, list):  # SNAC levels: cut at coarse frames
+        cuts = np.linspace(0, len(x[0]), n + 1).astype(int)
+        per = [codec.strides[0] // s for s in codec.strides]
+        return [[lv[a * p:b * p] for lv, p in zip(x, per)] for a, b in zip(cuts[:-1], cuts[1:])]
+    length = x.shape[-1]
+    cuts = np.linspace(0, length, n + 1).astype(int)
+    return [x[..., a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+
+
+def _alone(codec, side: str, x, settings: dict):
+    make = codec.encoder_stream if side == "encoder" else codec.decoder_stream
+    s = make(**settings)
+    out = [s.push(x), s.flush()]
+    return np.concatenate(out, axis=1 if side == "encoder" else 0)
+
+
+def _run_pool(pool: SlotPool, plan: list[tuple[int, list, dict]]):
+    """Streams `(join step, pieces, settings)`, each fed one piece a step once it has joined and
+    ended after its last; a stream waits while every slot is taken, and leaves (closing its
+    slot) once its output is out. Returns each stream's output pieces and the slots it held."""
+    out = {i: [] for i in range(len(plan))}
+    held, where, fed, done = {}, {}, {i: 0 for i in range(len(plan))}, set()
+    step = 0
+    while len(done) < len(plan):
+        for i, (join, pieces, settings) in enumerate(plan):
+            if i not in held and i not in done and join <= step:
+                slot = pool.open(**settings)
+                if slot is not None:
+                    held[i], where[i] = slot, slot.index
+        for i, slot in held.items():
+            pieces = plan[i][1]
+            if fed[i] < len(pieces):
+                slot.feed(pieces[fed[i]])
+                fed[i] += 1
+                if fed[i] == len(pieces):
+                    slot.end()
+        by_slot = {s: i for i, s in held.items()}
+        for slot, piece in pool.step(list(held.values())).items():
+            out[by_slot[slot]].append(piece)
+        for i, slot in list(held.items()):
+            if slot.finished:
+                slot.close()
+                del held[i]
+                done.add(i)
+        step += 1
+        assert step < 1000
+    return out, where
+
+
+@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_mimi_slots_give_each_stream_its_own_output(mimi, side, batched):
+    rng = np.random.default_rng(1)
+    settings = {}
+    plan = []
+    for i, join in enumerate([0, 0, 2, 3, 3]):  # five streams, three slots: two wait for a free one
+        x = _mimi_input(mimi, side, rng, 6 + 3 * i)
+        plan.append((join, _chunks(x, 2 + i, side, mimi), settings))
+    pool = SlotPool(mimi, side, TINY_SLOTS, batched=batched)
+    assert pool.batch == (TINY_SLOTS if batched else 1)
+    out, where = _run_pool(pool, plan)
+    assert sorted(set(where.values())) == list(range(TINY_SLOTS))  # slots were reused
+    for i, (_, pieces, _) in enumerate(plan):
+        x = np.concatenate(pieces, axis=-1)
+        want = _alone(mimi, side, x, settings)
+        got = np.concatenate(out[i], axis=1 if side == "encoder" else 0)
+        np.testing.assert_array_equal(got, want)
+    assert pool.active == 0 and all(not a.any() for a in pool.bank.state.values())
+
+
+def test_snac_slots_give_each_stream_its_own_output(snac):
+    rng = np.random.default_rng(2)
+    plan = []
+    for i, join in enumerate([0, 1, 1, 4]):
+        x = _snac_input(snac, rng, 3 + 2 * i)
+        plan.append((join, _chunks(x, 1 + i, "decoder", snac), {"noise": 10 + i}))
+    pool = SlotPool(snac, "decoder", TINY_SLOTS)
+    assert pool.batch == TINY_SLOTS
+    out, _ = _run_pool(pool, plan)
+    for i, (_, pieces, settings) in enumerate(plan):
+        levels = [np.concatenate([p[lv] for p in pieces]) for lv in range(len(snac.strides))]
+        want = snac.decode(tuple(a[None, None] for a in levels), noise=settings["noise"])[0][0]
+        np.testing.assert_array_equal(np.concatenate(out[i]), _alone(snac, "decoder", levels, settings))
+        np.testing.assert_allclose(np.concatenate(out[i]), want, atol=1e-5)
+
+
+def test_a_slot_state_moves_to_a_stream_and_back(mimi):
+    rng = np.random.default_rng(3)
+    x = _mimi_input(mimi, "encoder", rng, 10)
+    want = _alone(mimi, "encoder", x, {})
+    pool = SlotPool(mimi, "encoder", TINY_SLOTS)
+    other = pool.open()
+    other.feed(x[::-1].copy())
+    slot = pool.open()
+    slot.feed(x[:100])
+    head = [pool.step([slot, other])[slot]]
+    alone = mimi.encoder_stream()
+    alone.state = slot.stream.state  # a row of the batch is a stream's state
+    rest = np.concatenate([alone.push(x[100:]), alone.flush()], axis=1)
+    np.testing.assert_array_equal(np.concatenate([*head, rest], axis=1), want)
+
+
+def test_a_full_pool_says_so_and_bad_input_takes_no_step(mimi, snac):
+    pool = SlotPool(mimi, "encoder", 2)
+    a, b = pool.open(), pool.open()
+    assert pool.open() is None and pool.active == 2
+    with pytest.raises(CodecportError, match="NaN"):
+        a.feed(np.full(10, np.nan, np.float32))
+    assert not a.ready()
+    b.close()
+    assert pool.active == 1 and pool.open() is not None
+    with pytest.raises(CodecportError, match="no encoder stream"):
+        SlotPool(snac, "encoder", 2)
+    d = SlotPool(snac, "decoder", 2).open(noise=0)
+    with pytest.raises(CodecportError, match=r"in \[0, 64\)"):
+        d.feed([np.array([64]), np.array([0, 0]), np.array([0, 0, 0, 0])])
+
+
+def test_the_24khz_step_decoder_gives_the_official_decode(snac_24khz_export):
+    """Orpheus's SNAC, a coarse frame a push, against the official package's whole-clip decode
+    fed the same noise (drawn by its own blocks under a torch seed)."""
+    model, folder = snac_24khz_export
+    codec = codecport.load(folder)
+    official = official_snac(model)
+    rng = np.random.default_rng(4)
+    frames = 12
+    codes = [rng.integers(0, 4096, (1, frames * 4 // s)) for s in (4, 2, 1)]
+    torch.manual_seed(5)
+    with torch.no_grad():
+        want = official.decode([torch.from_numpy(c) for c in codes])[0, 0].numpy()
+    torch.manual_seed(5)
+    drawn, n = [], frames * 4
+    for r in official.decoder_rates:
+        n *= r
+        drawn.append(torch.randn(1, 1, n)[:, 0].numpy())
+    stream = codec.decoder_stream(noise=drawn)
+    pieces = [stream.push([c[0, i * 4 // s:(i + 1) * 4 // s] for c, s in zip(codes, (4, 2, 1))])
+              for i in range(frames)]
+    got = np.concatenate([*pieces, stream.flush()])
+    assert got.shape == want.shape
+    assert float(np.abs(got - want).max()) <= 1e-4
+    # The lookahead is the decoder's right context: 4757 samples (198 ms) at 24 kHz.
+    assert stream.latency.samples == 4757 and sum(map(len, pieces)) == frames * 2048 - 4757
