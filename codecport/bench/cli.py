@@ -22,6 +22,7 @@ from .prepare import fail as _fail
 from .prepare import preset_of
 from .report import plot as plot_report
 from .report import table
+from .serve import serve_cmd
 from .tokenize import tokenize_cmd
 from .web import web_cmd
 
@@ -107,7 +108,8 @@ _OPTIONS = [
 
 main = click.Group("codec-bench", context_settings={"show_default": True},
                    help="Benchmark a codec (our graphs against torch and the official packages), "
-                        "corpus tokenizing (`codec-bench tokenize`), or the browser (`codec-bench web`).")
+                        "corpus tokenizing (`codec-bench tokenize`), the browser (`codec-bench web`), or "
+                        "the streams a server holds (`codec-bench serve`).")
 for _spec in registry.codecs():
     main.add_command(click.Command(
         _spec.name, params=_OPTIONS, callback=functools.partial(codec_cmd, _spec.name),
@@ -115,6 +117,7 @@ for _spec in registry.codecs():
         help=f"Benchmark {_spec.label}: our ONNX graphs vs the torch implementations, one process each."))
 main.add_command(tokenize_cmd)
 main.add_command(web_cmd)
+main.add_command(serve_cmd)
 
 
 if __name__ == "__main__":

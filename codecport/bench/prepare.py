@@ -33,16 +33,17 @@ def export_options(spec, step_frames: int) -> dict:
 
 
 def prepare(spec, preset: str, seconds: float, step_frames: int, seed: int, out: Path,
-            batch: int | None = None) -> dict:
+            batch: int | None = None, slots: int | None = None) -> dict:
     """Export `spec`'s `preset` (random weights) into `out/model`, with `weights.safetensors` and
-    `config.json` beside it."""
+    `config.json` beside it; `slots` adds the step graphs of that many streams a call."""
     from safetensors.torch import save_file
 
     facts, models = spec.bench, spec.module("model")
     cfg = spec.presets[preset]
     model = models.init_random(models.MODEL(cfg), seed).eval()
     samples = facts.clip_samples(cfg, seconds)
-    spec.module("export").export(model, out / "model", samples, options=export_options(spec, step_frames),
+    options = {**export_options(spec, step_frames), **({"slots": slots} if slots else {})}
+    spec.module("export").export(model, out / "model", samples, options=options,
                                  preset=preset, weights=f"random-init seed {seed}", weights_sha256="none",
                                  batch=batch)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "weights.safetensors"))

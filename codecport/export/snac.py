@@ -31,7 +31,7 @@ from ..errors import ExportError
 from ..models.snac import SNAC
 from ..models.snac_stream import SnacStepDecoder
 from ..runtime.rvq import SnacRvq
-from ..runtime.snac import END_UNKNOWN
+from ..runtime.snac_stream import END_UNKNOWN
 from .builds import Build, finish_export
 from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated, factorised_rvq_arrays
@@ -178,7 +178,7 @@ def validate_steps(spec: GraphSpec, model, snac: SNAC, rvq: SnacRvq, rng) -> dic
     noise; a graph of B slots runs B + 1 streams of different lengths that join and leave at
     different steps (export/slots.py), each against its own whole clip."""
     module: SnacStepDecoder = spec.module
-    b, n, hop = int(spec.metadata["slots"]), module.step, snac.cfg.hop_length
+    b, n = int(spec.metadata["slots"]), module.step
     errs = []
     streams, wants = [], []
     for i in range(b + 1 if b > 1 else 1):

@@ -1,0 +1,256 @@
+"""`codec-bench serve CODEC`: how many real-time streams `codec-serve` holds, on loopback.
+
+Each client is a live stream in real time: a codec that streams both ways gets 80 ms-style
+frames of audio, one frame period apart, and takes back codes and their decoded audio (duplex);
+a codec that streams its decoder only gets a coarse frame of codes a period (as a TTS model emits
+them) and takes back audio. A frame's latency runs from sending it to receiving the last sample of
+audio it made final (its stated lookahead taken off); time to first audio from the first send.
+
+Configurations, all in one run: `--slots B` for each B (1: one graph step per stream; B > 1: the
+folder's batched slot graphs, B streams a call) and each `--precision`. Every configuration has
+its own server, started before any load; the load ramps in lockstep (every configuration at N
+streams before any at 2N), then bisects, configurations taking turns, so a slow spell of this
+machine falls on all of them. A configuration holds N streams when the p99 frame latency stays
+under one frame period and every stream ends complete.
+
+The bound: the streams the fixed full-clip graphs could sustain for the same work (1 / their
+real-time factor: encode + decode of a clip, or its decode), measured between the ramps.
+
+`--soak MINUTES`: the best configuration at its held load for that long, with random disconnects,
+garbage frames and slow readers mixed in: the others' output is checked against single streams,
+the server's RSS is sampled, and every slot must be free at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import numpy as np
+
+from .. import registry
+from ..export.targets import PRECISIONS
+from .load import check_streams, duplex_of, open_folder, soak_run, trial
+from .measure import run_report
+from .prepare import build_folder, fail, prepare, preset_of
+
+
+@dataclass
+class Config:
+    slots: int  # 1: one step per stream; else the batched graphs' B
+    precision: str
+    folder: Path
+    url: str = ""
+    proc: subprocess.Popen | None = None
+    held: int = 0  # most streams held in real time
+    failed: int | None = None  # fewest streams seen failing
+    trials: dict = field(default_factory=dict)  # streams -> trial report
+
+    @property
+    def name(self) -> str:
+        return f"B={self.slots} {self.precision}"
+
+
+# ---- the servers -------------------------------------------------------------------------------
+def start_server(folder: Path, pool: int, batched: bool, provider: str) -> tuple[subprocess.Popen, str]:
+    """`codec-serve` on a free port of 127.0.0.1; returns the process and its http URL."""
+    cmd = [sys.executable, "-c", "from codecport.cli.serve import serve_cli; serve_cli()", "-m", str(folder), "--slots", str(pool), "--port", "0",
+           "--provider", provider, "--max-backlog", str(64 << 20)]
+    if not batched:
+        cmd.append("--no-batch")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith("listening on "):
+            return proc, line.split()[2]
+    proc.kill()
+    raise RuntimeError(f"codec-serve did not start: {proc.stderr.read()[-2000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return -9
+
+
+# ---- the bound: the fixed graphs --------------------------------------------------------------
+def fixed_bound(spec, folder: Path, seconds: float, seed: int) -> dict:
+    """Streams the fixed full-clip graphs could sustain for a stream's work: 1 / real-time factor
+    of encoding and decoding a clip of their length (decoding only, for a decoder-only stream)."""
+    codec = open_folder(folder)
+    rng = np.random.default_rng(seed)
+    n = int(seconds * codec.sample_rate)
+    clip = (0.1 * rng.standard_normal((1, n))).astype(np.float32)
+    codes = codec.encode(clip, codec.sample_rate)
+    work = (lambda: codec.decode(codec.encode(clip, codec.sample_rate))) if duplex_of(spec) \
+        else (lambda: codec.decode(codes, **({"noise": 0} if getattr(codec, "draws_noise", False) else {})))
+    work()  # warm-up
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - t)
+    rtf = float(np.median(times)) / seconds
+    return {"rtf": rtf, "streams": 1 / rtf}
+
+
+# ---- the command -------------------------------------------------------------------------------
+def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str, ...], seconds: float,
+                max_streams: int, soak: float, provider: str, seed: int, work: Path) -> dict:
+    batched = sorted({b for b in slots if b > 1})
+    clip = 2.0  # the fixed graphs' length: the bound's clip
+    bases = {}
+    for b in batched or [0]:
+        base = work / f"slots{b}"
+        if not (base / "model" / "manifest.json").is_file():
+            click.echo(f"exporting {spec.label} {preset} (random weights){f' with --slots {b}' if b else ''} ...")
+            prepare(spec, preset, clip, 1, seed, base, **({"slots": b} if b else {}))
+        bases[b] = base
+    folders = {}
+    for b, base in bases.items():
+        for p in precisions:
+            folders[(b, p)] = base / "model" if p == "fp32" else build_folder(spec, base, p)
+    configs = []
+    for b in sorted(set(slots)):
+        for p in precisions:
+            folder = folders[(b if b > 1 else (batched[0] if batched else 0), p)]
+            configs.append(Config(b, p, folder))
+    click.echo(f"starting {len(configs)} servers ...")
+    for cfg in configs:
+        cfg.proc, cfg.url = start_server(cfg.folder, max_streams, cfg.slots > 1, provider)
+    period = _period(configs[0].folder)
+    report = {"codec": spec.name, "preset": preset, "provider": provider, "period_ms": 1000 * period,
+              "trial_seconds": seconds, "cores": os.cpu_count(), "bound": {p: [] for p in precisions},
+              "configs": {}}
+    try:
+        def bound_round():
+            for p in precisions:
+                report["bound"][p].append(fixed_bound(spec, folders[(batched[0] if batched else 0, p)], clip, seed))
+
+        bound_round()
+        n = 1
+        alive = list(configs)
+        while alive and n <= max_streams:  # the ramp, in lockstep
+            for cfg in alive:
+                _run_trial(cfg, spec, n, seconds, seed, period)
+            alive = [c for c in alive if c.failed is None]
+            n *= 2
+        bound_round()
+        for _ in range(8):  # bisect, configurations taking turns
+            open_ = [c for c in configs if c.failed is not None and c.failed - c.held > max(1, c.held // 8)]
+            if not open_:
+                break
+            for cfg in open_:
+                _run_trial(cfg, spec, (cfg.held + cfg.failed) // 2, seconds, seed, period)
+        bound_round()
+        for cfg in configs:
+            report["configs"][cfg.name] = {"slots": cfg.slots, "precision": cfg.precision, "held": cfg.held,
+                                           "capped": cfg.failed is None, "trials": cfg.trials}
+        if soak:
+            best = max(configs, key=lambda c: (c.precision == "fp32", c.held))
+            load = max(1, best.held)
+            click.echo(f"soak: {best.name} at {load} streams for {soak:g} min ...")
+            result = asyncio.run(soak_run(best.url, best.proc.pid, spec, load, soak, seed + 10_000, period))
+            result["check"] = check_streams(spec, best.folder, result.pop("checked"))
+            result["config"] = best.name
+            report["soak"] = result
+    finally:
+        for cfg in configs:
+            code = stop_server(cfg.proc)
+            report["configs"].setdefault(cfg.name, {})["exit_code"] = code
+    return report
+
+
+def _period(folder: Path) -> float:
+    """Seconds of a (coarse) code frame: a client's rhythm."""
+    codec = open_folder(folder)
+    return codec.frame_size * codec.strides[0] / codec.sample_rate
+
+
+def _run_trial(cfg: Config, spec, n: int, seconds: float, seed: int, period: float) -> None:
+    r = trial(cfg.url, spec, n, seconds, seed, period)
+    cfg.trials[n] = r
+    lat = r["latency_ms"]
+    click.echo(f"  {cfg.name:<12} {n:>3} streams: p50 {lat.get('p50', float('nan')):6.1f} ms  p99 "
+               f"{lat.get('p99', float('nan')):6.1f} ms  errors {r['n_errors']}  -> "
+               f"{'held' if r['held'] else 'not held'}")
+    if r["held"]:
+        cfg.held = max(cfg.held, n)
+    else:
+        cfg.failed = n if cfg.failed is None else min(cfg.failed, n)
+
+
+def lines(report: dict) -> list[str]:
+    """The table: streams held per configuration, latency at that load, ratios in this run."""
+    out = [(f"{report['codec']} {report['preset']} on {report['provider']}, {report['cores']} cores, frames "
+            f"of {report['period_ms']:.0f} ms, {report['trial_seconds']:g} s a trial"),
+           "| config | streams held | p50 / p95 / p99 frame latency | time to first audio p50 | × B=1 | × fixed bound |",
+           "|---|---|---|---|---|---|"]
+    bounds = {p: float(np.median([b["streams"] for b in v])) for p, v in report["bound"].items()}
+    for name, c in report["configs"].items():
+        if "held" not in c:
+            continue
+        one = report["configs"].get(f"B=1 {c['precision']}", {}).get("held") or float("nan")
+        t = c["trials"].get(c["held"], {})
+        lat, ttfa = t.get("latency_ms", {}), t.get("ttfa_ms", {})
+        held = f"{c['held']}{'+' if c['capped'] else ''}"
+        out.append(f"| {name} | {held} | {lat.get('p50', float('nan')):.1f} / {lat.get('p95', float('nan')):.1f} / "
+                   f"{lat.get('p99', float('nan')):.1f} ms | {ttfa.get('p50', float('nan')):.0f} ms | "
+                   f"{c['held'] / one:.2f} | {c['held'] / bounds[c['precision']]:.0%} |")
+    for p, v in report["bound"].items():
+        rtfs = ", ".join(f"{b['rtf']:.3f}" for b in v)
+        out.append(f"fixed-graph bound ({p}): {bounds[p]:.1f} streams (RTF {rtfs} at the start, middle and end)")
+    if "soak" in report:
+        s = report["soak"]
+        out.append(f"soak: {s['config']} at {s['streams']} streams for {s['minutes']:g} min; clients "
+                   f"{s['clients']}; well-behaved failed: {s['n_good_failed']}; slots active after: "
+                   f"{s['health_after'].get('slots')}; RSS {s['rss_mb'][1]:.0f} -> {s['rss_mb'][-1]:.0f} MB "
+                   f"(drift {s['rss_drift_mb']:+.1f} MB); checked {s['check']}")
+    return out
+
+
+SERVABLE = [s.name for s in registry.codecs() if s.has_step_graphs]
+
+
+@click.command("serve", context_settings={"show_default": True})
+@click.argument("codec", type=click.Choice(SERVABLE))
+@click.option("--preset", default=None, help="Preset [default: the codec's].")
+@click.option("--slots", "slots", multiple=True, type=click.IntRange(1, 256), default=[1, 8, 16],
+              help="Configurations (repeatable): 1 steps each stream on its own, B > 1 the batched graphs "
+                   "of B streams a call.")
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(PRECISIONS), default=["fp32", "int8"],
+              help="Precisions (repeatable).")
+@click.option("--seconds", type=click.FloatRange(min=1), default=8.0, help="Seconds of each trial.")
+@click.option("--max-streams", type=click.IntRange(1, 1024), default=64, help="The ramp's ceiling.")
+@click.option("--soak", type=click.FloatRange(min=0), default=0.0,
+              help="Minutes of the soak at the best configuration's held load (0: none).")
+@click.option("--provider", default="cpu", help="The servers' provider.")
+@click.option("--seed", type=int, default=0)
+@click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
+              help="Keep the exports here and reuse them [default: a temp folder].")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
+def serve_cmd(codec, preset, slots, precisions, seconds, max_streams, soak, provider, seed, work, json_out):
+    """Real-time streams `codec-serve` holds for CODEC, per --slots and --precision, on loopback."""
+    try:
+        import aiohttp  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        fail(f"codec-bench serve needs the [export] and [serve] extras ({e})", 1)
+    spec = registry.get(codec)
+    preset = preset_of(spec, preset, None)
+    run_report(work, "codec-bench-serve-", lambda w: bench_serve(
+        spec, preset, tuple(slots), tuple(precisions), seconds, max_streams, soak, provider, seed, w),
+        lines, json_out)
