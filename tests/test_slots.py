@@ -8,6 +8,8 @@ pushed a coarse frame at a time gives the official `snac` package's whole-clip d
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -45,10 +47,10 @@ def _chunks(x, n: int, side: str, codec) -> list:
     if isinstance(x, list):  # SNAC levels: cut at coarse frames
         cuts = np.linspace(0, len(x[0]), n + 1).astype(int)
         per = [codec.strides[0] // s for s in codec.strides]
-        return [[lv[a * p:b * p] for lv, p in zip(x, per)] for a, b in zip(cuts[:-1], cuts[1:])]
+        return [[lv[a * p:b * p] for lv, p in zip(x, per)] for a, b in itertools.pairwise(cuts)]
     length = x.shape[-1]
     cuts = np.linspace(0, length, n + 1).astype(int)
-    return [x[..., a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+    return [x[..., a:b] for a, b in itertools.pairwise(cuts)]
 
 
 def _alone(codec, side: str, x, settings: dict):

@@ -1,5 +1,5 @@
-"""The command line: `codec-export` (export.py, needs the [export] extra) and `codec-run` (run.py,
-runtime only), with what they share in common.py.
+"""The command line: `codec-export` (export.py, needs the [export] extra), `codec-run` (run.py,
+runtime only) and `codec-serve` (serve.py, the [serve] extra), with what they share in common.py.
 
 Both iterate over the codec registry: `codec-export CODEC` is one command per registered codec,
 and `codec-run` asks each folder which codec it holds. Results go to stdout, diagnostics to
@@ -10,5 +10,6 @@ onnxruntime.
 
 from .export import export_cli
 from .run import run_cli
+from .serve import serve_cli
 
-__all__ = ["export_cli", "run_cli"]
+__all__ = ["export_cli", "run_cli", "serve_cli"]

@@ -39,11 +39,14 @@ DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "max
 @click.option("--send-buffer", type=click.IntRange(min=0), default=DEFAULTS["send_buffer"],
               help="Bytes of each connection's kernel send buffer (SO_SNDBUF; 0: the system's autotuning, "
                    "up to megabytes a connection, which hide a slow reader longer).")
+@click.option("--batch/--no-batch", "batched", default=True,
+              help="Step the slots through the folder's batched step graphs (<side>_slots.onnx, written by "
+                   "codec-export --slots B), B slots a call, where it has them; --no-batch steps one slot a call.")
 @provider_options
 @verbose_option
 @guard
 def serve_cli(model_dir, slots, host, port, queue, queue_timeout, grace, max_message, max_backlog, send_buffer,
-              provider, fallback, options, verbose) -> None:
+              batched, provider, fallback, options, verbose) -> None:
     """Serve live streams of an exported codec over WebSocket: PCM in and codes out (encode),
     codes in and PCM out (decode), or both (duplex), one stream per connection at
     ws://HOST:PORT/stream, with /health and /metrics. SIGTERM drains and exits."""
@@ -59,10 +62,10 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, grace, max_mes
                              "written by codec-export mimi or codec-export snac")
     config = ServeConfig(slots=slots, host=host, port=port, queue=queue, queue_timeout=queue_timeout,
                          grace=grace, max_message=max_message, max_backlog=max_backlog,
-                         send_buffer=send_buffer)
+                         send_buffer=send_buffer, batched=batched)
 
     def announce(url: str) -> None:
-        click.echo(f"serving {spec.label} {codec.preset} ({model_dir}) on {codec.provider}: {slots} slots a side "
+        click.echo(f"serving {spec.label} {codec.preset} ({model_dir}) on {codec.provider}: {slots} slot{'s' if slots > 1 else ''} a side "
                    f"({', '.join(codec.streams)})" + (f", a queue of {queue}" if queue else ""))
         ws = url.replace("http", "ws", 1)
         click.echo(f"listening on {url}  (streams: {ws}/stream, {url}/health, {url}/metrics; SIGTERM drains)")

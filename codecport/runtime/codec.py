@@ -49,6 +49,7 @@ class Codec(GraphFolder):
     levels: int = 1  # time scales of its codes: arrays in `Codes` (a multi-scale codec has more)
     strides: tuple[int, ...] = (1,)  # latent frames per code of each time scale, coarse first
     draws_noise: bool = False  # its decoder adds noise (`decode(..., noise=...)` says which)
+    group_frames: int = 1  # coarse frames its codes come in whole numbers of (SNAC: its unit)
     in_graph_quantizer: bool = True  # `codec-export --in-graph-quantizer` can put its RVQ in the graphs
     streams: tuple[str, ...] = ()  # the stream sides it has ("encoder", "decoder"; see stream.py)
     restores_loudness: bool = False  # encode measures the input's loudness, decode restores it (DAC)

@@ -59,6 +59,7 @@ class SnacCodec(Codec):
         g = self.first
         self.strides, self.rates = tuple(g.ints("vq_strides")), g.ints("decoder_rates")
         self.unit = g.int("unit_frames")
+        self.group_frames = max(1, self.unit // g.ints("vq_strides")[0])
         self.levels = len(self.strides)
         self.draws_noise = g.choice("noise", ("0", "1")) == "1"
         if len(self.strides) != self.n_codebooks or math.prod(self.rates) != self.frame_size or \

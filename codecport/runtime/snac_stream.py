@@ -4,17 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import CodesError
+from .codec import Codec
 from .noise import Noise
 from .rvq import check_code_values
 from .stream import DecoderStream, Latency, Stepped, StepRunner, as_levels
-
-if TYPE_CHECKING:
-    from .snac import SnacCodec
 
 END_UNKNOWN = 1 << 62  # a step graph's `end` while the clip goes on (past any position)
 
@@ -49,7 +46,7 @@ class SnacStepStream(_Names02, Stepped, DecoderStream):
     [c1, c1'], [c2 x4]`).
     """
 
-    def __init__(self, codec: SnacCodec, noise: Noise, channel: int = 0, io_binding: bool | None = None):
+    def __init__(self, codec: Codec, noise: Noise, channel: int = 0, io_binding: bool | None = None):
         super().__init__(codec)
         g = codec.graph("decoder_step")
         self.n, self.delay = g.int("step_frames"), g.int("delay")
@@ -154,7 +151,7 @@ class SnacWindowStream(_Names02, DecoderStream):
     audio comes out `latency.frames` coarse frames after the frame it belongs to, from the first.
     """
 
-    def __init__(self, codec: SnacCodec, noise=None):
+    def __init__(self, codec: Codec, noise=None):
         super().__init__(codec)
         self.g = codec.graph("decoder_step")
         self.window, self.margin = self.g.int("frames"), self.g.int("margin")

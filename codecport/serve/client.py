@@ -97,8 +97,9 @@ class StreamClient:
         they are, for `pcm="s16"`); returns the time sent."""
         samples = np.asarray(samples)
         fmt = self.info["pcm"]
-        if samples.dtype == np.int16 and fmt == "s16":
-            data = samples.astype("<i2").tobytes()
+        if samples.dtype == np.int16:
+            data = samples.astype("<i2").tobytes() if fmt == "s16" else \
+                pcm_to_bytes(samples.astype(np.float32) / 32768, fmt)
         else:
             data = pcm_to_bytes(samples.astype(np.float32, copy=False), fmt)
         await self.ws.send_bytes(data)
@@ -167,7 +168,7 @@ class StreamClient:
         if self._owns:
             await self.session.close()
 
-    async def __aenter__(self) -> StreamClient:
+    async def __aenter__(self):
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -1,5 +1,5 @@
 """The scheduler under `codec-serve`: slot pools of the runtime (runtime/slots.py) stepped by one
-asyncio task, and each connection's stream (`Live`) as that task sees it.
+asyncio task for the connections' streams (live.py), and the admission of new ones.
 
 One `SlotPool` per side the codec streams, `--slots` slots each; a connection holds a slot of
 each side its op needs. The scheduler wakes when a stream gets input (an `asyncio.Event`), and
@@ -16,204 +16,20 @@ between steps (a connection that leaves frees its slot at once, or after the ste
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import CodecportError
 from ..runtime.slots import SlotPool
+from .live import Live
 from .metrics import Metrics
-from .protocol import TAG_AUDIO, TAG_CODES, CodeLayout, ProtocolError, Request, group_frames, pcm_to_bytes
+from .protocol import ProtocolError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Close:
-    """The sender's last item: close the WebSocket with `code` (1000 after done)."""
-
-    code: int = 1000
-
-
-class Outbox:
-    """A connection's messages not yet sent, in order; a warning may go to the front."""
-
-    def __init__(self):
-        self.items: deque = deque()
-        self._ready = asyncio.Event()
-
-    def put(self, item, front: bool = False) -> None:
-        (self.items.appendleft if front else self.items.append)(item)
-        self._ready.set()
-
-    def clear(self) -> None:
-        self.items.clear()
-
-    async def get(self):
-        while not self.items:
-            self._ready.clear()
-            await self._ready.wait()
-        return self.items.popleft()
-
-
-class Live:
-    """One connection's stream: its slots, the input not yet fed to them, and the messages not
-    yet sent (`outbox`, `backlog` bytes). The server puts input in (`put_pcm`, `put_codes`,
-    `end`), the scheduler feeds and steps it and `emit`s its output."""
-
-    def __init__(self, scheduler: Scheduler, request: Request):
-        self.scheduler, self.request, codec = scheduler, request, scheduler.codec
-        self.layout = CodeLayout.of(codec, request.codebooks)
-        self.slots: dict = {}  # side -> Slot, once granted
-        self.granted: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.pending: dict[str, list] = {side: [] for side in request.sides}
-        self.pending_bytes = 0
-        self.room = asyncio.Event()  # set while the pending input is under the bound
-        self.room.set()
-        self.end_asked = dict.fromkeys(request.sides, False)
-        self.ended = dict.fromkeys(request.sides, False)
-        self.finished: set[str] = set()
-        self.outbox = Outbox()
-        self.backlog, self.warned = 0, False
-        self.error: ProtocolError | None = None  # why it failed
-        self.complete = False  # done was queued
-        self.on_fail = None  # the server's: stop the sender, send the error, close
-        self.frames = dict.fromkeys(request.sides, 0)
-        self.samples = dict.fromkeys(request.sides, 0)
-        self.coarse_in = 0  # coarse frames of codes received (decode)
-        self.resampler = None
-        if "encoder" in request.sides and request.sample_rate != codec.sample_rate:
-            import soxr
-
-            # VHQ, streamed: the samples of one `soxr.resample` of the whole input, as codec-run's.
-            self.resampler = soxr.ResampleStream(request.sample_rate, codec.sample_rate, 1, dtype="float32",
-                                                 quality="VHQ")
-
-    def settings(self, side: str) -> dict:
-        """The stream settings of this stream's `side` slot."""
-        if side == "encoder":
-            return {"n_codebooks": self.request.codebooks}
-        return {} if self.request.noise is None else {"noise": self.request.noise}
-
-    @property
-    def closed(self) -> bool:
-        return self.complete or self.error is not None
-
-    # ---- input, from the connection ---------------------------------------------------------
-    def _queue(self, side: str, x, nbytes: int) -> None:
-        self.pending[side].append(x)
-        self.pending_bytes += nbytes
-        if self.pending_bytes > self.scheduler.input_bound:
-            self.room.clear()
-        self.scheduler.wake()
-
-    def put_pcm(self, x: np.ndarray) -> None:
-        """float32 samples at the input's rate (encode, duplex)."""
-        if any(self.end_asked.values()):
-            raise ProtocolError("bad_request", "input after {\"op\": \"end\"}; open another stream")
-        if self.resampler is not None:
-            x = self.resampler.resample_chunk(x)
-        if len(x):
-            self._queue("encoder", x, x.nbytes)
-
-    def put_codes(self, levels: list[np.ndarray]) -> None:
-        """Code frames, one `[rows, frames_l]` array per level (decode)."""
-        if self.end_asked["decoder"]:
-            raise ProtocolError("bad_request", "input after {\"op\": \"end\"}; open another stream")
-        frames = self.layout.frames(levels)
-        if frames:
-            self.coarse_in += frames
-            self._queue("decoder", levels, sum(a.nbytes for a in levels))
-
-    def end(self) -> None:
-        """The input is over: flush and finish (the decoder of a duplex stream ends after its encoder)."""
-        side = self.request.sides[0]
-        if self.end_asked[side]:
-            raise ProtocolError("bad_request", "a second {\"op\": \"end\"}")
-        group = group_frames(self.scheduler.codec)
-        if side == "decoder" and self.coarse_in % group:
-            raise ProtocolError("bad_input", f"the stream ended after {self.coarse_in} coarse frames; "
-                                             f"{self.scheduler.codec.label} decodes whole groups of {group}")
-        if self.resampler is not None:
-            tail = self.resampler.resample_chunk(np.zeros(0, np.float32), last=True)
-            if len(tail):
-                self._queue("encoder", tail, tail.nbytes)
-        self.end_asked[side] = True
-        self.scheduler.wake()
-
-    # ---- output, from the scheduler ---------------------------------------------------------
-    def emit(self, side: str, piece: np.ndarray) -> None:
-        metrics = self.scheduler.metrics
-        duplex = self.request.op == "duplex"
-        if side == "encoder":
-            codes = piece
-            n = codes.shape[1]
-            if n:
-                self.frames[side] += n
-                metrics.frames[side] += n
-                self._send((TAG_CODES if duplex else b"") + self.layout.pack([codes]))
-                if duplex:
-                    self.pending["decoder"].append([codes])
-                    self.coarse_in += n
-        elif len(piece):
-            self.samples[side] += len(piece)
-            metrics.samples[side] += len(piece)
-            self._send((TAG_AUDIO if duplex else b"") + pcm_to_bytes(piece, self.request.pcm))
-
-    def side_finished(self, side: str) -> None:
-        self.finished.add(side)
-        if side == "encoder" and "decoder" in self.request.sides:
-            self.end_asked["decoder"] = True
-        if self.finished == set(self.request.sides) and not self.closed:
-            self.complete = True
-            self.scheduler.metrics.done[self.request.op] += 1
-            self.outbox.put(json.dumps({"op": "done", "frames": self.frames, "samples": self.samples}))
-            self.outbox.put(Close(1000))
-
-    def _send(self, data: bytes) -> None:
-        if self.closed:
-            return
-        self.backlog += len(data)
-        self.outbox.put(data)
-        bound, metrics = self.scheduler.max_backlog, self.scheduler.metrics
-        if self.backlog > bound:
-            metrics.drops += 1
-            log.info("dropping a slow reader: %d bytes not sent", self.backlog)
-            self.fail(ProtocolError("behind", f"dropped: {self.backlog} bytes of output were waiting for "
-                                              f"this client (bound {bound}); read faster, or open fewer streams"))
-        elif self.backlog > bound // 2 and not self.warned:
-            self.warned = True
-            metrics.warnings += 1
-            # At the front: the next message the client gets, ahead of the backlog it warns of.
-            self.outbox.put(json.dumps({
-                "op": "warning", "code": "behind", "backlog": self.backlog, "bound": bound,
-                "message": f"{self.backlog} bytes of output wait for this client; past {bound} it is dropped"}),
-                front=True)
-
-    def sent(self, nbytes: int) -> None:
-        """The sender wrote `nbytes` of output."""
-        self.backlog -= nbytes
-        if self.backlog < self.scheduler.max_backlog // 4:
-            self.warned = False
-
-    def fail(self, error: ProtocolError) -> None:
-        """End the stream with `error`: its slots go back at once, its queued output is dropped,
-        and the server sends the error and closes."""
-        if self.closed:
-            return
-        self.error = error
-        self.scheduler.metrics.errors[error.code] += 1
-        self.outbox.clear()
-        self.backlog = 0
-        self.room.set()
-        self.scheduler.leave(self)
-        if self.on_fail is not None:
-            self.on_fail()
 
 
 def _step(pools: dict[str, SlotPool], work: dict[str, list]) -> list:
@@ -230,14 +46,15 @@ def _step(pools: dict[str, SlotPool], work: dict[str, list]) -> list:
 
 
 class Scheduler:
-    """The pools of `codec`, `size` slots a side, the admission queue (`queue` waiting at most),
-    and the task that steps them (`run`)."""
+    """The pools of `codec`, `size` slots a side (through the folder's batched step graphs where
+    it has them, unless `batched=False`), the admission queue (`queue` waiting at most), and the
+    task that steps them (`run`)."""
 
     def __init__(self, codec, size: int, queue: int = 0, max_backlog: int = 4 << 20,
-                 input_bound: int = 4 << 20):
+                 input_bound: int = 4 << 20, batched: bool = True):
         self.codec, self.size, self.queue_limit = codec, size, queue
         self.max_backlog, self.input_bound = max_backlog, input_bound
-        self.pools = {side: SlotPool(codec, side, size) for side in codec.streams}
+        self.pools = {side: SlotPool(codec, side, size, batched=batched) for side in codec.streams}
         self.held = dict.fromkeys(self.pools, 0)  # slots granted or being granted, per side
         self.lives: dict[Live, None] = {}  # streams holding slots, in the order they came
         self.owner: dict = {}  # slot -> Live
@@ -437,6 +254,16 @@ class Scheduler:
                                      for a in (x if isinstance(x, list) else [x]))
             if live.pending_bytes <= self.input_bound:
                 live.room.set()
+            self._check(live)  # ended with nothing left to step (its output all out already)
+
+    def _check(self, live: Live) -> None:
+        """Note the sides of `live` that have finished; once all have, it is done and leaves."""
+        for side, slot in live.slots.items():
+            if live.ended[side] and side not in live.finished and not live.closed and slot.finished:
+                live.side_finished(side)
+                self.wake()  # a duplex stream's decoder ends next
+        if live.complete and live in self.lives:
+            self.leave(live)
 
     def _deliver(self, results: list) -> None:
         for side, slots, outputs, seconds, error in results:
@@ -456,7 +283,4 @@ class Scheduler:
                 if live is None or live.closed:
                     continue
                 live.emit(side, piece)
-                if live.ended[side] and slot.finished and not live.closed:
-                    live.side_finished(side)
-                    if live.complete:
-                        self.leave(live)
+                self._check(live)

@@ -13,7 +13,6 @@ server message starts with a 4-byte tag (`CODE` or `WAVE`) saying which of the t
 from __future__ import annotations
 
 import json
-import math
 import secrets
 from dataclasses import dataclass
 
@@ -209,11 +208,6 @@ def parse_request(text: str, codec) -> Request:
     return Request(op, pcm, rate, k, noise)
 
 
-def group_frames(codec) -> int:
-    """Coarse frames a decoded stream must hold a whole number of (SNAC decodes whole groups of
-    `unit_frames` latent frames; 1 for a codec without groups)."""
-    return max(1, getattr(codec, "unit", codec.strides[0]) // codec.strides[0])
-
 
 def ready_message(codec, request: Request, slots: dict) -> dict:
     """The server's answer to a handshake: the codec's facts and this stream's."""
@@ -226,14 +220,10 @@ def ready_message(codec, request: Request, slots: dict) -> dict:
         "coarse_frame_samples": codec.frame_size * codec.strides[0],
         "codebooks": request.codebooks, "n_codebooks": codec.n_codebooks,
         "codebook_size": codec.codebook_size, "levels": codec.levels, "strides": list(codec.strides),
-        "code_layout": layout.to_json(), "codes_dtype": "int32le", "group_frames": group_frames(codec),
+        "code_layout": layout.to_json(), "codes_dtype": "int32le", "group_frames": codec.group_frames,
         "noise": request.noise,
         "slot": {side: s.index for side, s in slots.items()},
         "step_frames": {side: s.step_frames for side, s in slots.items()},
         "latency": {side: {"frames": s.latency.frames, "samples": s.latency.samples} for side, s in slots.items()},
     }
 
-
-def coarse_frames(samples: int, codec) -> int:
-    """Coarse code frames of `samples` at the model's rate, rounded up."""
-    return math.ceil(samples / (codec.frame_size * codec.strides[0]))

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from ..errors import CodecportError
-from .engine import Close, Live, Scheduler
+from .engine import Scheduler
+from .live import Close, Live
 from .protocol import (
     CLOSE_CODES,
     ProtocolError,
@@ -54,6 +55,7 @@ class ServeConfig:
     # grows to net.ipv4.tcp_wmem's max, 4 MiB on Linux): what it holds is out of the server's
     # sight, so a small one makes a slow reader show in `backlog` soon, with stale audio bounded.
     send_buffer: int = 1 << 18
+    batched: bool = True  # step the slots through the folder's batched step graphs, where it has them
     handshake_timeout: float = 10.0  # seconds a new connection has to send its request
     close_timeout: float = 2.0  # seconds a closing handshake (or a refusal) may take
     heartbeat: float | None = 30.0  # seconds between pings (a vanished client is noticed)
@@ -78,14 +80,14 @@ class Server:
     def __init__(self, codec, config: ServeConfig):
         self.codec, self.config = codec, config
         self.scheduler = Scheduler(codec, config.slots, config.queue, config.max_backlog,
-                                   input_bound=4 * config.max_message)
+                                   input_bound=4 * config.max_message, batched=config.batched)
         self.app = web.Application()
         self.app.add_routes([web.get("/stream", self._stream), web.get("/health", self._health),
                              web.get("/metrics", self._metrics)])
         self.runner: web.AppRunner | None = None
         self.site: web.TCPSite | None = None
         self.url = ""
-        self._greeting: set[web.WebSocketResponse] = set()  # connections before their handshake
+        self._greeting: set[web.WebSocketResponse] = set()  # connections before their request
         self._tasks: set[asyncio.Task] = set()
 
     # ---- life ----------------------------------------------------------------------------------
@@ -142,7 +144,8 @@ class Server:
         sched = self.scheduler
         return {"ok": not sched.draining, "codec": self.codec.name, "preset": self.codec.preset,
                 "slots": {"total": sched.size, "active": len(sched.lives)},
-                "pools": {side: {"total": sched.size, "active": sched.active(side)} for side in sched.pools},
+                "pools": {side: {"total": sched.size, "active": sched.active(side), "batch": pool.batch}
+                          for side, pool in sched.pools.items()},
                 "queued": len(sched.waiting), "connections": sched.connections, "draining": sched.draining}
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -176,7 +179,7 @@ class Server:
             await self._refuse(ws, e)
         except (ConnectionError, asyncio.TimeoutError) as e:
             log.info("a client went away: %s", e)
-        except Exception as e:  # noqa: BLE001 (one connection's bug ends that connection, never the server)
+        except Exception as e:  # one connection's bug ends that connection, never the server
             log.exception("internal error on a stream")
             await self._refuse(ws, ProtocolError("internal", f"{type(e).__name__}: {e}".splitlines()[0]))
         finally:
@@ -216,6 +219,8 @@ class Server:
         except asyncio.TimeoutError:
             raise ProtocolError("timeout", f"no request in {cfg.handshake_timeout:g} s; the first message is "
                                            "the JSON request (docs/serve.md)") from None
+        finally:
+            self._greeting.discard(ws)  # from here a drain reaches it through the scheduler
         if msg.type is WSMsgType.BINARY:
             raise bad("binary data before the handshake; the first message is the JSON request (docs/serve.md)")
         if msg.type is not WSMsgType.TEXT:
@@ -228,7 +233,6 @@ class Server:
             if not await self._admit(ws, live):
                 self.scheduler.leave(live)
                 return None
-            self._greeting.discard(ws)
             await ws.send_str(json.dumps(ready_message(self.codec, live.request, live.slots)))
         except BaseException:
             self.scheduler.leave(live)
@@ -265,6 +269,8 @@ class Server:
         sender = asyncio.ensure_future(self._send(ws, live))
         closing: list[asyncio.Task] = []
         live.on_fail = lambda: closing.append(self._spawn(self._close_failed(request, ws, live, sender)))
+        if live.error is not None:  # failed between its ready reply and now (a drain)
+            live.on_fail()
         try:
             while not live.closed:
                 if not live.room.is_set():  # the engine is behind this client's input: stop reading

@@ -1,0 +1,604 @@
+"""`codec-serve` as a user runs it (a process of its own on 127.0.0.1, `--port 0`, the printed
+URL parsed), spoken to by the shared client (codecport/serve/client.py): a served stream gives
+exactly what the runtime's streams give for the same input; concurrent clients that come and go
+each get their own exact results; every refusal is a JSON error that closes that connection
+only; a client that leaves frees its slot at once; a slow reader is warned, then dropped, while
+the others go on; the queue; /health and /metrics; SIGTERM drains and exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import re
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import aiohttp
+import numpy as np
+import pytest
+import soxr
+from click.testing import CliRunner
+from conftest import noise
+from shared_exports import TINY_SLOTS
+
+import codecport
+from codecport.cli.serve import serve_cli
+from codecport.serve import Result, ServeError, connect, stream
+from codecport.serve.protocol import CLOSE_CODES
+
+BIN = Path(sys.executable).parent
+SR = 24000  # the tiny Mimi's rate
+
+
+class Served:
+    """A `codec-serve` process and its URL."""
+
+    def __init__(self, proc: subprocess.Popen, url: str, log: Path):
+        self.proc, self.url, self.log = proc, url, log
+
+    def get(self, path: str):
+        return asyncio.run(_get(self.url + path))
+
+
+async def _get(url: str):
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return r.status, (await r.json() if r.content_type == "application/json" else await r.text())
+
+
+@contextlib.contextmanager
+def serving(folder: Path, log: Path, *args):
+    """`codec-serve -m folder --port 0 ARGS`, stopped (SIGTERM) on exit."""
+    with open(log, "w") as err:
+        proc = subprocess.Popen([str(BIN / "codec-serve"), "-m", str(folder), "--port", "0", *map(str, args)],
+                                stdout=subprocess.PIPE, stderr=err, bufsize=0)
+    try:
+        yield Served(proc, _url(proc, log), log)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        proc.stdout.close()
+
+
+def _url(proc: subprocess.Popen, log: Path, timeout: float = 60) -> str:
+    """The URL the server prints, read from its stdout as it comes (unbuffered, by select)."""
+    deadline, seen = time.monotonic() + timeout, b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            seen += chunk
+            if m := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", seen):
+                return m.group(1).decode()
+            if not chunk and proc.poll() is not None:
+                break
+    raise AssertionError(f"codec-serve did not start: {seen.decode()}{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def mimi(tiny_mimi_export, tmp_path_factory):
+    with serving(tiny_mimi_export, tmp_path_factory.mktemp("serve") / "mimi.log", "--slots", 8,
+                 "--max-message", 65536) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def snac(tiny_snac_export, tmp_path_factory):
+    with serving(tiny_snac_export, tmp_path_factory.mktemp("serve") / "snac.log", "--slots", 2) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def mimi_codec(tiny_mimi_export):
+    return codecport.load(tiny_mimi_export)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def chunks(x, sizes) -> list:
+    """`x` cut into pieces of the given sizes, cycled (uneven on purpose)."""
+    out, i, k = [], 0, 0
+    while i < len(x):
+        n = sizes[k % len(sizes)]
+        out.append(x[i:i + n])
+        i, k = i + n, k + 1
+    return out
+
+
+def ref_encode(codec, pcm, k: int) -> np.ndarray:
+    s = codec.encoder_stream(k)
+    return np.concatenate([s.push(pcm), s.flush()], axis=1)
+
+
+def ref_decode(codec, codes, **kw) -> np.ndarray:
+    s = codec.decoder_stream(**kw)
+    return np.concatenate([s.push(codes), s.flush()])
+
+
+def frame_chunks(codes: np.ndarray, sizes) -> list:
+    out, i, k = [], 0, 0
+    while i < codes.shape[1]:
+        out.append(codes[:, i:i + sizes[k % len(sizes)]])
+        i, k = i + sizes[k % len(sizes)], k + 1
+    return out
+
+
+async def closed_with(client, code: str) -> ServeError:
+    """The error a stream ends with; the server closes the connection after it."""
+    with pytest.raises(ServeError) as e:
+        while await client.receive(timeout=10) is not None:
+            pass
+    assert e.value.code == code, e.value
+    msg = await client.ws.receive(timeout=10)
+    assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING), msg
+    if msg.type is aiohttp.WSMsgType.CLOSE:
+        assert msg.data == CLOSE_CODES[code]
+    await client.close()
+    return e.value
+
+
+# ---- exact results ------------------------------------------------------------------------------
+@pytest.mark.parametrize("pcm, rate", [("f32", SR), ("s16", SR), ("f32", 16000)])
+def test_encode_gives_the_encoder_streams_codes(mimi, mimi_codec, pcm, rate):
+    x = noise(int(0.3 * rate), seed=1)[0]
+    if pcm == "s16":
+        x = np.round(x * 32767).astype(np.int16)
+    model_rate = (x.astype(np.float32) / 32768 if pcm == "s16" else x)
+    if rate != SR:
+        model_rate = soxr.resample(model_rate, rate, SR, quality="VHQ").astype(np.float32)
+    want = ref_encode(mimi_codec, model_rate, 3)
+
+    async def go():
+        async with await connect(mimi.url, "encode", pcm=pcm, sample_rate=rate, codebooks=3) as c:
+            assert (c.info["codec"], c.info["sample_rate"], c.info["codebooks"]) == ("mimi", SR, 3)
+            assert c.info["input_sample_rate"] == rate and c.info["code_layout"] == [[3, 1]]
+            return await stream(c, chunks(x, [331, 48, 1000, 7]))
+
+    got = run(go())
+    assert np.array_equal(got.codes()[0], want)
+    assert got.done["frames"] == {"encoder": want.shape[1]}
+
+
+@pytest.mark.parametrize("pcm", ["f32", "s16"])
+def test_decode_gives_the_decoder_streams_audio(mimi, mimi_codec, pcm):
+    codes = np.random.default_rng(2).integers(0, mimi_codec.codebook_size, (4, 301))
+    want = ref_decode(mimi_codec, codes)
+    if pcm == "s16":
+        want = np.clip(np.round(want * 32768), -32768, 32767) / 32768
+
+    async def go():
+        async with await connect(mimi.url, "decode", pcm=pcm, codebooks=4) as c:
+            return await stream(c, frame_chunks(codes, [5, 1, 64, 2]))
+
+    got = run(go())
+    assert got.audio().dtype == np.float32 and np.array_equal(got.audio(), want.astype(np.float32))
+
+
+@pytest.mark.parametrize("op", ["encode", "decode", "duplex"])
+def test_an_end_after_all_the_output_still_gets_done(mimi, mimi_codec, op):
+    """Input of whole steps, all its output received, then the end: nothing is left to step, and
+    done comes at once; so it does for a stream that never got any input."""
+    step = mimi_codec.frame_size * 2  # the tiny Mimi steps 2 frames a call
+    x = noise(50 * step, seed=11)[0]
+    codes = ref_encode(mimi_codec, x, 4)
+
+    async def go(empty: bool):
+        async with await connect(mimi.url, op, codebooks=4) as c:
+            if not empty:
+                await (c.send_codes(codes) if op == "decode" else c.send_pcm(x))
+                want = {"encode": [codes.shape[1], 0], "decode": [0, x.size], "duplex": [codes.shape[1], x.size]}
+                have = [0, 0]  # code frames, samples
+                while have != want[op]:
+                    piece = await c.receive(timeout=10)
+                    have[piece.kind == "audio"] += piece.data[0].shape[1] if piece.kind == "codes" else piece.data.size
+            await c.end()
+            assert await c.receive(timeout=10) is None and c.done is not None
+
+    run(go(False))
+    run(go(True))
+
+
+def test_duplex_gives_both_streams(mimi, mimi_codec):
+    x = noise(7000, seed=3)[0]
+    codes = ref_encode(mimi_codec, x, 2)
+    audio = ref_decode(mimi_codec, codes)
+
+    async def go():
+        async with await connect(mimi.url, "duplex", codebooks=2) as c:
+            assert set(c.info["slot"]) == {"encoder", "decoder"}
+            return await stream(c, chunks(x, [500, 3, 2048]))
+
+    got = run(go())
+    assert np.array_equal(got.codes()[0], codes) and np.array_equal(got.audio(), audio)
+    kinds = [p.kind for p in got.pieces]
+    assert kinds.index("codes") < kinds.index("audio")  # codes go out before their audio
+
+
+def test_snac_decodes_with_the_noise_asked_for(snac, tiny_snac_export):
+    codec = codecport.load(tiny_snac_export)
+    frames = 37
+    levels = [np.random.default_rng(lv).integers(0, codec.codebook_size, (1, frames * codec.strides[0] // s))
+              for lv, s in enumerate(codec.strides)]
+    per = [codec.strides[0] // s for s in codec.strides]
+    pieces = [[a[:, i * p:(i + n) * p] for a, p in zip(levels, per)] for i, n in ((0, 5), (5, 1), (6, 31))]
+
+    async def go(seed):
+        async with await connect(snac.url, "decode", noise=seed) as c:
+            assert c.info["strides"] == list(codec.strides) and c.info["code_layout"] == [[1, p] for p in per]
+            return await stream(c, pieces)
+
+    for asked in (7, "zero"):
+        assert np.array_equal(run(go(asked)).audio(), ref_decode(codec, levels, noise=asked))
+    fresh = run(go(None))  # fresh noise, as the official decode; the reply says which seed
+    seed = fresh.info["noise"]
+    assert isinstance(seed, int) and np.array_equal(fresh.audio(), ref_decode(codec, levels, noise=seed))
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_clients_that_come_and_go_each_get_their_own(mimi, tiny_mimi_export, tmp_path, mimi_codec, batched):
+    """Streams join and leave at different times, some leave mid-stream; each finished one is
+    exact, as if it had the server to itself: stepped 3 slots a call through the folder's batched
+    graphs (`--slots 3` at export), or one a call (`--no-batch`)."""
+    if batched:
+        assert mimi.get("/health")[1]["pools"]["encoder"]["batch"] == TINY_SLOTS
+        _clients_that_come_and_go(mimi, mimi_codec)
+        return
+    with serving(tiny_mimi_export, tmp_path / "log", "--no-batch") as server:
+        assert server.get("/health")[1]["pools"]["encoder"]["batch"] == 1
+        _clients_that_come_and_go(server, mimi_codec)
+
+
+def _clients_that_come_and_go(mimi, mimi_codec):
+    rng = np.random.default_rng(4)
+    xs = [noise(int(rng.integers(1500, 6000)), seed=10 + i)[0] for i in range(6)]
+    cs = [rng.integers(0, mimi_codec.codebook_size, (4, int(rng.integers(50, 250)))) for _ in range(3)]
+
+    async def encoder(i):
+        await asyncio.sleep(0.03 * i)
+        async with await connect(mimi.url, "encode", codebooks=1 + i % 4) as c:
+            return await stream(c, chunks(xs[i], [int(rng.integers(10, 900)) for _ in range(4)]), interval=0.002)
+
+    async def decoder(i):
+        await asyncio.sleep(0.05 * i)
+        async with await connect(mimi.url, "decode", codebooks=4) as c:
+            return await stream(c, frame_chunks(cs[i], [3, 17, 1]))
+
+    async def leaver(i):
+        await asyncio.sleep(0.02 * i)
+        c = await connect(mimi.url, "encode")
+        await c.send_pcm(xs[i][:1000])
+        await asyncio.sleep(0.02)
+        await c.close()  # gone mid-stream, without an end
+
+    async def go():
+        return await asyncio.gather(*[encoder(i) for i in range(4)], *[decoder(i) for i in range(3)],
+                                    leaver(4), leaver(5))
+
+    got = run(go())
+    for i in range(4):
+        assert np.array_equal(got[i].codes()[0], ref_encode(mimi_codec, xs[i], 1 + i % 4)), i
+    for i in range(3):
+        assert np.array_equal(got[4 + i].audio(), ref_decode(mimi_codec, cs[i])), i
+
+
+# ---- refusals -----------------------------------------------------------------------------------
+BAD_HANDSHAKES = [
+    ("not json", "bad_request"),
+    ('["op", "encode"]', "bad_request"),
+    ('{"op": "transcode"}', "bad_request"),
+    ('{"op": "encode", "rate": 16000}', "bad_request"),
+    ('{"op": "encode", "codebooks": 0}', "bad_request"),
+    ('{"op": "encode", "codebooks": 5}', "bad_request"),
+    ('{"op": "encode", "codebooks": "3"}', "bad_request"),
+    ('{"op": "encode", "sample_rate": 10}', "bad_request"),
+    ('{"op": "encode", "pcm": "f64"}', "bad_request"),
+    ('{"op": "decode", "noise": 3}', "bad_request"),
+    ('{"op": "encode", "protocol": 2}', "bad_request"),
+    (b"\x00\x00\x80\x3f", "bad_request"),  # binary before the handshake
+]
+
+
+@pytest.mark.parametrize("first, code", BAD_HANDSHAKES)
+def test_a_bad_handshake_is_refused_in_one_json_error(mimi, first, code):
+    async def go():
+        async with aiohttp.ClientSession() as s, s.ws_connect(mimi.url + "/stream") as ws:
+            await (ws.send_str(first) if isinstance(first, str) else ws.send_bytes(first))
+            msg = await ws.receive(timeout=10)
+            assert msg.type is aiohttp.WSMsgType.TEXT, msg
+            error = json.loads(msg.data)
+            assert (error["op"], error["code"]) == ("error", code) and error["message"], error
+            closing = await ws.receive(timeout=10)
+            assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED), closing
+            assert ws.close_code == CLOSE_CODES[code]
+
+    run(go())
+
+
+NAN = np.array([0.1, np.nan], "<f4").tobytes()
+BAD_MESSAGES = [  # (op, messages after the handshake, the error)
+    ("encode", [NAN], "bad_input"),
+    ("encode", [np.array([0.1, np.inf], "<f4").tobytes()], "bad_input"),
+    ("encode", [b"\x00\x00\x00"], "bad_input"),  # not whole float32 samples
+    ("decode", [np.array([[0, 1], [2, 64], [0, 0], [0, 0]], "<i4").tobytes()], "bad_input"),  # 64 >= size
+    ("decode", [np.array([0, -1, 0, 0], "<i4").tobytes()], "bad_input"),
+    ("decode", [np.zeros(6, "<i4").tobytes()], "bad_input"),  # 1.5 frames of 4 codebooks
+    ("encode", [np.zeros(20000, "<f4").tobytes()], "too_large"),  # 80 kB > --max-message 64 kB
+    ("encode", ['{"op": "flush"}'], "bad_request"),
+    ("encode", ["{"], "bad_request"),
+    ("encode", ['{"op": "end"}', np.zeros(10, "<f4").tobytes()], "bad_request"),  # input after end
+    ("decode", ['{"op": "encode"}'], "bad_request"),
+]
+
+
+@pytest.mark.parametrize("op, messages, code", BAD_MESSAGES)
+def test_a_bad_message_ends_that_stream_only(mimi, mimi_codec, op, messages, code):
+    x = noise(2000, seed=5)[0]
+
+    async def go():
+        bystander = await connect(mimi.url, "encode", codebooks=4)
+        await bystander.send_pcm(x[:1000])
+        c = await connect(mimi.url, op, codebooks=4)
+        for m in messages:
+            await c.send_raw(m)
+        await closed_with(c, code)
+        await bystander.send_pcm(x[1000:])
+        await bystander.end()
+        got = Result(bystander.info, [p async for p in bystander])
+        await bystander.close()
+        return got
+
+    got = run(go())
+    assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
+    status, health = mimi.get("/health")
+    assert status == 200 and health["ok"]
+
+
+def test_snac_refuses_what_it_cannot_stream(snac):
+    async def go():
+        with pytest.raises(ServeError, match="decoder") as e:
+            await connect(snac.url, "encode")
+        assert e.value.code == "bad_request"
+        with pytest.raises(ServeError, match="codebooks") as e:
+            await connect(snac.url, "decode", codebooks=2)
+
+    run(go())
+
+
+def test_more_clients_than_slots_are_told_busy(tiny_mimi_export, tmp_path, mimi_codec):
+    """--slots 1: a second client is refused at once; the first one's leaving (mid-stream, by a
+    dropped socket) frees the slot at once, reset: the next stream on it is exact."""
+    x = noise(3000, seed=6)[0]
+    with serving(tiny_mimi_export, tmp_path / "log", "--slots", 1) as server:
+        async def go():
+            first = await connect(server.url, "encode")
+            await first.send_pcm(x[:2000])
+            assert (await first.receive(timeout=10)).kind == "codes"
+            with pytest.raises(ServeError, match="slots are taken") as e:
+                await connect(server.url, "duplex")  # needs an encoder slot too
+            assert e.value.code == "busy"
+            async with await connect(server.url, "decode") as other:  # the decoder pool has its own
+                assert other.info["slot"] == {"decoder": 0}
+            first.ws.get_extra_info("socket").shutdown(socket.SHUT_RDWR)  # vanishes, no close
+            for _ in range(200):
+                if (await _get(server.url + "/health"))[1]["slots"]["active"] == 0:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the slot was not freed")
+            await first.close()
+            async with await connect(server.url, "encode") as again:
+                assert again.info["slot"] == {"encoder": 0}
+                return await stream(again, [x])
+
+        got = run(go())
+        assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
+        _, metrics = server.get("/metrics")
+        assert "codec_serve_busy_total 1" in metrics.splitlines()
+
+
+def test_the_queue_waits_for_a_slot_then_times_out(tiny_mimi_export, tmp_path, mimi_codec):
+    x = noise(1000, seed=7)[0]
+    with serving(tiny_mimi_export, tmp_path / "log", "--slots", 1, "--queue", 1, "--queue-timeout", 1) as server:
+        async def go():
+            first = await connect(server.url, "encode")
+            waiting = asyncio.ensure_future(connect(server.url, "encode"))
+            await asyncio.sleep(0.3)
+            with pytest.raises(ServeError, match="queue of 1 is full") as e:  # the queue holds one
+                await connect(server.url, "encode")
+            assert e.value.code == "busy" and not waiting.done()
+            await stream(first, [x])  # ends: its slot goes to the one waiting
+            second = await waiting
+            assert second.queued and second.queued[0]["position"] == 1
+            t0 = time.monotonic()
+            with pytest.raises(ServeError, match="no slot came free") as e:  # second holds it too long
+                await connect(server.url, "encode")
+            assert 0.8 < time.monotonic() - t0 < 5
+            return await stream(second, [x])
+
+        assert np.array_equal(run(go()).codes()[0], ref_encode(mimi_codec, x, 4))
+
+
+class RawSocket:
+    """A WebSocket client on a bare blocking socket with a 4 kB receive buffer, set before it
+    connects: a reader that reads nothing holds nothing (aiohttp's client would read ahead and
+    queue half a megabyte on its own)."""
+
+    def __init__(self, url: str, request: dict, timeout: float = 30):
+        parts = urlsplit(url)
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.settimeout(timeout)
+        self.sock.connect((parts.hostname, parts.port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(f"GET /stream HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\nConnection: "
+                          f"Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            self.buf += self.sock.recv(4096)
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        self.send(json.dumps(request))
+        self.info = json.loads(self.recv()[1])
+
+    def send(self, data: bytes | str) -> None:
+        op, data = (1, data.encode()) if isinstance(data, str) else (2, data)
+        n = len(data)
+        size = bytes([0x80 | n]) if n < 126 else bytes([0xFE]) + struct.pack(">H", n) if n < 1 << 16 else \
+            bytes([0xFF]) + struct.pack(">Q", n)
+        mask = os.urandom(4)
+        body = np.frombuffer(data, np.uint8) ^ np.resize(np.frombuffer(mask, np.uint8), n)
+        self.sock.sendall(bytes([0x80 | op]) + size + mask + body.tobytes())
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the server closed the connection")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def recv(self) -> tuple[int, bytes]:
+        """(opcode, payload) of the next frame: 1 text, 2 binary, 8 close."""
+        b0, b1 = self._read(2)
+        n = b1 & 0x7F
+        if n >= 126:
+            n = struct.unpack(">H" if n == 126 else ">Q", self._read(2 if n == 126 else 8))[0]
+        return b0 & 0x0F, self._read(n)
+
+    def rest(self) -> tuple[np.ndarray, list[dict], int]:
+        """(audio, text messages, close code) of everything up to the close."""
+        audio, texts = [], []
+        while True:
+            op, data = self.recv()
+            if op == 2:
+                audio.append(np.frombuffer(data, "<f4"))
+            elif op == 1:
+                texts.append(json.loads(data))
+            elif op == 8:
+                self.sock.close()
+                return np.concatenate(audio) if audio else np.zeros(0, np.float32), texts, \
+                    struct.unpack(">H", data[:2])[0]
+
+
+def test_a_slow_reader_is_warned_then_dropped_and_nobody_waits(tiny_mimi_export, tmp_path, mimi_codec):
+    """Output waiting for a client past half of --max-backlog is a warning (ahead of the backlog it
+    warns of); past all of it, the client is dropped. Another stream meanwhile is exact and on time."""
+    codes = np.random.default_rng(8).integers(0, mimi_codec.codebook_size, (4, 40000))
+    with serving(tiny_mimi_export, tmp_path / "log", "--max-backlog", 1 << 18, "--send-buffer", 4096) as server:
+        def metrics() -> dict:
+            text = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+            return {k: float(v) for k, v in re.findall(r"^codec_serve_(\S+) (\S+)$", text, re.MULTILINE)}
+
+        # Warned: reads nothing until the warning, then everything; sends until then (however much
+        # the buffers between the server and the client hold).
+        warned, sent = RawSocket(server.url, {"op": "decode"}), 0
+        deadline = time.monotonic() + 30
+        while not metrics()["behind_warnings_total"]:
+            assert time.monotonic() < deadline, f"no warning after {sent} frames"
+            if sent - metrics()['frames_total{side="decoder"}'] < 1000 and sent < codes.shape[1]:
+                warned.send(codes[:, sent:sent + 500].astype("<i4").tobytes())
+                sent += 500
+            time.sleep(0.005)
+        warned.send(json.dumps({"op": "end"}))
+        audio, texts, close = warned.rest()
+        assert close == 1000 and texts[-1]["op"] == "done" and texts[:-1], texts
+        assert all(t["op"] == "warning" and t["code"] == "behind" and t["backlog"] > 1 << 17 for t in texts[:-1])
+        assert np.array_equal(audio, ref_decode(mimi_codec, codes[:, :sent]))
+
+        # Dropped: never reads, while another stream runs.
+        dropped = RawSocket(server.url, {"op": "decode"})
+        for i in range(0, codes.shape[1], 2000):
+            dropped.send(codes[:, i:i + 2000].astype("<i4").tobytes())
+        quick = codes[:, :300]
+
+        async def other():
+            async with await connect(server.url, "decode") as c:
+                return await stream(c, frame_chunks(quick, [50]))
+
+        t0 = time.monotonic()
+        fast = run(other())
+        assert np.array_equal(fast.audio(), ref_decode(mimi_codec, quick)) and time.monotonic() - t0 < 10
+        deadline = time.monotonic() + 30
+        while not metrics()["drops_total"]:
+            assert time.monotonic() < deadline, "the slow reader was never dropped"
+            time.sleep(0.01)
+        _, texts, close = dropped.rest()
+        assert close == CLOSE_CODES["behind"] and texts[-1]["code"] == "behind" and "read faster" in \
+            texts[-1]["message"], texts
+
+
+# ---- health, metrics, CLI -----------------------------------------------------------------------
+def test_health_and_metrics(mimi):
+    status, health = mimi.get("/health")
+    assert status == 200 and health["ok"] and health["codec"] == "mimi"
+    assert health["slots"]["total"] == 8 and health["pools"]["decoder"]["total"] == 8
+    with pytest.raises(ServeError):
+        run(connect(mimi.url, "encode", codebooks=9))
+    status, text = mimi.get("/metrics")
+    assert status == 200
+    sample = re.compile(r'^codec_serve_[a-z_]+(\{[a-z]+="[^"]*"(,[a-z]+="[^"]*")*\})? [0-9.e+-]+$')
+    assert all(sample.match(line) for line in text.splitlines() if not line.startswith("#")), text
+    for name in ("slots", "active_slots", "frames_total", "step_seconds", "drops_total", "errors_total",
+                 "busy_total"):
+        assert f"# TYPE codec_serve_{name} " in text
+    buckets = [int(v) for v in re.findall(r'^codec_serve_step_seconds_bucket\{side="encoder",le="[^"]+"\} (\d+)$',
+                                          text, re.MULTILINE)]
+    count = int(re.search(r'^codec_serve_step_seconds_count\{side="encoder"\} (\d+)$', text, re.MULTILINE).group(1))
+    assert buckets == sorted(buckets) and buckets[-1] == count > 0
+    assert re.search(r'^codec_serve_errors_total\{code="bad_request"\} [1-9]', text, re.MULTILINE)
+
+
+def test_cli_errors_are_one_line(tiny_mimi_export, tmp_path):
+    r = CliRunner().invoke(serve_cli, ["-m", str(tmp_path / "nothing")])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = CliRunner().invoke(serve_cli, ["-m", str(tiny_mimi_export), "--port", str(port)])
+    assert r.exit_code == 1 and "cannot listen on 127.0.0.1" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# ---- SIGTERM ------------------------------------------------------------------------------------
+def test_sigterm_lets_streams_finish_then_exits_0(tiny_mimi_export, tmp_path, mimi_codec):
+    x = noise(4000, seed=9)[0]
+    with serving(tiny_mimi_export, tmp_path / "log", "--grace", 1) as server:
+        async def go():
+            finishing = await connect(server.url, "encode")
+            lingering = await connect(server.url, "encode")
+            await finishing.send_pcm(x[:2000])
+            await lingering.send_pcm(x[:100])
+            server.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            with pytest.raises((aiohttp.ClientError, OSError)):  # no longer accepting
+                await connect(server.url, "encode")
+            await finishing.send_pcm(x[2000:])
+            await finishing.end()
+            done = Result(finishing.info, [p async for p in finishing])
+            await finishing.close()
+            error = await closed_with(lingering, "shutting_down")  # past the grace time
+            return done, error
+
+        done, error = run(go())
+        assert np.array_equal(done.codes()[0], ref_encode(mimi_codec, x, 4))
+        assert "grace" in str(error)
+        assert server.proc.wait(10) == 0
+        assert b"stopped" in server.proc.stdout.read()
