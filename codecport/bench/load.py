@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 
 from .. import registry
-from .measure import percentiles
 
 STAGGER = True  # clients start spread over one frame period: staggered traffic, not lockstep
 
@@ -20,6 +19,11 @@ STAGGER = True  # clients start spread over one frame period: staggered traffic,
 def open_folder(folder: Path):
     """The codec of an export folder, on the CPU (what `codecport.load` does)."""
     return registry.codec_of_folder(folder).runtime(folder, "cpu")
+
+
+def ms_percentiles(seconds: list[float]) -> dict:
+    """p50/p95/p99 in milliseconds (none of an empty list)."""
+    return {f"p{p}": 1000 * float(np.percentile(seconds, p)) for p in (50, 95, 99)} if seconds else {}
 
 
 def rss_mb(pid: int) -> float:
@@ -162,10 +166,10 @@ def trial(url: str, spec, n: int, seconds: float, seed: int, period: float) -> d
     lat = [x for s in streams for x in s.latencies(skip)]
     errors = [s.error for s in streams if s.error]
     complete = all(s.arrivals and s.arrivals[-1][0] >= len(s.sent) * s.frame - 1 for s in streams if not s.error)
+    ttfa = [s.arrivals[0][1] - s.sent[0] for s in streams if s.arrivals and s.sent]
     report = {"streams": n, "frames": sum(len(s.sent) for s in streams), "errors": errors[:3],
-              "n_errors": len(errors), "latency_ms": {k: 1000 * v for k, v in percentiles(lat).items()} if lat else {},
-              "ttfa_ms": percentiles([1000 * (s.arrivals[0][1] - s.sent[0]) for s in streams
-                                      if s.arrivals and s.sent]) if not errors else {}}
+              "n_errors": len(errors), "warnings": sum(s.warnings for s in streams),
+              "latency_ms": ms_percentiles(lat), "ttfa_ms": ms_percentiles(ttfa)}
     report["held"] = bool(lat) and not errors and complete and report["latency_ms"]["p99"] < 1000 * period
     return report
 

@@ -67,8 +67,14 @@ class StepBank:
             for _, name in self.pairs:
                 feeds[name] = self.state[name][lo:lo + b]
             ys = self.graph.session.run(None, feeds)
+            idle = [r for r in range(b) if r not in rows]
             for (_, name), v in zip(self.pairs, ys[1:]):
-                self.state[name][[lo + r for r in rows]] = v[rows]
+                old = self.state[name]
+                if len(old) == b:  # one group: the outputs become the state, idle rows put back
+                    v[idle] = old[idle]
+                    self.state[name] = v
+                else:
+                    old[[lo + r for r in rows]] = v[rows]
             for r in rows:
                 out[lo + r] = ys[0][r:r + 1]
         return out
