@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install codecport with the export, dev, bench, coreml and ray extras and the browser's Chromium and
+# Install codecport with the export, dev, bench, coreml, ray and serve extras and the browser's Chromium and
 # onnxruntime-web, then run the whole test suite on the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
