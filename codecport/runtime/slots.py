@@ -10,8 +10,9 @@ empty). `step` blocks: a server runs it in a thread (ONNX Runtime releases the G
 
 The steps run in a `StepBank`: the state of every slot in numpy rows, stepped through the
 folder's batched step graphs (`<side>_slots.onnx`, written by `codec-export --slots B`: B slots
-a call) or, without them, its step graphs one slot a call. A batched call feeds zeros to the
-slots with nothing to do and keeps their rows as they were, so an idle slot changes nothing,
+a call) or, without them, its step graphs one slot a call; with both, whichever costs less for
+the slots ready (a few slots go one by one). A batched call feeds zeros to the slots with
+nothing to do and keeps their rows as they were, so an idle slot changes nothing,
 and a slot reset or joining never disturbs the others (every op of the graphs keeps the batch
 rows apart). A slot gives, piece by piece, exactly what one stream of stream.py gives for the
 same input: the same stream objects run here, their runner a row of the bank.
@@ -20,6 +21,7 @@ same input: the same stream objects run here, their runner a row of the bank.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -33,9 +35,18 @@ log = logging.getLogger(__name__)
 
 class StepBank:
     """The state of `size` slots of one step graph; a graph of batch b runs `ceil(size / b)`
-    groups of b slots, one call per group that has a slot to step."""
+    groups of b slots, one call per group that has a slot to step.
 
-    def __init__(self, graph: Graph, size: int):
+    `single`: the same step for one slot (the folder's `<side>_step`), whose state rows are the
+    batched graph's. A batched call costs about the same however few of its slots have a step,
+    so when k slots are ready and k single calls cost less than one batched call (as measured
+    on the calls so far), the bank makes those k calls: a slot with nothing to do then costs
+    the others nothing, and a lone stream waits no longer than on a graph of its own.
+    """
+
+    SMOOTHING = 0.2  # weight of the latest call in the running cost of each kind
+
+    def __init__(self, graph: Graph, size: int, single: Graph | None = None):
         self.graph = graph
         self.pairs, self.fed = step_io(graph)
         args = {a.name: a for a in graph.session.get_inputs()}
@@ -44,10 +55,32 @@ class StepBank:
         rows = -(-size // self.b) * self.b
         self.rows = {n: (tuple(args[n].shape[1:]), dtype_of(args[n], graph.path)) for n in args}
         self.state = {i: np.zeros((rows, *self.rows[i][0]), self.rows[i][1]) for _, i in self.pairs}
+        self.single = single if self.b > 1 and single is not None and self._fits(single) else None
+        self.cost: dict[str, float | None] = {"batch": None, "single": None}  # seconds a call
+
+    def _fits(self, g: Graph) -> bool:
+        """Whether `g` is this step for one slot, with the same inputs and state rows (folders of
+        codecport 0.3 and older keep Mimi's attention state batch-second: no)."""
+        return [a.name for a in g.session.get_inputs()] == list(self.rows) and all(
+            tuple(a.shape) == (1, *self.rows[a.name][0]) for a in g.session.get_inputs())
 
     def reset(self, slot: int) -> None:
         for a in self.state.values():
             a[slot] = 0
+
+    def _timed(self, kind: str, g: Graph, feeds: dict) -> list[np.ndarray]:
+        t = time.perf_counter()
+        ys = g.session.run(None, feeds)
+        dt, old = time.perf_counter() - t, self.cost[kind]
+        self.cost[kind] = dt if old is None else old + self.SMOOTHING * (dt - old)
+        return ys
+
+    def _one_by_one(self, k: int) -> bool:
+        if self.single is None or k == self.b:
+            return False
+        if self.cost["single"] is None or self.cost["batch"] is None:
+            return self.cost["single"] is None  # learn both costs first
+        return k * self.cost["single"] < self.cost["batch"]
 
     def run(self, steps: Mapping[int, tuple[np.ndarray, dict[str, np.ndarray]]]) -> dict[int, np.ndarray]:
         """One step of each slot in `steps` (slot -> its first input `[1, ...]` and its other
@@ -56,6 +89,10 @@ class StepBank:
         b = self.b
         for lo in sorted({s // b * b for s in steps}):
             rows = [s - lo for s in steps if lo <= s < lo + b]
+            if self._one_by_one(len(rows)):
+                for r in rows:
+                    out[lo + r] = self._run_one(lo + r, *steps[lo + r])
+                continue
             feeds = {}
             for i, name in enumerate(self.fed):
                 shape, dtype = self.rows[name]
@@ -66,7 +103,7 @@ class StepBank:
                 feeds[name] = a
             for _, name in self.pairs:
                 feeds[name] = self.state[name][lo:lo + b]
-            ys = self.graph.session.run(None, feeds)
+            ys = self._timed("batch", self.graph, feeds)
             idle = [r for r in range(b) if r not in rows]
             for (_, name), v in zip(self.pairs, ys[1:]):
                 old = self.state[name]
@@ -78,6 +115,14 @@ class StepBank:
             for r in rows:
                 out[lo + r] = ys[0][r:r + 1]
         return out
+
+    def _run_one(self, slot: int, x: np.ndarray, extra: dict[str, np.ndarray]) -> np.ndarray:
+        feeds = {self.fed[0]: x, **{n: extra[n] for n in self.fed[1:]}}
+        feeds.update({name: self.state[name][slot:slot + 1] for _, name in self.pairs})
+        ys = self._timed("single", self.single, feeds)
+        for (_, name), v in zip(self.pairs, ys[1:]):
+            self.state[name][slot] = v[0]
+        return ys[0]
 
 
 class BankRow:
@@ -165,10 +210,11 @@ class SlotPool:
         if not 1 <= size <= 4096:
             raise CodecportError(f"a pool holds 1 to 4096 slots, got {size}")
         self.codec, self.side, self.size, self.settings = codec, side, size, settings
-        name = f"{side}_slots"
-        if not (batched and name in codec.present):
-            name = f"{side}_step"
-        self.bank = StepBank(codec.graph(name), size)
+        step = codec.graph(f"{side}_step")
+        if batched and f"{side}_slots" in codec.present:
+            self.bank = StepBank(codec.graph(f"{side}_slots"), size, single=step)
+        else:
+            self.bank = StepBank(step, size)
         self.slots = [Slot(self, i) for i in range(size)]
 
     @property
