@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from ..errors import ExportError
@@ -75,6 +76,21 @@ class Build:
 
 
 # ---- the whole step ------------------------------------------------------------------------
+def slot_feeds(models: dict[str, onnx.ModelProto], calib: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Calibration feeds of each `<side>_slots` graph (B streams a call, every input batch-first)
+    from its one-stream `<side>_step` graph's: row r of the i-th feed is the (i + r)-th one-stream
+    feed, so a batch holds streams at different points, as a server's does."""
+    out = {}
+    for name, model in models.items():
+        one = calib.get(name.replace("_slots", "_step")) if name.endswith("_slots") else None
+        if not one:
+            continue
+        b = model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
+        out[name] = [{k: np.concatenate([one[(i + r) % len(one)][k] for r in range(b)]) for k in one[0]}
+                     for i in range(len(one))]
+    return out
+
+
 def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict | None, manifest: dict,
                   build: Build, probe: Probe) -> dict:
     """Write the export for `build`: the validated fp32 graphs as they are, or their build
@@ -99,6 +115,7 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
             # Without IO binding, every feed (state included) passes through session.run; with one
             # window at a time, through the sessions of `codec.present` (record_feeds' view).
             calib = record_feeds(probe.open(ref_dir, options={"io_binding": "0", "parallel": "1"}), probe, clips)
+            calib.update(slot_feeds(models, calib))
         built = {}
         for name, model in models.items():
             m = nnapi_ops(conv_to_2d(model)) if target.layout_2d else copy_model(model)
