@@ -87,10 +87,10 @@ def stop_server(proc: subprocess.Popen) -> int:
 
 
 # ---- the bound: the fixed graphs --------------------------------------------------------------
-def fixed_bound(spec, folder: Path, seconds: float, seed: int) -> dict:
+def fixed_bound(spec, folder: Path, seconds: float, seed: int, provider: str) -> dict:
     """Streams the fixed full-clip graphs could sustain for a stream's work: 1 / real-time factor
     of encoding and decoding a clip of their length (decoding only, for a decoder-only stream)."""
-    codec = open_folder(folder)
+    codec = open_folder(folder, provider)
     rng = np.random.default_rng(seed)
     n = int(seconds * codec.sample_rate)
     clip = (0.1 * rng.standard_normal((1, n))).astype(np.float32)
@@ -138,7 +138,7 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
     try:
         def bound_round():
             for p in precisions:
-                report["bound"][p].append(fixed_bound(spec, folders[(batched[0] if batched else 0, p)], clip, seed))
+                report["bound"][p].append(fixed_bound(spec, folders[(batched[0] if batched else 0, p)], clip, seed, provider))
 
         bound_round()
         n = 1

@@ -13,7 +13,7 @@ from ..errors import CodecportError
 from ..version import __version__
 from .common import guard, provider_options, setup_logging, verbose_option
 
-DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "max_message": 1 << 20,
+DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idle_timeout": 30.0, "max_message": 1 << 20,
             "max_backlog": 4 << 20, "send_buffer": 1 << 18}
 
 
@@ -30,6 +30,9 @@ DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "max
               help="Connections that may wait for a slot when all are taken (0: refuse them at once, busy).")
 @click.option("--queue-timeout", type=click.FloatRange(min=0), default=DEFAULTS["queue_timeout"],
               help="Seconds a queued connection waits before it is refused (busy).")
+@click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=DEFAULTS["idle_timeout"],
+              help="Seconds a stream may send nothing (before its end) until it is ended (timeout) and its "
+                   "slots go back.")
 @click.option("--grace", type=click.FloatRange(min=0), default=DEFAULTS["grace"],
               help="Seconds SIGTERM lets the streams in flight finish before it ends them.")
 @click.option("--max-message", type=click.IntRange(min=1024), default=DEFAULTS["max_message"],
@@ -45,8 +48,8 @@ DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "max
 @provider_options
 @verbose_option
 @guard
-def serve_cli(model_dir, slots, host, port, queue, queue_timeout, grace, max_message, max_backlog, send_buffer,
-              batched, provider, fallback, options, verbose) -> None:
+def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, grace, max_message, max_backlog,
+              send_buffer, batched, provider, fallback, options, verbose) -> None:
     """Serve live streams of an exported codec over WebSocket: PCM in and codes out (encode),
     codes in and PCM out (decode), or both (duplex), one stream per connection at
     ws://HOST:PORT/stream, with /health and /metrics. SIGTERM drains and exits."""
@@ -61,7 +64,7 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, grace, max_mes
         raise CodecportError(f"{model_dir}: {spec.label} has no streaming graphs to serve; serve a folder "
                              "written by codec-export mimi or codec-export snac")
     config = ServeConfig(slots=slots, host=host, port=port, queue=queue, queue_timeout=queue_timeout,
-                         grace=grace, max_message=max_message, max_backlog=max_backlog,
+                         idle_timeout=idle_timeout, grace=grace, max_message=max_message, max_backlog=max_backlog,
                          send_buffer=send_buffer, batched=batched)
 
     def announce(url: str) -> None:

@@ -202,7 +202,8 @@ class _Steps(Stepped):
         return Latency(self.step_frames - 1, (self.step_frames - 1) * self.codec.frame_size)
 
     def end(self) -> None:
-        self._ending = True
+        # Nothing buffered: nothing to pad, and the stream goes on as it was.
+        self._ending = self._buffered() > 0
 
     def ready(self) -> bool:
         have = self._buffered()

@@ -56,6 +56,9 @@ class StepBank:
         self.rows = {n: (tuple(args[n].shape[1:]), dtype_of(args[n], graph.path)) for n in args}
         self.state = {i: np.zeros((rows, *self.rows[i][0]), self.rows[i][1]) for _, i in self.pairs}
         self.single = single if self.b > 1 and single is not None and self._fits(single) else None
+        # Slots are rows of axis 0: every input must have one, and a step must carry state (the
+        # window graph older SNAC folders hold as their step has none).
+        self.batch_first = bool(self.pairs) and all(len(args[n].shape) > 0 and args[n].shape[0] == self.b for n in args)
         self.cost: dict[str, float | None] = {"batch": None, "single": None}  # seconds a call
 
     def _fits(self, g: Graph) -> bool:
@@ -215,6 +218,9 @@ class SlotPool:
             self.bank = StepBank(codec.graph(f"{side}_slots"), size, single=step)
         else:
             self.bank = StepBank(step, size)
+        if not self.bank.batch_first:
+            raise CodecportError(f"{codec.dir}: its {side} step graph keeps no state a batch row at a time "
+                                 "(an export of codecport 0.3 or older); re-export the folder to serve it")
         self.slots = [Slot(self, i) for i in range(size)]
 
     @property

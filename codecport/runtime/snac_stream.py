@@ -67,7 +67,9 @@ class SnacStepStream(_Names02, Stepped, DecoderStream):
 
     @property
     def latency(self) -> Latency:
-        return Latency(self.delay / self.frame_samples, self.delay)
+        # The decoder's right context, and the rest of a step for its first frame to be whole.
+        wait = (self.step_frames - 1) * self.frame_samples
+        return Latency((wait + self.delay) / self.frame_samples, wait + self.delay)
 
     def feed(self, codes) -> None:
         if self.ended:

@@ -199,29 +199,42 @@ class Scheduler:
         self._executor.shutdown(wait=True)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
             self._wake.clear()
-            self._settle()
-            self._feed()
-            work: dict[str, list] = {}
-            for live in list(self.lives):
-                for side, slot in live.slots.items():
-                    if slot.ready():
-                        work.setdefault(side, []).append(slot)
-            if not work:
-                if self._stopping:
-                    return
-                continue
-            self._stepping = True
             try:
-                results = await loop.run_in_executor(self._executor, _step, self.pools, work)
-            finally:
+                if not await self._round() and self._stopping:
+                    return
+            except Exception as e:  # a bug: the streams are in an unknown state, the server goes on
+                log.exception("a scheduling round failed; ending the streams it held")
                 self._stepping = False
+                for live in list(self.lives) + list(self.opening):
+                    live.fail(ProtocolError("internal", f"the server failed a step ({type(e).__name__})"))
+                self.opening = []
+                self._settle()
+
+    async def _round(self) -> bool:
+        """Feed what waits, step every slot that is ready, deliver; False when nothing was."""
+        self._settle()
+        self._feed()
+        work: dict[str, list] = {}
+        for live in list(self.lives):
+            for side, slot in live.slots.items():
+                if slot.ready():
+                    work.setdefault(side, []).append(slot)
+        if not work:
+            return False
+        # Until the outputs are delivered no slot changes hands: a stream that leaves meanwhile
+        # is closed by the _settle after, so no piece can reach the stream that gets its slot.
+        self._stepping = True
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, _step, self.pools, work)
             self._deliver(results)
-            self._settle()
-            self.wake()  # look again: a slot may still have input or a flush to give
+        finally:
+            self._stepping = False
+        self._settle()
+        self.wake()  # look again: a slot may still have input or a flush to give
+        return True
 
     def _feed(self) -> None:
         """Move each stream's pending input into its slot (all of it, as one piece), once the

@@ -105,6 +105,12 @@ class Live:
         if any(self.end_asked.values()):
             raise ProtocolError("bad_request", "input after {\"op\": \"end\"}; open another stream")
         if self.resampler is not None:
+            grown = len(x) * self.scheduler.codec.sample_rate / self.request.sample_rate * 4
+            if grown > self.scheduler.input_bound:  # resampling up must not multiply a message
+                most = int(self.scheduler.input_bound / 4 * self.request.sample_rate / self.scheduler.codec.sample_rate)
+                raise ProtocolError("too_large", f"{len(x)} samples at {self.request.sample_rate} Hz make "
+                                                 f"{grown / 2**20:.0f} MiB at the model's rate; send at most "
+                                                 f"{most} samples a message")
             x = self.resampler.resample_chunk(x)
         if len(x):
             self._queue("encoder", x, x.nbytes)

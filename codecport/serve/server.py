@@ -57,6 +57,7 @@ class ServeConfig:
     send_buffer: int = 1 << 18
     batched: bool = True  # step the slots through the folder's batched step graphs, where it has them
     handshake_timeout: float = 10.0  # seconds a new connection has to send its request
+    idle_timeout: float = 30.0  # seconds a stream may send nothing before its input ends (its slots go back)
     close_timeout: float = 2.0  # seconds a closing handshake (or a refusal) may take
     heartbeat: float | None = 30.0  # seconds between pings (a vanished client is noticed)
 
@@ -276,7 +277,12 @@ class Server:
                 if not live.room.is_set():  # the engine is behind this client's input: stop reading
                     await live.room.wait()
                     continue
-                msg = await ws.receive()
+                idle = None if any(live.end_asked.values()) else self.config.idle_timeout
+                try:
+                    msg = await ws.receive(timeout=idle)
+                except asyncio.TimeoutError:
+                    raise ProtocolError("timeout", f"no input for {idle:g} s; a stream that sends nothing "
+                                                   "gives its slots back (send {\"op\": \"end\"} when done)") from None
                 if msg.type is WSMsgType.BINARY:
                     if live.request.op == "decode":
                         live.put_codes(live.layout.unpack(msg.data))
