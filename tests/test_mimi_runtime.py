@@ -352,3 +352,16 @@ def test_load_codes_refuses_other_files(tmp_path):
             load_codes(path)
     with pytest.raises(CodesError, match="no such codes file"):
         load_codes(tmp_path / "missing.npz")
+
+
+def test_a_flush_with_nothing_buffered_leaves_the_stream_as_it_was(tiny_mimi_export):
+    """Whole steps pushed, a flush of nothing, then more: the same as never flushing."""
+    codec = codecport.load(tiny_mimi_export)
+    x = noise(20 * codec.frame_size, seed=4)[0]
+    step = codec.encoder_stream().step_samples
+    whole = codec.encoder_stream()
+    want = np.concatenate([whole.push(x), whole.flush()], axis=1)
+    s = codec.encoder_stream()
+    head = s.push(x[:4 * step])
+    assert s.flush().shape[1] == 0
+    np.testing.assert_array_equal(np.concatenate([head, s.push(x[4 * step:]), s.flush()], axis=1), want)

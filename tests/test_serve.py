@@ -26,11 +26,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
+import onnx
 import pytest
 import soxr
 from click.testing import CliRunner
 from conftest import noise
-from shared_exports import TINY_SLOTS
+from shared_exports import TINY_SLOTS, copy_folder
 
 import codecport
 from codecport.cli.serve import serve_cli
@@ -602,3 +603,50 @@ def test_sigterm_lets_streams_finish_then_exits_0(tiny_mimi_export, tmp_path, mi
         assert "grace" in str(error)
         assert server.proc.wait(10) == 0
         assert b"stopped" in server.proc.stdout.read()
+
+
+def test_a_stream_that_sends_nothing_gives_its_slot_back(tiny_mimi_export, tmp_path, mimi_codec):
+    """--idle-timeout: a client that holds a slot and sends nothing is ended (timeout), the slot
+    free for the next; a client that ended its input may wait as long as its output takes."""
+    x = noise(2000, seed=8)[0]
+    with serving(tiny_mimi_export, tmp_path / "log", "--slots", 1, "--idle-timeout", 0.5) as server:
+        async def go():
+            idle = await connect(server.url, "encode")
+            await closed_with(idle, "timeout")
+            async with await connect(server.url, "encode") as again:
+                return await stream(again, [x])
+
+        got = run(go())
+        assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
+
+
+def test_a_message_that_would_grow_past_the_bound_when_resampled_is_refused(mimi):
+    async def go():
+        c = await connect(mimi.url, "encode", sample_rate=1000)  # 24 times up to the model's rate
+        # 40 KB here, under --max-message 65536; 960 KB at 24 kHz, past its input bound (4 x that)
+        await c.send_pcm(np.zeros(10_000, np.float32))
+        return await closed_with(c, "too_large")
+
+    assert "samples a message" in str(run(go()))
+
+
+def test_a_folder_whose_step_graphs_hold_no_batch_rows_is_refused(tiny_snac_export, tmp_path):
+    """A SNAC folder of codecport 0.3 held a window graph as its step decoder: it still streams
+    in the library, but a server cannot keep its streams in slots, and says so at startup."""
+    folder = copy_folder(tiny_snac_export, tmp_path / "old")
+    for name in ("decoder_step", "decoder_slots"):
+        (folder / f"{name}.onnx").unlink()
+    window = onnx.load(str(folder / "decoder.onnx"))  # a window graph, as 0.3 wrote it
+    meta = {p.key: p.value for p in window.metadata_props}
+    meta.update(mode="step", step_frames=meta["unit_frames"])
+    del window.metadata_props[:]
+    for k, v in meta.items():
+        window.metadata_props.add(key=k, value=v)
+    onnx.save(window, str(folder / "decoder_step.onnx"))
+    codec = codecport.load(folder)
+    assert not codec.stateful_steps and codec.decode_stream(noise=0).push(
+        [np.zeros(1, np.int64), np.zeros(2, np.int64), np.zeros(4, np.int64)]).dtype == np.float32
+    proc = subprocess.run([str(BIN / "codec-serve"), "-m", str(folder), "--port", "0"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and "re-export the folder to serve it" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

@@ -66,8 +66,10 @@ class _Socket(web.WebSocketResponse):
     """aiohttp refuses a message past `max_msg_size` by closing (code 1009) before the handler
     hears of it: this says why, as every refusal does, in a JSON error first."""
 
+    told = False  # an error message has gone out already (ours): nothing more to say
+
     async def close(self, *, code: int = WSCloseCode.OK, **kwargs) -> bool:
-        if code == WSCloseCode.MESSAGE_TOO_BIG and not self.closed:
+        if code == WSCloseCode.MESSAGE_TOO_BIG and not self.closed and not self.told:
             with contextlib.suppress(Exception):
                 await self.send_str(error_message("too_large", f"a message holds at most {self._max_msg_size} "
                                                                "bytes (--max-message); send smaller pieces"))
@@ -200,6 +202,7 @@ class Server:
     @staticmethod
     async def _error_close(ws: web.WebSocketResponse, error: ProtocolError) -> None:
         if not ws.closed:
+            ws.told = True
             await ws.send_str(error.to_json())
             await ws.close(code=CLOSE_CODES.get(error.code, 1008))
 
