@@ -354,9 +354,8 @@ def test_load_codes_refuses_other_files(tmp_path):
         load_codes(tmp_path / "missing.npz")
 
 
-def test_a_flush_with_nothing_buffered_leaves_the_stream_as_it_was(tiny_mimi_export):
+def test_a_flush_with_nothing_buffered_leaves_the_stream_as_it_was(codec):
     """Whole steps pushed, a flush of nothing, then more: the same as never flushing."""
-    codec = codecport.load(tiny_mimi_export)
     x = noise(20 * codec.frame_size, seed=4)[0]
     step = codec.encoder_stream().step_samples
     whole = codec.encoder_stream()
