@@ -400,3 +400,25 @@ def test_bench_tokenize_runs_every_local_contender_and_reports_ratios(tmp_path):
         assert ("per_file_ms" in r) == (name != "torch-loop")
         assert r["vs_torch_loop"] == r["audio_s_per_s"] / report["results"]["torch-loop"]["audio_s_per_s"]
     assert "local b2" in proc.stdout and "vs torch" in proc.stdout
+
+
+def test_bench_serve_ramps_every_configuration_and_soaks(tmp_path):
+    """`codec-bench serve` on the tiny SNAC (decoder-only clients; its frames are 1.5 ms, so the
+    load is extreme and no count of streams is asserted): every configuration's servers start,
+    take a trial, stop with exit 0; the bound is measured three times; the soak's well-behaved
+    streams are checked against single streams and every slot is free after it."""
+    out = tmp_path / "serve.json"
+    proc = bench("serve", "snac", "--preset", "tiny", "--slots", "1", "--slots", "2", "--precision", "fp32",
+                 "--seconds", "1", "--max-streams", "2", "--soak", "0.15", "--dir", tmp_path / "w", "--json", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert set(report["configs"]) == {"B=1 fp32", "B=2 fp32"}
+    for c in report["configs"].values():
+        assert c["exit_code"] == 0 and c["trials"] and 0 <= c["held"] <= 2
+        for t in c["trials"].values():
+            assert t["frames"] > 0 and (t["n_errors"] > 0 or t["latency_ms"]["p99"] >= t["latency_ms"]["p50"] > 0)
+    assert len(report["bound"]["fp32"]) == 3 and all(b["streams"] > 0 for b in report["bound"]["fp32"])
+    soak = report["soak"]
+    assert soak["health_after"]["slots"]["active"] == 0 and soak["check"]["checked"] > 0
+    assert soak["check"]["audio_max_abs_err"] <= 1e-4 and soak["check"]["codes_exact"] is None
+    assert "B=2 fp32" in proc.stdout and "fixed-graph bound" in proc.stdout and "soak:" in proc.stdout
