@@ -32,6 +32,18 @@ class _Names02:
         """`flush`, by the name codecport 0.2 gave it."""
         return self.flush()
 
+    def _levels(self, codes) -> list[np.ndarray]:
+        """Whole coarse frames of every time scale, checked: one int64 array per scale."""
+        strides = self.codec.strides
+        arrays = [a.reshape(-1) for a in as_levels(codes, len(strides))]
+        frames = arrays[0].shape[0]
+        for a, s in zip(arrays, strides):
+            if a.shape[0] != frames * strides[0] // s:
+                raise CodesError(f"each coarse frame holds {[strides[0] // s for s in strides]} "
+                                 f"codes of its time scales, got {[len(a) for a in arrays]}")
+            check_code_values(a, self.codec.codebook_size)
+        return [a.astype(np.int64) for a in arrays]
+
 
 class SnacStepStream(_Names02, Stepped, DecoderStream):
     """Decodes coarse frames as a language model emits them, through the stateful
@@ -74,16 +86,9 @@ class SnacStepStream(_Names02, Stepped, DecoderStream):
     def feed(self, codes) -> None:
         if self.ended:
             raise CodesError("this stream has been flushed; reset() it (or open another) for new codes")
-        coarse = self.codec.strides[0]
-        arrays = [a.reshape(-1) for a in as_levels(codes, len(self.codec.strides))]
-        frames = arrays[0].shape[0]
-        for a, s in zip(arrays, self.codec.strides):
-            if a.shape[0] != frames * coarse // s:
-                raise CodesError(f"each coarse frame holds {[coarse // s for s in self.codec.strides]} "
-                                 f"codes of its time scales, got {[len(a) for a in arrays]}")
-            check_code_values(a, self.codec.codebook_size)
-        self._codes = [np.concatenate([old, a.astype(np.int64)]) for old, a in zip(self._codes, arrays)]
-        self.received += frames * coarse
+        arrays = self._levels(codes)
+        self._codes = [np.concatenate([old, a]) for old, a in zip(self._codes, arrays)]
+        self.received += len(arrays[0]) * self.codec.strides[0]
 
     def end(self) -> None:
         if self.received % self.codec.unit:
@@ -175,16 +180,9 @@ class SnacWindowStream(_Names02, DecoderStream):
         return Latency(frames, round(frames * self.frame_samples))
 
     def push(self, codes: Sequence) -> np.ndarray:
-        coarse = self.codec.strides[0]
-        arrays = [a.reshape(-1) for a in as_levels(codes, len(self.levels))]
-        frames = arrays[0].shape[0]
-        for a, s in zip(arrays, self.codec.strides):
-            if a.shape[0] != frames * coarse // s:
-                raise CodesError(f"each coarse frame holds {[coarse // s for s in self.codec.strides]} "
-                                 f"codes of its time scales, got {[len(a) for a in arrays]}")
-            check_code_values(a, self.codec.codebook_size)
-        self.levels = [np.concatenate([old, a.astype(np.int64)]) for old, a in zip(self.levels, arrays)]
-        self.received += frames * coarse
+        arrays = self._levels(codes)
+        self.levels = [np.concatenate([old, a]) for old, a in zip(self.levels, arrays)]
+        self.received += len(arrays[0]) * self.codec.strides[0]
         return self._run(final=False)
 
     def flush(self) -> np.ndarray:
