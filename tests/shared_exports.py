@@ -116,8 +116,7 @@ def snac_24khz_export(tmp_path_factory):
 
     model = init_random(SNAC(PRESETS["24khz"]), seed=3).eval()
     return model, shared(tmp_path_factory, "snac-24khz", lambda out: export_snac(
-        model, out, SNAC_24K_LEN, preset="24khz", weights="random-init seed 3", weights_sha256="none",
-        slots=2))
+        model, out, SNAC_24K_LEN, preset="24khz", weights="random-init seed 3", weights_sha256="none"))
 
 
 @pytest.fixture(scope="session")

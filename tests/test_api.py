@@ -247,17 +247,21 @@ def test_reexport_replaces_an_export_whole_and_nothing_else(smoke_exports, tmp_p
 
 
 OLD = Path(__file__).parent / "data" / "codecport-0.2"
-OLD_FILES = {"decoder_stream.onnx": "decoder_step.onnx"}  # 0.2's name of SNAC's step decoder
+# 0.2's SNAC step decoder re-ran a window: today's window decoder at its size computes the same.
+OLD_WINDOWS = {"decoder_stream.onnx"}
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_folder_codecport_0_2_wrote_still_loads(smoke_exports, tmp_path, name):
+def test_a_folder_codecport_0_2_wrote_still_loads(smoke_exports, tiny_snac, tmp_path, name):
     """A folder as codecport 0.2 wrote it: its manifest and each graph's metadata, stored from a
     real 0.2 export (tests/data/codecport-0.2: `--variant tiny` and the registry's smoke length),
-    put on today's graphs of the same export, which compute the same. It loads under the old
-    names (`variant`, Mimi's `attention_window`, SNAC's `stream_frames` and `decoder_stream.onnx`)
-    and gives today's codes, audio and streams."""
+    put on today's graphs of the same export, which compute the same (SNAC's step decoder was a
+    window graph: today's window decoder at that size). It loads under the old names (`variant`,
+    Mimi's `attention_window`, SNAC's `stream_frames` and `decoder_stream.onnx`) and gives
+    today's codes, audio and streams."""
     import onnx
+
+    from codecport.export.snac import export_snac
 
     stored = json.loads((OLD / f"{name}.json").read_text())
     new = smoke_exports[name]
@@ -265,8 +269,16 @@ def test_a_folder_codecport_0_2_wrote_still_loads(smoke_exports, tmp_path, name)
     old = tmp_path / "old"
     old.mkdir()
     for file in stored["manifest"]["files"].values():
-        if file.endswith(".onnx"):
-            model = onnx.load(str(new / OLD_FILES.get(file, file)))
+        if file in OLD_WINDOWS:
+            frames = int(stored["graph_metadata"][file]["frames"])
+            export_snac(tiny_snac, tmp_path / "window", frames * tiny_snac.cfg.hop_length, preset="tiny",
+                        weights="random-init seed 0", weights_sha256="none")
+            model = onnx.load(str(tmp_path / "window" / "decoder.onnx"))
+            del model.metadata_props[:]
+            onnx.helper.set_model_props(model, {**stored["graph_metadata"][file], "export_id": export_id})
+            onnx.save(model, str(old / file))
+        elif file.endswith(".onnx"):
+            model = onnx.load(str(new / file))
             del model.metadata_props[:]
             onnx.helper.set_model_props(model, {**stored["graph_metadata"][file], "export_id": export_id})
             onnx.save(model, str(old / file))
@@ -284,6 +296,13 @@ def test_a_folder_codecport_0_2_wrote_still_loads(smoke_exports, tmp_path, name)
     np.testing.assert_array_equal(was.decode(codes, **extra)[0], now.decode(codes, **extra)[0])
     for side in now.streams:
         a, b = (getattr(c, f"{side}_stream")(**(extra if side == "decoder" else {})) for c in (was, now))
-        assert (a.step_frames, a.latency) == (b.step_frames, b.latency)
+        assert a.step_frames == b.step_frames
+        if side == "encoder":
+            np.testing.assert_array_equal(np.concatenate([a.push(x[0]), a.flush()], axis=1),
+                                          np.concatenate([b.push(x[0]), b.flush()], axis=1))
+        else:  # SNAC's old stream re-runs windows, today's steps: the same audio, another latency
+            one = codecport.Codes([arr[:1] for arr in codes.arrays])
+            np.testing.assert_allclose(np.concatenate([a.push(one), a.flush()]),
+                                       np.concatenate([b.push(one), b.flush()]), atol=1e-5)
     info = invoke("codec-run", "info", old)
     assert info.returncode == 0 and "tiny" in info.stdout, info.stderr

@@ -409,12 +409,12 @@ def test_bench_serve_ramps_every_configuration_and_soaks(tmp_path):
     streams are checked against single streams and every slot is free after it."""
     out = tmp_path / "serve.json"
     proc = bench("serve", "snac", "--preset", "tiny", "--slots", "1", "--slots", "2", "--precision", "fp32",
-                 "--seconds", "1", "--max-streams", "2", "--soak", "0.15", "--dir", tmp_path / "w", "--json", out)
+                 "--seconds", "0.5", "--max-streams", "1", "--soak", "0.08", "--dir", tmp_path / "w", "--json", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert set(report["configs"]) == {"B=1 fp32", "B=2 fp32"}
     for c in report["configs"].values():
-        assert c["exit_code"] == 0 and c["trials"] and 0 <= c["held"] <= 2
+        assert c["exit_code"] == 0 and c["trials"] and 0 <= c["held"] <= 1
         for t in c["trials"].values():
             assert t["frames"] > 0 and (t["n_errors"] > 0 or t["latency_ms"]["p99"] >= t["latency_ms"]["p50"] > 0)
     assert len(report["bound"]["fp32"]) == 3 and all(b["streams"] > 0 for b in report["bound"]["fp32"])

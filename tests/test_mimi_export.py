@@ -118,10 +118,11 @@ def test_preset_step_graph_state_pairs(preset_export, name):
     for stem in ins:
         assert inputs[f"{stem}_in"] == outputs[f"{stem}_out"], stem
     assert inputs["offset_in"] == ((1,), onnx.TensorProto.INT64)
-    # The attention caches: one per transformer layer, [2, 1, heads, context, head_dim].
+    # The attention caches: one per transformer layer, [1 (a stream a batch row), 2, heads, context,
+    # head_dim].
     kv = [s for s, (shape, _) in inputs.items() if len(shape) == 5]
     assert len(kv) == model.cfg.n_layers
-    assert {inputs[s] for s in kv} == {((2, 1, 8, 250, 64), onnx.TensorProto.FLOAT)}
+    assert {inputs[s] for s in kv} == {((1, 2, 8, 250, 64), onnx.TensorProto.FLOAT)}
     assert meta["states"].split(",") == list(model.state_shapes(side))
     assert meta["frames"] == "1" and meta["samples"] == "1920" and meta["positions_per_step"] == "2"
     signal = (1, 1, 1920) if side == "encoder" else (1, 512, 1)

@@ -21,9 +21,9 @@ BIN = Path(sys.executable).parent
 
 def test_graphs_are_static_plain_convs_with_the_receptive_field_in_the_metadata(tiny_snac_export):
     manifest = json.loads((tiny_snac_export / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"encoder", "decoder", "decoder_step", "rvq", "manifest"}
+    assert set(manifest["files"]) == {"encoder", "decoder", "decoder_step", "decoder_slots", "rvq", "manifest"}
     enc_margin, dec_margin = PRESETS["tiny"].margins()
-    for name in ("encoder", "decoder", "decoder_step"):
+    for name in ("encoder", "decoder", "decoder_step", "decoder_slots"):
         model = onnx.load(str(tiny_snac_export / f"{name}.onnx"))
         ops = {n.op_type for n in model.graph.node}
         assert "ConvTranspose" not in ops and "Pad" not in ops and "Conv" in ops
@@ -34,13 +34,16 @@ def test_graphs_are_static_plain_convs_with_the_receptive_field_in_the_metadata(
         for value in [*model.graph.input, *model.graph.output]:
             assert all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim)
         meta = {p.key: p.value for p in model.metadata_props}
-        assert int(meta["margin"]) == (enc_margin if name == "encoder" else dec_margin)
+        if name in ("encoder", "decoder"):
+            assert int(meta["margin"]) == (enc_margin if name == "encoder" else dec_margin)
+        else:  # a step: its audio runs the decoder's right context behind, 149 samples for tiny
+            assert int(meta["delay"]) == 149 and meta["states"] and meta["slots"] in ("1", "3")
         assert meta["vq_strides"] == "4,2,1" and meta["unit_frames"] == "4"
     inputs = [i.name for i in onnx.load(str(tiny_snac_export / "decoder.onnx")).graph.input]
     assert inputs == ["latent", "mask", "noise_0", "noise_1"]  # the noise is an input
     geo = manifest["geometry"]
     assert geo["frames"] * 6 == geo["samples"] >= SNAC_TINY_LEN
-    assert geo["step_window"] == geo["step_frames"] + 2 * dec_margin
+    assert geo["step_frames"] == 4 and geo["step_delay"] == 149 and geo["slots"] == 3
     assert manifest["validation"]["encoder"] == {"codes_identical": 1.0}
     assert manifest["validation"]["decoder"]["audio_max_abs_err"] <= 1e-4
 
@@ -88,7 +91,7 @@ def test_check_gives_every_graph_a_verdict(tiny_snac_export, tmp_path):
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     reports = {Path(r["file"]).stem: r for r in json.loads((tmp_path / "c.json").read_text())}
-    assert set(reports) == {"encoder", "decoder", "decoder_step"}
+    assert set(reports) == {"encoder", "decoder", "decoder_step", "decoder_slots"}
     for r in reports.values():
         assert r["eps"]["directml"]["full"], r["eps"]["directml"]  # no ConvTranspose, no Conv pads
         assert set(r["eps"]) >= {"coreml-mlprogram", "nnapi", "directml"}

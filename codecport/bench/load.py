@@ -165,7 +165,8 @@ def trial(url: str, spec, n: int, seconds: float, seed: int, period: float) -> d
     """N real-time streams at once for `seconds`: their frame latency, time to first audio, and
     whether they were held (p99 under a frame period, none failed, all output complete)."""
     streams = asyncio.run(_trial(url, spec, n, seconds, seed, period))
-    skip = max(1, round(0.5 / period))  # the first half second: connecting, warming up
+    # The first half second (connecting, warming up), or a quarter of a shorter trial.
+    skip = max(1, min(round(0.5 / period), round(seconds / period) // 4))
     lat = [x for s in streams for x in s.latencies(skip)]
     errors = [s.error for s in streams if s.error]
     complete = all(s.arrivals and s.arrivals[-1][0] >= len(s.sent) * s.frame - 1 for s in streams if not s.error)

@@ -40,7 +40,7 @@ from ..export.targets import PRECISIONS
 from .load import check_streams, duplex_of, open_folder, soak_run, trial
 from .measure import run_report
 
-WARMUP_SECONDS = 3.0  # a trial per server before any is measured
+WARMUP_SECONDS = 3.0  # a trial per server before any is measured (no longer than a trial)
 from .prepare import build_folder, fail, prepare, preset_of
 
 
@@ -140,7 +140,7 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
     try:
         click.echo("warming up every server (sessions, the bank's measured costs) ...")
         for cfg in configs:
-            trial(cfg.url, spec, min(4, max_streams), WARMUP_SECONDS, seed, period)
+            trial(cfg.url, spec, min(4, max_streams), min(WARMUP_SECONDS, seconds), seed, period)
 
         def bound_round():
             for p in precisions:
@@ -244,7 +244,7 @@ SERVABLE = [s.name for s in registry.codecs() if s.has_step_graphs]
                    "of B streams a call.")
 @click.option("--precision", "precisions", multiple=True, type=click.Choice(PRECISIONS), default=["fp32", "int8"],
               help="Precisions (repeatable).")
-@click.option("--seconds", type=click.FloatRange(min=1), default=8.0, help="Seconds of each trial.")
+@click.option("--seconds", type=click.FloatRange(min=0.2), default=8.0, help="Seconds of each trial.")
 @click.option("--max-streams", type=click.IntRange(1, 1024), default=64, help="The ramp's ceiling.")
 @click.option("--soak", type=click.FloatRange(min=0), default=0.0,
               help="Minutes of the soak at the best configuration's held load (0: none).")
