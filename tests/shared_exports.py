@@ -75,7 +75,6 @@ MIMI_TINY_FRAMES = 40  # code frames of the tiny Mimi fixed graphs (24-sample fr
 MIMI_TINY_STEP = 2  # code frames per step of the tiny Mimi step graphs
 SNAC_TINY_LEN = 720  # samples of the tiny SNAC window graphs: 120 frames, 64 kept a window
 TINY_SLOTS = 3  # streams a call of the tiny Mimi and SNAC slot graphs
-SNAC_24K_LEN = 14336  # the 24 kHz SNAC's shortest window graphs (28 frames: its receptive field)
 SMOKE_BATCH = 4  # rows of the smoke exports' batched encoders
 RELEASED_MIMI_FRAMES = 25  # the released Mimi's fixed graphs: 2 s (48000 samples), 80 ms a frame
 
@@ -106,17 +105,6 @@ def tiny_snac_export(tmp_path_factory, tiny_snac):
     return shared(tmp_path_factory, "snac-tiny", lambda out: export_snac(
         tiny_snac, out, SNAC_TINY_LEN, preset="tiny", weights="random-init seed 0", weights_sha256="none",
         slots=TINY_SLOTS))
-
-
-@pytest.fixture(scope="session")
-def snac_24khz_export(tmp_path_factory):
-    """The 24 kHz SNAC (Orpheus's) at full size with seeded random weights: its model and folder."""
-    from codecport.export.snac import export_snac
-    from codecport.models.snac import PRESETS, SNAC, init_random
-
-    model = init_random(SNAC(PRESETS["24khz"]), seed=3).eval()
-    return model, shared(tmp_path_factory, "snac-24khz", lambda out: export_snac(
-        model, out, SNAC_24K_LEN, preset="24khz", weights="random-init seed 3", weights_sha256="none"))
 
 
 @pytest.fixture(scope="session")

@@ -404,15 +404,15 @@ def test_bench_tokenize_runs_every_local_contender_and_reports_ratios(tmp_path):
 
 def test_bench_serve_ramps_every_configuration_and_soaks(tmp_path):
     """`codec-bench serve` on the tiny SNAC (decoder-only clients; its frames are 1.5 ms, so the
-    load is extreme and no count of streams is asserted): every configuration's servers start,
-    take a trial, stop with exit 0; the bound is measured three times; the soak's well-behaved
+    load is extreme and no count of streams is asserted), one configuration (each is the same
+    code with other flags): its server starts, takes a trial, stops with exit 0; the bound is measured three times; the soak's well-behaved
     streams are checked against single streams and every slot is free after it."""
     out = tmp_path / "serve.json"
-    proc = bench("serve", "snac", "--preset", "tiny", "--slots", "1", "--slots", "2", "--precision", "fp32",
+    proc = bench("serve", "snac", "--preset", "tiny", "--slots", "2", "--precision", "fp32",
                  "--seconds", "0.5", "--max-streams", "1", "--soak", "0.08", "--dir", tmp_path / "w", "--json", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert set(report["configs"]) == {"B=1 fp32", "B=2 fp32"}
+    assert set(report["configs"]) == {"B=2 fp32"}
     for c in report["configs"].values():
         assert c["exit_code"] == 0 and c["trials"] and 0 <= c["held"] <= 1
         for t in c["trials"].values():

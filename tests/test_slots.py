@@ -162,28 +162,37 @@ def test_a_full_pool_says_so_and_bad_input_takes_no_step(mimi, snac):
         d.feed([np.array([64]), np.array([0, 0]), np.array([0, 0, 0, 0])])
 
 
-def test_the_24khz_step_decoder_gives_the_official_decode(snac_24khz_export):
-    """Orpheus's SNAC, a coarse frame a push, against the official package's whole-clip decode
-    fed the same noise (drawn by its own blocks under a torch seed)."""
-    model, folder = snac_24khz_export
-    codec = codecport.load(folder)
+def test_the_24khz_step_decoder_gives_the_official_decode():
+    """Orpheus's SNAC at full size, stepped a coarse frame at a time with explicit state (the torch
+    module the step graph is traced from, which export validates the graph against), against the
+    official package's whole-clip decode fed the same noise (drawn by its own blocks under a torch
+    seed). The tiny config goes the whole way through the runtime's stream in test_snac_runtime."""
+    from codecport.export.snac import step_feeds
+    from codecport.models.snac import PRESETS, SNAC, init_random
+    from codecport.models.snac_stream import SnacStepDecoder
+
+    model = init_random(SNAC(PRESETS["24khz"]), seed=3).eval()
     official = official_snac(model)
+    step = SnacStepDecoder(model, model.cfg.unit_frames)
+    assert step.plan.delay == 4757 and step.step == 4  # 198 ms of right context, a coarse frame a step
     rng = np.random.default_rng(4)
     frames = 12
     codes = [rng.integers(0, 4096, (1, frames * 4 // s)) for s in (4, 2, 1)]
     torch.manual_seed(5)
     with torch.no_grad():
         want = official.decode([torch.from_numpy(c) for c in codes])[0, 0].numpy()
-    torch.manual_seed(5)
-    drawn, n = [], frames * 4
-    for r in official.decoder_rates:
-        n *= r
-        drawn.append(torch.randn(1, 1, n)[:, 0].numpy())
-    stream = codec.decoder_stream(noise=drawn)
-    pieces = [stream.push([c[0, i * 4 // s:(i + 1) * 4 // s] for c, s in zip(codes, (4, 2, 1))])
-              for i in range(frames)]
-    got = np.concatenate([*pieces, stream.flush()])
+        torch.manual_seed(5)
+        drawn, n = [], frames * 4
+        for r in official.decoder_rates:
+            n *= r
+            drawn.append(torch.randn(1, 1, n)[0, 0].numpy())
+        latent = official.quantizer.from_codes([torch.from_numpy(c) for c in codes])[0].numpy()
+        state = [torch.zeros(1, *shape) for shape in step.plan.states.values()]
+        offset, out = torch.zeros(1, dtype=torch.int64), []
+        for x, extra in step_feeds(step, latent, drawn):
+            noise = [torch.from_numpy(extra[f"noise_{i}"]) for i in range(len(drawn))]
+            y, offset, *state = step(torch.from_numpy(x), offset, torch.from_numpy(extra["end"]), *noise, *state)
+            out.append(y[0, 0].numpy())
+    got = np.concatenate(out)[step.plan.delay:step.plan.delay + len(want)]
     assert got.shape == want.shape
     assert float(np.abs(got - want).max()) <= 1e-4
-    # The lookahead is the decoder's right context: 4757 samples (198 ms) at 24 kHz.
-    assert stream.latency.samples == 4757 and sum(map(len, pieces)) == frames * 2048 - 4757
