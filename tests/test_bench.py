@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -408,8 +409,12 @@ def test_bench_serve_ramps_every_configuration_and_soaks(tmp_path):
     code with other flags): its server starts, takes a trial, stops with exit 0; the bound is measured three times; the soak's well-behaved
     streams are checked against single streams and every slot is free after it."""
     out = tmp_path / "serve.json"
-    proc = bench("serve", "snac", "--preset", "tiny", "--slots", "2", "--precision", "fp32",
-                 "--seconds", "0.5", "--max-streams", "1", "--soak", "0.08", "--dir", tmp_path / "w", "--json", out)
+    args = ("serve", "snac", "--preset", "tiny", "--slots", "2", "--precision", "fp32", "--seconds", "0.5",
+            "--max-streams", "1", "--soak", "0.08", "--dir", tmp_path / "w", "--json", out)
+    # On a thread of its own: a browser test before this file may leave an event loop running on
+    # the main thread, under which the command's asyncio.run would not start.
+    with ThreadPoolExecutor(1) as pool:
+        proc = pool.submit(bench, *args).result()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert set(report["configs"]) == {"B=2 fp32"}

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -42,6 +43,14 @@ BIN = Path(sys.executable).parent
 SR = 24000  # the tiny Mimi's rate
 
 
+def in_thread(fn, *args):
+    """`fn(*args)` on a thread of its own: a file before this one in the same pytest worker may
+    leave an event loop running on the main thread (Playwright's, for the browser tests), and
+    asyncio.run refuses to start under it."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn, *args).result()
+
+
 class Served:
     """A `codec-serve` process and its URL."""
 
@@ -49,7 +58,7 @@ class Served:
         self.proc, self.url, self.log = proc, url, log
 
     def get(self, path: str):
-        return asyncio.run(_get(self.url + path))
+        return in_thread(asyncio.run, _get(self.url + path))
 
 
 async def _get(url: str):
@@ -110,7 +119,7 @@ def mimi_codec(tiny_mimi_export):
 
 
 def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 60))
+    return in_thread(asyncio.run, asyncio.wait_for(coro, 60))
 
 
 def chunks(x, sizes) -> list:
@@ -574,7 +583,7 @@ def test_cli_errors_are_one_line(tiny_mimi_export, tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        r = CliRunner().invoke(serve_cli, ["-m", str(tiny_mimi_export), "--port", str(port)])
+        r = in_thread(CliRunner().invoke, serve_cli, ["-m", str(tiny_mimi_export), "--port", str(port)])
     assert r.exit_code == 1 and "cannot listen on 127.0.0.1" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 

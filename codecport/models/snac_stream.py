@@ -15,10 +15,11 @@ until the delay has drained, gives exactly the whole-clip decode (`SNAC.decode_l
 the same noise. Every input and state has a batch of independent slots, each with its own
 `offset` (latent frames it has run) and `end`.
 
-Positions in the masks are computed in small floats: `offset` and `end - offset` are clamped to
-`horizon` latent frames first (past it every position of a step is valid), which keeps every
-value exact in float32 however long a stream runs, and needs no comparison op (CoreML's ML
-Program has none): `clamp(n, 0, 1)` is 1 iff the whole number n >= 1.
+Positions in the masks are computed in small floats: `offset` is clamped to [0, horizon] and
+`end - offset` to [-horizon, horizon] latent frames first (past the horizon every position of a
+step is inside the clip, or every one past its end), which keeps every value exact in float32
+however long a stream runs, and needs no comparison op (CoreML's ML Program has none):
+`clamp(n, 0, 1)` is 1 iff the whole number n >= 1.
 """
 
 from __future__ import annotations
