@@ -130,6 +130,9 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
         for p in precisions:
             folder = folders[(b if b > 1 else (batched[0] if batched else 0), p)]
             configs.append(Config(b, p, folder))
+    # SIGTERM (a killed bench) unwinds through the `finally` below, which stops the servers: they
+    # are this process's children, and would outlive it otherwise.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     click.echo(f"starting {len(configs)} servers ...")
     for cfg in configs:
         cfg.proc, cfg.url = start_server(cfg.folder, max_streams, cfg.slots > 1, provider)
