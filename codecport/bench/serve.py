@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,7 +133,8 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
             configs.append(Config(b, p, folder))
     # SIGTERM (a killed bench) unwinds through the `finally` below, which stops the servers: they
     # are this process's children, and would outlive it otherwise.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if threading.current_thread() is threading.main_thread():  # (only the main thread may)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     click.echo(f"starting {len(configs)} servers ...")
     for cfg in configs:
         cfg.proc, cfg.url = start_server(cfg.folder, max_streams, cfg.slots > 1, provider)
