@@ -9,18 +9,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..runtime.providers import onnxruntime
 from ..runtime.slots import StepBank
+from .validate import session
 
 
 class MemGraph:
     """An in-memory model as the runtime's Graph for a bank (its session and a name)."""
 
     def __init__(self, model: onnx.ModelProto, name: str):
-        ort = onnxruntime()
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        self.session = session(model)
         self.path = Path(f"{name}.onnx")
 
 

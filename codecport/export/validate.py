@@ -11,12 +11,16 @@ from ..errors import ValidationError
 AUDIO_ATOL = 1e-4  # max abs error allowed on decoded audio in [-1, 1]
 
 
-def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Run a model held in memory on the CPU EP."""
+def session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """A CPU EP session of a model held in memory."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    return sess.run(None, inputs)
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Run a model held in memory on the CPU EP."""
+    return session(model).run(None, inputs)
 
 
 def check_shape(name: str, got: np.ndarray, want: np.ndarray) -> None:
