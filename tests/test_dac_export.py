@@ -43,8 +43,20 @@ def test_16khz_has_the_24khz_graphs():
     assert (a.cfg.sample_rate, a.cfg.n_codebooks) != (b.cfg.sample_rate, b.cfg.n_codebooks)
 
 
+def test_16kbps_has_the_44khz_graphs_but_the_latent_width():
+    """The 44khz-16kbps preset is the 44 kHz one with a 128-wide latent (the encoder's last conv,
+    the decoder's first) and 18 codebooks (numpy's, outside the graphs): nothing the export does
+    depends on either, so its full-size export (a minute of CPU) is the 44 kHz one's below."""
+    shapes = lambda m: {k: v.shape for k, v in m.state_dict().items() if not k.startswith("quantizer.")}
+    a, b = shapes(DAC(PRESETS["44khz-16kbps"])), shapes(DAC(PRESETS["44khz"]))
+    assert a.keys() == b.keys()
+    assert sorted(k for k in a if a[k] != b[k]) == ["decoder.model.0.weight", "encoder.block.6.bias",
+                                                    "encoder.block.6.weight"]
+    assert (PRESETS["44khz-16kbps"].latent_dim, PRESETS["44khz-16kbps"].n_codebooks) == (128, 18)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", sorted(set(PRESETS) - {"tiny", "16khz"}))
+@pytest.mark.parametrize("variant", sorted(set(PRESETS) - {"tiny", "16khz", "44khz-16kbps"}))
 def test_every_preset_exports_and_validates(tmp_path, variant):
     cfg = PRESETS[variant]
     model = init_random(DAC(cfg), seed=1).eval()
