@@ -271,6 +271,42 @@ def test_streaming_equals_whole_clip(tiny_mimi, one_thread, step):
     assert (audio - want_audio).abs().max() <= 1e-5
 
 
+def test_rows_stepped_together_are_each_a_stream_alone(tiny_mimi, one_thread):
+    """Several streams a step (the slot graphs): the SEANet lays the rows end to end on the time
+    axis (one conv over all of them, layers.fold_rows), each with its own context, offset and
+    first-step padding. Every row equals its stream stepped alone; the rows start at different
+    steps, so their contexts and offsets differ."""
+    model, cfg = tiny_mimi, tiny_mimi.cfg
+    rows, steps, starts = 3, 4, [0, 1, 2]
+    g = torch.Generator().manual_seed(3)
+    for side in ("encoder", "decoder"):
+        shapes = model.state_shapes(side)
+        alone = [model.zero_state(side) for _ in range(rows)]
+        inputs = {k: torch.zeros(rows, *s[1:]) for k, s in shapes.items()}
+        offset = torch.zeros(rows, dtype=torch.int64)
+        for step in range(steps):
+            shape = (rows, 1, cfg.frame_size) if side == "encoder" else (rows, cfg.dimension, 1)
+            x = torch.randn(*shape, generator=g) * 0.3
+            live = [r for r in range(rows) if step >= starts[r]]
+            fn = model.encode_latent if side == "encoder" else model.decode_latent
+            with torch.no_grad():
+                st = StreamState(inputs, offset)
+                with model.streaming(st, side):
+                    got = fn(x)
+                for r in live:
+                    one = StreamState(alone[r].inputs, alone[r].offset)
+                    with model.streaming(one, side):
+                        want = fn(x[r:r + 1])
+                    assert (got[r:r + 1] - want).abs().max() <= 1e-5, (side, step, r)
+                    for k, v in one.outputs.items():
+                        assert (st.outputs[k][r:r + 1] - v).abs().max() <= 1e-5, (side, step, k)
+                    alone[r] = StreamState(one.outputs, one.offset + cfg.downsample_stride)
+            # A row not yet started stays in the zero state (as a free slot is kept).
+            inputs = {k: torch.stack([v[r] if r in live else inputs[k][r] for r in range(rows)])
+                      for k, v in st.outputs.items()}
+            offset = offset + torch.tensor([cfg.downsample_stride if r in live else 0 for r in range(rows)])
+
+
 # ---- bad checkpoints ----------------------------------------------------------------------
 class Payload:
     """Unpickling it creates `marker`: proof that a loader ran pickle code."""

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .layers import CausalConv1d, CausalUpConv1d, StreamState, zero_pad
+from .layers import CausalConv1d, CausalUpConv1d, StreamState, fold_convs, fold_rows, stream_rows, unfold_rows, zero_pad
 from .mimi_config import PRESETS, MimiConfig  # noqa: F401 (re-exported)
 from .transformer import Attention, Transformer
 
@@ -44,9 +44,11 @@ class SeanetEncoder(nn.Module):
             dim *= 2
         layers += [nn.ELU(), CausalConv1d(dim, cfg.dimension, cfg.last_kernel_size)]
         self.model = nn.Sequential(*layers)
+        fold_convs(self.model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
+        rows = stream_rows(self.model)  # several streams a step: laid end to end (fold_rows)
+        return unfold_rows(self.model(fold_rows(x, rows)), rows)
 
 
 class SeanetDecoder(nn.Module):
@@ -60,9 +62,11 @@ class SeanetDecoder(nn.Module):
             dim //= 2
         layers += [nn.ELU(), CausalConv1d(dim, 1, cfg.last_kernel_size)]
         self.model = nn.Sequential(*layers)
+        fold_convs(self.model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
+        rows = stream_rows(self.model)  # as the encoder's
+        return unfold_rows(self.model(fold_rows(x, rows)), rows)
 
 
 class Downsample(nn.Module):
