@@ -81,7 +81,9 @@ def _run_pool(pool: SlotPool, plan: list[tuple[int, list, dict]]):
                 if fed[i] == len(pieces):
                     slot.end()
         by_slot = {s: i for i, s in held.items()}
-        for slot, piece in pool.step(list(held.values())).items():
+        pieces, failed = pool.step(list(held.values()))
+        assert not failed
+        for slot, piece in pieces.items():
             out[by_slot[slot]].append(piece)
         for i, slot in list(held.items()):
             if slot.finished:
@@ -139,11 +141,35 @@ def test_a_slot_state_moves_to_a_stream_and_back(mimi):
     other.feed(x[::-1].copy())
     slot = pool.open()
     slot.feed(x[:100])
-    head = [pool.step([slot, other])[slot]]
+    head = [pool.step([slot, other])[0][slot]]
     alone = mimi.encoder_stream()
     alone.state = slot.stream.state  # a row of the batch is a stream's state
     rest = np.concatenate([alone.push(x[100:]), alone.flush()], axis=1)
     np.testing.assert_array_equal(np.concatenate([*head, rest], axis=1), want)
+
+
+def test_a_slot_failing_on_its_own_piece_fails_alone(mimi):
+    """What one slot does with its row of the step (codes out of its latent) failing ends that
+    slot's step only: the other slot of the same call still gets exactly its piece."""
+    rng = np.random.default_rng(4)
+    x = _mimi_input(mimi, "encoder", rng, 4)
+    want = _alone(mimi, "encoder", x, {})
+    pool = SlotPool(mimi, "encoder", TINY_SLOTS)
+    bad, good = pool.open(), pool.open()
+    bad.feed(x[::-1].copy())
+    good.feed(x)
+    good.end()
+
+    def broken(y):
+        raise RuntimeError("this slot's codes could not be made")
+
+    bad.stream.take = broken
+    pieces, failed = pool.step([bad, good])
+    assert list(failed) == [bad] and "could not be made" in str(failed[bad]) and list(pieces) == [good]
+    got = [pieces[good]]
+    while not good.finished:
+        got.append(pool.step([good])[0][good])
+    np.testing.assert_array_equal(np.concatenate(got, axis=1), want)
 
 
 def test_a_full_pool_says_so_and_bad_input_takes_no_step(mimi, snac):

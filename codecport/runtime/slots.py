@@ -251,8 +251,18 @@ class SlotPool:
             self.bank.reset(slot.index)
             slot.stream = None
 
-    def step(self, slots: Sequence[Slot]) -> dict[Slot, np.ndarray]:
-        """One step of each slot given that is ready: its output piece (possibly empty)."""
+    def step(self, slots: Sequence[Slot]) -> tuple[dict[Slot, np.ndarray], dict[Slot, Exception]]:
+        """One step of each slot given that is ready: its output piece (possibly empty), and the
+        slots whose own part of the step failed, with why. A failing graph call raises: every
+        slot in it may have lost its piece. What a slot does with its own piece (codes out of
+        the latent, audio trimmed) fails that slot alone, so one stream never costs the others
+        theirs."""
         ready = [s for s in slots if s.ready()]
         ys = self.bank.run({s.index: s.stream.next_step() for s in ready})
-        return {s: s.stream.take(ys[s.index]) for s in ready}
+        out, failed = {}, {}
+        for s in ready:
+            try:
+                out[s] = s.stream.take(ys[s.index])
+            except Exception as e:  # noqa: BLE001 (handed to the caller with its slot)
+                failed[s] = e
+        return out, failed

@@ -34,14 +34,15 @@ log = logging.getLogger(__name__)
 
 def _step(pools: dict[str, SlotPool], work: dict[str, list]) -> list:
     """One step of each pool's ready slots (in the executor's thread): (side, slots, outputs,
-    seconds, exception)."""
+    the slots that failed alone, seconds, the exception that failed the whole step)."""
     out = []
     for side, slots in work.items():
         t0 = time.perf_counter()
         try:
-            out.append((side, slots, pools[side].step(slots), time.perf_counter() - t0, None))
+            pieces, failed = pools[side].step(slots)
+            out.append((side, slots, pieces, failed, time.perf_counter() - t0, None))
         except Exception as e:  # noqa: BLE001 (given to the streams of this step, never lost)
-            out.append((side, slots, {}, time.perf_counter() - t0, e))
+            out.append((side, slots, {}, {}, time.perf_counter() - t0, e))
     return out
 
 
@@ -279,8 +280,13 @@ class Scheduler:
             self.leave(live)
 
     def _deliver(self, results: list) -> None:
-        for side, slots, outputs, seconds, error in results:
+        for side, slots, outputs, failed, seconds, error in results:
             self.metrics.step(side, seconds, len(slots))
+            for slot, e in failed.items():  # its own piece failed: that stream alone ends
+                log.error("slot %d of the %s step failed: %s", slot.index, side, e, exc_info=e)
+                live = self.owner.get(slot)
+                if live is not None:
+                    live.fail(ProtocolError("internal", str(e).splitlines()[0] if str(e) else type(e).__name__))
             if error is not None:
                 # A step failed: every stream in it may have lost a piece, so each is ended.
                 log.error("a %s step of %d slots failed: %s", side, len(slots), error, exc_info=error)
