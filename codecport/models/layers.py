@@ -324,7 +324,7 @@ class CausalUpConv1d(nn.Module):
                 raise ValueError("streaming needs the polyphase form of the transposed conv")
             return ct(x)[..., :t * s]
         bias = None if ct.bias is None else ct.bias.repeat_interleave(s)
-        conv = lambda z: F.conv1d(z, polyphase_weight(ct.weight, ct.groups), bias, groups=ct.groups)  # noqa: E731
+        conv = lambda z: F.conv1d(z, polyphase_weight(ct.weight, ct.groups), bias, groups=ct.groups)
         rows = self.stream.rows if self.stream is not None and self.folded else 1
         if rows > 1:
             t = t // rows

@@ -16,7 +16,16 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .layers import CausalConv1d, CausalUpConv1d, StreamState, fold_convs, fold_rows, stream_rows, unfold_rows, zero_pad
+from .layers import (
+    CausalConv1d,
+    CausalUpConv1d,
+    StreamState,
+    fold_convs,
+    fold_rows,
+    stream_rows,
+    unfold_rows,
+    zero_pad,
+)
 from .mimi_config import PRESETS, MimiConfig  # noqa: F401 (re-exported)
 from .transformer import Attention, Transformer
 
