@@ -68,7 +68,7 @@ def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fall
     codes.save(out, layout)
     label = MODE_LABELS[codes.mode].format(chunk=codes.chunk_frames)
     shapes = " + ".join(str(list(a.shape)) for a in codes.arrays)
-    click.echo(f"{audio_in}: {codes.channels} ch x {codes.num_samples} samples @ {codes.sample_rate} Hz "
+    click.echo(f"{audio_in}: {codes.channels * codec.channels_per_row} ch x {codes.num_samples} samples @ {codes.sample_rate} Hz "
                f"-> codes {shapes} [{label}] in {took:.2f} s on {codec.provider}")
     click.echo(f"wrote {out}")
 

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 
 class EncoderGraph(nn.Module):
-    """audio `[1, 1, samples]` -> latent `[1, L, frames]`, or codes `[1, K, frames]` in-graph."""
+    """audio `[1, channels, samples]` -> latent `[1, L, frames]`, or codes `[1, K, frames]`
+    in-graph (one channel but for TSAC's stereo model)."""
 
     def __init__(self, dac: DAC, samples: int, padding: bool, n_codebooks: int | None):
         super().__init__()
@@ -44,7 +45,7 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderGraph(nn.Module):
-    """latent `[1, L, frames]` (or codes `[1, K, frames]` in-graph) -> audio `[1, 1, samples]`."""
+    """latent `[1, L, frames]` (or codes `[1, K, frames]` in-graph) -> audio `[1, channels, samples]`."""
 
     def __init__(self, dac: DAC, padding: bool, codes_in: bool):
         super().__init__()
@@ -108,7 +109,7 @@ def graph_specs(dac: DAC, geo: Geometry, meta: dict[str, str],
         out = Tensor("latent", (1, cfg.latent_dim, frames), "float32") if k is None else \
             Tensor("codes", (1, k, frames), "int64")
         return GraphSpec(name, EncoderGraph(dac, samples, padding, k),
-                         [Tensor("audio", (1, 1, samples), "float32")], [out],
+                         [Tensor("audio", (1, cfg.channels, samples), "float32")], [out],
                          {**meta, **quant, "role": "encoder", "mode": _mode(padding),
                           "samples": str(samples), "frames": str(frames), **extra})
 
@@ -116,7 +117,7 @@ def graph_specs(dac: DAC, geo: Geometry, meta: dict[str, str],
         inp = Tensor("latent", (1, cfg.latent_dim, frames), "float32") if k is None else \
             Tensor("codes", (1, k, frames), "int64")
         return GraphSpec(name, DecoderGraph(dac, padding, k is not None), [inp],
-                         [Tensor("audio", (1, 1, samples), "float32")],
+                         [Tensor("audio", (1, cfg.channels, samples), "float32")],
                          {**meta, **quant, "role": "decoder", "mode": _mode(padding),
                           "samples": str(samples), "frames": str(frames), **extra})
 
@@ -193,6 +194,11 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
             "frame_size": str(cfg.hop_length), "latent_dim": str(cfg.latent_dim),
             "codebook_size": str(cfg.codebook_size), "codebook_dim": str(cfg.codebook_dim),
             "weights": weights, "weights_sha256": weights_sha256}
+    if (cfg.channels, cfg.snake) != (1, "dac"):  # TSAC: older readers refuse what they cannot run
+        if build.target == "web":
+            raise ExportError(f"codecport.mjs runs one channel a call; this model takes {cfg.channels} "
+                              "(TSAC): export it for another target")
+        meta.update(channels=str(cfg.channels), snake=cfg.snake)
     meta["export_id"] = export_id(meta, vars(geo), in_graph_codebooks)
     rvq = rvq_of(dac)
     models, report = {}, {"files": {}, "validation": {}, "geometry": vars(geo)}

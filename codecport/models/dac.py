@@ -33,7 +33,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: DacConfig):
         super().__init__()
         d = cfg.encoder_dim
-        layers: list[nn.Module] = [PaddedConv1d(1, d, 7, pad=3)]
+        layers: list[nn.Module] = [PaddedConv1d(cfg.channels, d, 7, pad=3)]
         for stride in cfg.encoder_rates:
             d *= 2
             layers.append(EncoderBlock(d, stride))
@@ -65,8 +65,11 @@ class Decoder(nn.Module):
         for i, stride in enumerate(cfg.decoder_rates):
             layers.append(DecoderBlock(d // 2**i, d // 2 ** (i + 1), stride, polyphase))
         out = d // 2 ** len(cfg.decoder_rates)
-        layers += [Snake(out), PaddedConv1d(out, 1, 7, pad=3), nn.Tanh()]
+        layers += [Snake(out), PaddedConv1d(out, cfg.channels, 7, pad=3), nn.Tanh()]
         self.model = nn.Sequential(*layers)
+        for m in self.modules():  # TSAC's decoder (only) indexes alpha by flat position
+            if isinstance(m, Snake):
+                m.flat = cfg.snake == "tsac"
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.model(z)
@@ -111,7 +114,8 @@ class ResidualVectorQuantizer(nn.Module):
 
 
 class DAC(nn.Module):
-    """Encoder, residual vector quantizer and decoder; audio is `[B, 1, T]` in [-1, 1]."""
+    """Encoder, residual vector quantizer and decoder; audio is `[B, channels, T]` in [-1, 1]
+    (one channel but for TSAC's stereo model, whose codes are those of both channels at once)."""
 
     def __init__(self, cfg: DacConfig, polyphase: bool = True):
         super().__init__()
@@ -132,11 +136,11 @@ class DAC(nn.Module):
         return zero_pad(audio, 0, -audio.shape[-1] % hop)
 
     def encode(self, audio: torch.Tensor, n_codebooks: int | None = None) -> torch.Tensor:
-        """Codes `[B, K, frames]` for audio `[B, 1, T]`."""
+        """Codes `[B, K, frames]` for audio `[B, channels, T]`."""
         return self.quantizer.encode(self.encoder(self.preprocess(audio)), n_codebooks)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """Audio `[B, 1, samples]` from codes `[B, K, frames]`."""
+        """Audio `[B, channels, samples]` from codes `[B, K, frames]`."""
         return self.decoder(self.quantizer.decode(codes))
 
     def conv_geometry(self) -> list[tuple[bool, int, int, int]]:

@@ -15,6 +15,9 @@ from .geometry import Conv, UpConv, decoder_margin, encoder_margin, residual_uni
 from .limits import MAX_PARAMS, check_int, check_ints
 
 
+SNAKES = ("dac", "tsac")
+
+
 @dataclass(frozen=True)
 class DacConfig:
     sample_rate: int = 44100  # Hz
@@ -26,6 +29,10 @@ class DacConfig:
     n_codebooks: int = 9  # residual quantizer levels
     codebook_size: int = 1024  # entries per codebook (a .dac file stores codes as uint16)
     codebook_dim: int = 8  # dimension of the factorised code space
+    # TSAC (Bellard's stereo DAC): audio channels one call of the graphs takes and gives, and the
+    # decoder's Snake convention ("tsac": alpha indexed by the flat channel-major position).
+    channels: int = 1
+    snake: str = "dac"
 
     def __post_init__(self):
         check_int("sample_rate", self.sample_rate, 1_000, 1_000_000)
@@ -37,6 +44,9 @@ class DacConfig:
         check_int("n_codebooks", self.n_codebooks, 1, 256)
         check_int("codebook_size", self.codebook_size, 2, 1 << 16)
         check_int("codebook_dim", self.codebook_dim, 1, 1024)
+        check_int("channels", self.channels, 1, 8)
+        if self.snake not in SNAKES:
+            raise ConfigError(f"snake must be one of {', '.join(SNAKES)}, got {self.snake!r}")
         if self.encoder_dim * 2 ** len(self.encoder_rates) > 1 << 16:
             raise ConfigError(f"encoder_dim {self.encoder_dim} doubled {len(self.encoder_rates)} times "
                               "is past any DAC model; is this config right?")
@@ -95,6 +105,8 @@ class DacConfig:
                 n_codebooks=int(kwargs.get("n_codebooks", cls.n_codebooks)),
                 codebook_size=int(kwargs.get("codebook_size", cls.codebook_size)),
                 codebook_dim=int(codebook_dim),
+                channels=int(kwargs.get("channels", cls.channels)),
+                snake=str(kwargs.get("snake", cls.snake)),
             )
         except (TypeError, ValueError, OverflowError) as e:
             raise ConfigError(f"the config is not DAC's ({e})") from e
@@ -104,6 +116,8 @@ class DacConfig:
         d = dataclasses.asdict(self)
         d["encoder_rates"], d["decoder_rates"] = list(self.encoder_rates), list(self.decoder_rates)
         d["quantizer_dropout"] = False
+        if (self.channels, self.snake) == (1, "dac"):  # the official DAC takes neither
+            del d["channels"], d["snake"]
         return d
 
 
@@ -126,4 +140,8 @@ PRESETS: dict[str, DacConfig] = {
     "tiny": DacConfig(sample_rate=16000, encoder_dim=4, encoder_rates=(2, 3), latent_dim=16,
                       decoder_dim=32, decoder_rates=(3, 2), n_codebooks=4, codebook_size=64,
                       codebook_dim=4),
+    # Not a released model either: the tiny config with TSAC's stereo stem and decoder Snake.
+    "tiny-tsac": DacConfig(sample_rate=16000, encoder_dim=4, encoder_rates=(2, 3), latent_dim=16,
+                           decoder_dim=32, decoder_rates=(3, 2), n_codebooks=4, codebook_size=64,
+                           codebook_dim=4, channels=2, snake="tsac"),
 }

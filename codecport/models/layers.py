@@ -29,17 +29,42 @@ def zero_pad(x: torch.Tensor, left: int, right: int = 0) -> torch.Tensor:
 
 
 class Snake(nn.Module):
-    """Snake activation `x + sin(alpha x)^2 / (alpha + 1e-9)` per channel, on `[B, C, T]`."""
+    """Snake activation `x + sin(alpha x)^2 / (alpha + 1e-9)` per channel, on `[B, C, T]`.
 
-    def __init__(self, channels: int):
+    `flat` is TSAC's `snake_s` instead: alpha is indexed by the flat channel-major position of
+    each sample in the `[C, T]` buffer, `alpha[(c*T + t) mod len(alpha)]`, clamped to 1e-6, and
+    divided by as is. That makes it depend on the length of the call, as TSAC's does.
+    """
+
+    def __init__(self, channels: int, flat: bool = False):
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
+        self.flat = flat
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.flat:
+            return self._flat(x)
         s = torch.sin(self.alpha * x)
         # s * s, not s.pow(2): ORT's Pow is a slower kernel than its Mul (SNAC decoder: 44 ms of
         # Pow against 1.1 s in all).
         return x + (self.alpha + 1e-9).reciprocal() * (s * s)
+
+    def _flat(self, x: torch.Tensor) -> torch.Tensor:
+        """TSAC's convention. For a channel, alpha repeats every `n = len(alpha)` samples: the
+        samples are laid out `[B, C, T/n, n]` against one period `[1, C, 1, n]`, so the graph
+        holds constants of `C * n` values, not `C * T` (hundreds of MB for a long decoder)."""
+        b, c, t = x.shape[0], x.shape[1], int(x.shape[-1])  # static in the traced graph
+        n = self.alpha.numel()
+        span = min(n, t)
+        idx = (torch.arange(c)[:, None] * t + torch.arange(span)[None, :]) % n
+        alpha = self.alpha.reshape(-1)[idx].clamp_min(1e-6)  # [C, span]
+        if t <= n:
+            alpha, xs = alpha[None], x
+        else:
+            alpha, xs = alpha[None, :, None], zero_pad(x, 0, -t % n).reshape(b, c, -1, n)
+        s = torch.sin(alpha * xs)
+        y = xs + alpha.reciprocal() * (s * s)
+        return y if t <= n else y.reshape(b, c, -1)[..., :t]
 
 
 class FrameMask:

@@ -96,6 +96,12 @@ class Codec(GraphFolder):
             min(self.default_codebooks, self.n_codebooks)
         return check_n_codebooks(default if n_codebooks is None else n_codebooks, self.n_codebooks)
 
+    @property
+    def channels_per_row(self) -> int:
+        """Audio channels one row of codes holds: 1 (each channel coded on its own) but for a
+        model coding several at once (TSAC's stereo DAC)."""
+        return 1
+
     def check_mode(self, mode: str | None) -> str | None:
         if mode not in (None, *self.modes):
             raise CodecportError(f"{self.label} has no {mode} mode; its modes are "
@@ -132,7 +138,7 @@ class Codec(GraphFolder):
         """`Codes` of a `WindowPlan` (plan.py), one window at a time (`parallel` at once on
         sliding graphs)."""
         g = self.graph(plan.graph)
-        call = lambda x: self.latent_codes(g(x[None, None])[0], plan.k)
+        call = lambda x: self.latent_codes(g(x.reshape(1, -1, x.shape[-1]))[0], plan.k)
         codes = self.map_windows(call, plan.windows) if plan.graph in self.sliding else map(call, plan.windows)
         return plan.finish(list(tqdm(codes, desc="encode", unit="window", disable=None if progress else True)))
 
@@ -188,12 +194,13 @@ class Codec(GraphFolder):
         self.check_noise(noise)
         extra = {"noise": noise} if self.draws_noise else {}
         pieces = self.raw_pieces(codes, self.check_mode(mode), progress, **extra)
+        channels = codes.channels * self.channels_per_row
         if codes.loudness_db is not None:
-            pieces = self._restore_loudness(pieces, codes.loudness_db, codes.channels, spill)
+            pieces = self._restore_loudness(pieces, codes.loudness_db, channels, spill)
         if codes.sample_rate is None:  # the total is at most every frame's samples
             return pieces, self.sample_rate, self.bare_samples(codes)
-        pieces = resampled(pieces, self.sample_rate, codes.sample_rate, codes.channels)
-        return _exactly(pieces, codes.num_samples, codes.channels), codes.sample_rate, codes.num_samples
+        pieces = resampled(pieces, self.sample_rate, codes.sample_rate, channels)
+        return _exactly(pieces, codes.num_samples, channels), codes.sample_rate, codes.num_samples
 
     def raw_pieces(self, codes: Codes, mode: str | None, progress: bool) -> Iterator[np.ndarray]:
         """Audio `[channels, n]` at the model rate for every frame of `codes`, piece by piece;

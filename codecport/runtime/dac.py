@@ -49,6 +49,22 @@ class DacCodec(Codec):
         return DacRvq.load(self.dir / "rvq.npz", self.first)
 
     @property
+    def channels_per_row(self) -> int:
+        """1, or 2 for TSAC's stereo model, whose graphs code both channels in one row."""
+        return self.first.int("channels") if "channels" in self.first.meta else 1
+
+    def _rows(self, audio: np.ndarray) -> Iterator[np.ndarray]:
+        """A window `[channels, n]` as the rows of one call each: a channel `[n]` each, or all
+        channels `[channels, n]` at once for a model coding them together."""
+        return iter(audio) if self.channels_per_row == 1 else iter(audio[None])
+
+    def _check_channels(self, channels: int) -> None:
+        if self.channels_per_row not in (1, channels):
+            raise CodesError(f"this folder's model codes {self.channels_per_row} channels at once (TSAC's "
+                             f"stereo DAC); the input has {channels}: give it {self.channels_per_row}-channel "
+                             "audio (e.g. ffmpeg -ac 2)")
+
+    @property
     def modes(self) -> tuple[str, ...]:
         fixed = ("whole",) if {"encoder", "decoder"} & set(self.present) else ()
         return (*super().modes, *fixed)
@@ -80,7 +96,8 @@ class DacCodec(Codec):
             samples = g.int("window") if role == "encoder" else g.int("chunk_step")
             frames = g.int("chunk_frames")
             g.int("delay")  # read when the long audio is padded: refused now if it is bad
-        audio, codes = (g.batch, 1, samples), (g.batch, width, frames)
+        channels = g.int("channels") if "channels" in g.meta else 1
+        audio, codes = (g.batch, channels, samples), (g.batch, width, frames)
         want = ([audio], [codes]) if role == "encoder" else ([codes], [audio])
         if g.shapes() != want:
             raise_shape(g, f"its inputs/outputs are {g.shapes()}, its metadata says {want}")
@@ -100,6 +117,7 @@ class DacCodec(Codec):
         """Measures the whole input (loudness and peak: the first pass over a file), then plans
         the second: one fixed call per channel, or the official chunked windows."""
         k = self.codebooks(n_codebooks)
+        self._check_channels(source.channels)
         meter, peak, n = LoudnessMeter(self.sample_rate, source.channels), np.zeros(source.channels), 0
         counted = Counted(source)
         for block in self.model_rate(counted):
@@ -115,25 +133,25 @@ class DacCodec(Codec):
         if mode == "fixed" and not fits:
             raise CodesError(f"{n} samples do not fit the fixed graph of "
                              f"{self.graph('encoder').int('samples')} samples; use the chunked mode")
-        loudness, channels = meter.result(), source.channels
+        loudness, rows_out = meter.result(), source.channels // self.channels_per_row
         if fits and mode != "chunked":
             samples = self.graph("encoder").int("samples")
 
             def rows():
                 audio = np.concatenate(list(blocks), axis=1)
-                yield from np.pad(audio, ((0, 0), (0, samples - n)))
+                yield from self._rows(np.pad(audio, ((0, 0), (0, samples - n))))
 
             return WindowPlan("encoder", rows(), k, lambda codes: self.codes(
                 [np.stack(codes)], source, counted.counted, loudness_db=loudness, mode="fixed"))
         g = self.graph("encoder_chunked")
         window, step, delay, frames = g.int("window"), g.int("chunk_step"), g.int("delay"), g.int("chunk_frames")
         starts = range(0, n, step)
-        windows = (row for w in _windows(blocks, starts, window, delay) for row in w)
+        windows = (row for w in _windows(blocks, starts, window, delay) for row in self._rows(w))
 
         def finish(codes: list[np.ndarray]) -> Codes:
-            # Window-major, channel-minor -> [C, K, windows * chunk_frames]
-            a = np.stack(codes).reshape(len(starts), channels, k, frames)
-            return self.codes([a.transpose(1, 2, 0, 3).reshape(channels, k, -1)], source, counted.counted,
+            # Window-major, row-minor -> [rows, K, windows * chunk_frames]
+            a = np.stack(codes).reshape(len(starts), rows_out, k, frames)
+            return self.codes([a.transpose(1, 2, 0, 3).reshape(rows_out, k, -1)], source, counted.counted,
                               loudness_db=loudness, mode="chunked", chunk_frames=frames)
 
         return WindowPlan("encoder_chunked", windows, k, finish)
@@ -148,12 +166,13 @@ class DacCodec(Codec):
                              "the whole mode needs at least one fixed call; export a shorter --len, or "
                              "encode it in the fixed or chunked mode")
         plan = list(overlap_windows(total, frames, margin, end_aligned=True))
-        hop, channels = self.frame_size, source.channels
-        rows = (row for w in _windows(blocks, [s * hop for s, _, _ in plan], frames * hop, 0) for row in w)
+        hop, n_rows = self.frame_size, source.channels // self.channels_per_row
+        rows = (row for w in _windows(blocks, [s * hop for s, _, _ in plan], frames * hop, 0)
+                for row in self._rows(w))
 
         def finish(codes: list[np.ndarray]) -> Codes:
-            parts = [[codes[i * channels + c][:, lo - s:hi - s] for i, (s, lo, hi) in enumerate(plan)]
-                     for c in range(channels)]
+            parts = [[codes[i * n_rows + c][:, lo - s:hi - s] for i, (s, lo, hi) in enumerate(plan)]
+                     for c in range(n_rows)]
             return self.codes([np.stack([np.concatenate(p, axis=1) for p in parts])], source,
                               counted.counted, loudness_db=loudness, mode="whole")
 
@@ -161,13 +180,17 @@ class DacCodec(Codec):
 
     # ---- decoding ----------------------------------------------------------------------
     def _decode_window(self, name: str, codes: np.ndarray) -> np.ndarray:
-        """Samples for codes `[K, frames]` through decoder graph `name`."""
+        """Samples `[channels_per_row, n]` for codes `[K, frames]` through decoder graph `name`."""
         if self.rvq is None:
             if codes.shape[0] != self.n_codebooks:
                 raise CodesError(f"this decoder has the quantizer inside and takes exactly "
                                  f"{self.n_codebooks} codebooks, got {codes.shape[0]}")
-            return self.graph(name)(codes[None].astype(np.int64))[0, 0]
-        return self.graph(name)(self.rvq.decode(codes)[None])[0, 0]
+            return self.graph(name)(codes[None].astype(np.int64))[0]
+        return self.graph(name)(self.rvq.decode(codes)[None])[0]
+
+    def _decode_rows(self, name: str, rows) -> np.ndarray:
+        """Audio `[channels, n]` of one window's codes, a row `[K, frames]` each."""
+        return np.concatenate([self._decode_window(name, c) for c in rows])
 
     def chunk_frames(self) -> int:
         return self.graph("decoder_chunked" if "decoder_chunked" in self.present
@@ -194,7 +217,7 @@ class DacCodec(Codec):
         if mode == "fixed":
             if t != frames:
                 raise CodesError(f"{t} frames given; the fixed-length decoder takes exactly {frames}")
-            yield np.stack([self._decode_window("decoder", c) for c in data])
+            yield self._decode_rows("decoder", data)
             return
         chunk = self.chunk_frames()
         if codes.chunk_frames not in (None, chunk):
@@ -205,7 +228,7 @@ class DacCodec(Codec):
                              f"chunk length {chunk}; re-encode with this model, or export with "
                              "--len / --chunk-len matching the codes")
         pieces = self.map_windows(
-            lambda i: np.stack([self._decode_window("decoder_chunked", c[:, i:i + chunk]) for c in data]),
+            lambda i: self._decode_rows("decoder_chunked", data[:, :, i:i + chunk]),
             range(0, t, chunk))
         yield from tqdm(pieces, total=t // chunk, desc="decode", unit="chunk",
                         disable=None if progress else True)
@@ -219,7 +242,7 @@ class DacCodec(Codec):
             raise CodesError(f"{t} frames are fewer than the fixed decoder's {frames}: the whole mode "
                              "decodes at least one fixed call; decode them in the fixed mode")
         plan = list(overlap_windows(t, frames, margin, end_aligned=True))
-        pieces = (np.stack([self._decode_window("decoder", c[:, s:s + frames]) for c in data]) for s, _, _ in plan)
+        pieces = (self._decode_rows("decoder", data[:, :, s:s + frames]) for s, _, _ in plan)
         for (s, lo, hi), audio in tqdm(zip(plan, pieces), total=len(plan), desc="decode", unit="window",
                                        disable=None if progress else True):
             # The last window ends at the clip: its audio runs to the decode's end.
