@@ -233,6 +233,8 @@ def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
     geo, sr = manifest["geometry"], int(manifest["sample_rate"])
 
     def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
+        if codec.channels_per_row > 1:  # TSAC: the clip again, shifted, for each other channel
+            clip = np.concatenate([np.roll(clip, 97 * c, axis=1) for c in range(codec.channels_per_row)])
         if name == "encoder":
             return codec.encode(clip[:, :geo["samples"]], sr, mode="fixed").data
         return codec.encode(clip, sr, mode="chunked").data

@@ -55,16 +55,12 @@ class Snake(nn.Module):
         holds constants of `C * n` values, not `C * T` (hundreds of MB for a long decoder)."""
         b, c, t = x.shape[0], x.shape[1], int(x.shape[-1])  # static in the traced graph
         n = self.alpha.numel()
-        span = min(n, t)
-        idx = (torch.arange(c)[:, None] * t + torch.arange(span)[None, :]) % n
-        alpha = self.alpha.reshape(-1)[idx].clamp_min(1e-6)  # [C, span]
-        if t <= n:
-            alpha, xs = alpha[None], x
-        else:
-            alpha, xs = alpha[None, :, None], zero_pad(x, 0, -t % n).reshape(b, c, -1, n)
+        idx = (torch.arange(c)[:, None] * t + torch.arange(n)[None, :]) % n
+        alpha = self.alpha.reshape(-1)[idx].clamp_min(1e-6)[None, :, None]  # [1, C, 1, n]
+        xs = zero_pad(x, 0, -t % n).reshape(b, c, -1, n)
         s = torch.sin(alpha * xs)
-        y = xs + alpha.reciprocal() * (s * s)
-        return y if t <= n else y.reshape(b, c, -1)[..., :t]
+        y = (xs + alpha.reciprocal() * (s * s)).reshape(b, c, -1)
+        return y[..., :t] if t % n else y  # a slice of all of it is an alias, which coremltools refuses
 
 
 class FrameMask:
