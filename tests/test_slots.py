@@ -172,6 +172,27 @@ def test_a_slot_failing_on_its_own_piece_fails_alone(mimi):
     np.testing.assert_array_equal(np.concatenate(got, axis=1), want)
 
 
+def test_an_int8_build_measures_its_slot_graphs(tiny_mimi_export, tmp_path):
+    """A build's slot graphs carry a measured deviation like every other graph: calls of the
+    fp32 streams' feeds through both folders, the latent (encoder) or audio (decoder) compared."""
+    import json
+
+    import onnx
+
+    from codecport import registry
+    from codecport.export.builds import Build, build_of_folder
+
+    report = build_of_folder(registry.get("mimi"), tiny_mimi_export, tmp_path / "int8", Build("cpu", "int8"))
+    for name in ("encoder_slots", "decoder_slots"):
+        d = report["deviation"][name]
+        assert d["calls"] > 0 and "one call at a time" in d["measured"]
+        assert 15 <= d["snr_db"] < 200 and 0 < d["max_abs_err"] < 1, (name, d)  # int8 is not exact, and close
+        meta = {p.key: p.value for p in onnx.load(str(tmp_path / "int8" / f"{name}.onnx")).metadata_props}
+        assert json.loads(meta["deviation"])["snr_db"] == d["snr_db"]
+    # The batched graph quantized as the step graph is: its error is of the same order.
+    assert abs(report["deviation"]["decoder_slots"]["snr_db"] - report["deviation"]["decoder_step"]["snr_db"]) < 15
+
+
 def test_a_full_pool_says_so_and_bad_input_takes_no_step(mimi, snac):
     pool = SlotPool(mimi, "encoder", 2)
     a, b = pool.open(), pool.open()

@@ -171,7 +171,9 @@ def _print_validation(report: dict) -> None:
             if "code_agreement_pct" in d:
                 parts.append(f"codes {d['code_agreement_pct']:.2f}% equal")
             if "snr_db" in d:
-                parts.append(f"audio SNR {d['snr_db']:.1f} dB, max abs err {d['max_abs_err']:.2g}")
+                of = "audio" if "calls" not in d else ("latent" if "encoder" in name else "audio") + \
+                    f" of {d['calls']} single calls"
+                parts.append(f"{of} SNR {d['snr_db']:.1f} dB, max abs err {d['max_abs_err']:.2g}")
             parts.append(f"{d['size_bytes'] / 1e6:.1f} MB (fp32 {d['fp32_size_bytes'] / 1e6:.1f} MB)")
             click.echo(f"    {name + '.onnx':<22} {', '.join(parts)}")
     for file in report["files"].values():

@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 
 from ..errors import ExportError
-from .deviation import Probe, calibration_clips, deviation, generated_clips, record_feeds
+from .deviation import Probe, calibration_clips, deviation, generated_clips, record_feeds, slot_deviation
 from .graph import copy_model, export_folder, export_id, write_export, write_graphs, write_manifest
 from .precision import overflowing_nodes, quiet, to_fp16, to_int8
 from .rewrite import conv_to_2d, nnapi_ops
@@ -133,6 +133,7 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
         write_export(build_dir, built, rvq, build_manifest)
         clips = generated_clips(2, probe.clip_samples, probe.sample_rate, seed=7)
         dev = deviation(ref_dir, build_dir, probe, clips)
+        dev.update(slot_deviation(ref_dir, build_dir, probe, clips, lambda f: slot_feeds(models, f)))
         if build.precision == "fp32":
             _check_lossless(dev)
         for name, m in built.items():

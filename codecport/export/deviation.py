@@ -170,3 +170,33 @@ def deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarr
             d["max_abs_err"] = float(np.max(np.abs(g.astype(np.float64) - r)))
         out[name] = d
     return out
+
+
+def slot_deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarray],
+                   slot_feeds: Callable[[dict[str, list[dict]]], dict[str, list[dict]]]) -> dict[str, dict]:
+    """Each `<side>_slots` graph of the build against the fp32 one, call by call. The streams
+    `exercise` runs through the one-stream step graphs give the feeds (state included, from
+    fp32), `slot_feeds` stacks them B streams a call, and both folders' slot graphs run the same
+    calls: the first output's SNR and max abs error (the latent or audio), or its agreement
+    (codes in the graph). One call each, not a stream: the state is fp32's every time."""
+    ref = probe.open(ref_dir, options={"io_binding": "0", "parallel": "1"})
+    names = [n for n in ref.present if n.endswith("_slots")]
+    if not names:
+        return {}
+    var = probe.open(build_dir, options={"io_binding": "0", "parallel": "1"})
+    feeds = slot_feeds(record_feeds(ref, probe, clips))
+    out = {}
+    for name in names:
+        want = [ref.graph(name).session.run(None, f)[0] for f in feeds.get(name, [])]
+        got = [var.graph(name).session.run(None, f)[0] for f in feeds.get(name, [])]
+        if not want:
+            continue
+        r, g = np.concatenate([w.ravel() for w in want]), np.concatenate([x.ravel() for x in got])
+        d: dict = {"calls": len(want), "measured": "one call at a time on the fp32 streams' feeds"}
+        if np.issubdtype(r.dtype, np.integer):
+            d["code_agreement_pct"] = round(100 * float(np.mean(r == g)), 3)
+        else:
+            d["snr_db"] = round(snr_db(r, g), 2)
+            d["max_abs_err"] = float(np.max(np.abs(g.astype(np.float64) - r)))
+        out[name] = d
+    return out
