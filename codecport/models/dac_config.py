@@ -14,7 +14,6 @@ from ..errors import ConfigError
 from .geometry import Conv, UpConv, decoder_margin, encoder_margin, residual_units, strided
 from .limits import MAX_PARAMS, check_int, check_ints
 
-
 SNAKES = ("dac", "tsac")
 
 

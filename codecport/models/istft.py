@@ -80,7 +80,7 @@ class IstftSame(nn.Module):
         pad = (n - h) // 2
         frames = torch.fft.irfft(spec, n, dim=1, norm="backward") * self.window[None, :, None]
         size = (t - 1) * h + n
-        fold = lambda x: torch.nn.functional.fold(x, output_size=(1, size), kernel_size=(1, n),  # noqa: E731
+        fold = lambda x: torch.nn.functional.fold(x, output_size=(1, size), kernel_size=(1, n),
                                                   stride=(1, h))
         y = fold(frames)[:, 0, 0, pad:-pad]
         env = fold(self.window.square().expand(1, t, -1).transpose(1, 2)).squeeze()[pad:-pad]

@@ -1,0 +1,227 @@
+"""NeuCodec (Neuphonic; NeuTTS Air's codec): the decoder side in torch, written for export.
+
+Codes (one FSQ codebook of 4^8 = 65 536 entries, 50 frames a second) -> FSQ levels -> the
+quantizer's `project_out` -> `fc_post_a` -> a Vocos backbone (conv embed, two ResNet blocks,
+transformer blocks with full attention over the clip, two ResNet blocks, LayerNorm) -> an
+ISTFT head (n_fft = 4 hop, "same" padding) -> 24 kHz audio, `hop` samples a frame.
+
+Module and parameter names mirror the official package's (`generator.backbone.transformers.{i}.
+att.c_attn.weight`, `generator.head.out.weight`, `fc_post_a.weight`...), so its `state_dict()`
+loads as it is. Two official quirks: the rotary embedding is given `(batch, heads, time, dim)`
+where torchtune expects `(batch, time, heads, dim)`, so its "positions" are the head indices and
+every time step of a head turns by the same angle, q and k alike, which leaves q.k as it was: the
+attention has no position information at all, and this model leaves the rotation out. And
+`torch.fft.irfft` reads only the real part of the DC and Nyquist bins (models/istft.py does too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .istft import IstftSame
+from .layers import PaddedConv1d
+
+
+@dataclass(frozen=True)
+class NeuCodecConfig:
+    sample_rate: int = 24000  # decoder output
+    input_rate: int = 16000  # encoder input
+    hop: int = 480  # output samples a frame (320 input samples)
+    hidden: int = 1024  # backbone width
+    depth: int = 12  # transformer blocks
+    heads: int = 16
+    vq_dim: int = 2048  # the quantizer's projection width
+    levels: tuple[int, ...] = (4,) * 8  # FSQ levels: 65 536 codes
+    groups: int = 32  # GroupNorm groups of the ResNet blocks
+
+    @property
+    def codebook_size(self) -> int:
+        return int(np.prod(self.levels))
+
+
+PRESETS = {
+    "neucodec": NeuCodecConfig(),
+    # Not a released model: small enough for unit tests.
+    "tiny": NeuCodecConfig(hop=40, hidden=64, depth=2, heads=4, vq_dim=32, levels=(4, 4, 4), groups=8),
+}
+
+
+def fsq_codes(indices: torch.Tensor, levels: tuple[int, ...]) -> torch.Tensor:
+    """FSQ indices `[...]` -> codes `[..., len(levels)]` in [-1, 1) (vector-quantize-pytorch's
+    `_indices_to_codes`: digit i is `(index // prod(levels[:i])) % levels[i]`, centred and scaled
+    by `levels // 2`)."""
+    basis = np.cumprod([1, *levels[:-1]])
+    half = torch.tensor([lv // 2 for lv in levels], dtype=torch.float32)
+    digits = (indices[..., None] // torch.from_numpy(basis)) % torch.tensor(levels)
+    return (digits.float() - half) / half
+
+
+class Quantizer(nn.Module):
+    """ResidualFSQ(dim=vq_dim, levels, num_quantizers=1)'s projections (its codebook is implicit)."""
+
+    def __init__(self, cfg: NeuCodecConfig):
+        super().__init__()
+        self.levels = cfg.levels
+        self.project_in = nn.Linear(cfg.vq_dim, len(cfg.levels))
+        self.project_out = nn.Linear(len(cfg.levels), cfg.vq_dim)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes `[B, frames]` -> `[B, frames, vq_dim]` (`get_output_from_indices`)."""
+        return self.project_out(fsq_codes(codes, self.levels))
+
+
+class ResnetBlock(nn.Module):
+    """GroupNorm -> swish -> conv k3 (twice), identity skip (in = out channels)."""
+
+    def __init__(self, dim: int, groups: int):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(groups, dim, eps=1e-6)
+        self.conv1 = PaddedConv1d(dim, dim, 3, pad=1)
+        self.norm2 = nn.GroupNorm(groups, dim, eps=1e-6)
+        self.conv2 = PaddedConv1d(dim, dim, 3, pad=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv1(F.silu(self.norm1(x)))
+        return x + self.conv2(F.silu(self.norm2(h)))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(dim, 3 * dim, bias=False)
+        self.c_proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        # "b t (r h d) -> r b h t d"
+        q, k, v = self.c_attn(x).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        # No rotary embedding: the official one turns q and k of a head by the same angle at every
+        # time step (see the module's docstring), so q.k is what it was; leaving it out changes
+        # the scores by float rounding only.
+        scores = torch.matmul(q, k.transpose(-1, -2)) / float(np.sqrt(c // self.heads))
+        y = torch.matmul(torch.softmax(scores, dim=-1), v)  # full attention, as the official SDPA
+        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 4 * dim, bias=False)
+        self.fc2 = nn.Linear(4 * dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.silu(self.fc1(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.att_norm = RMSNorm(dim)
+        self.ffn_norm = RMSNorm(dim)
+        self.att = Attention(dim, heads)
+        self.mlp = MLP(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.att(self.att_norm(x))
+        return x + self.mlp(self.ffn_norm(x))
+
+
+class VocosBackbone(nn.Module):
+    """`[B, T, hidden]` -> `[B, T, hidden]`."""
+
+    def __init__(self, cfg: NeuCodecConfig):
+        super().__init__()
+        d = cfg.hidden
+        self.embed = PaddedConv1d(d, d, 7, pad=3)
+        self.prior_net = nn.Sequential(ResnetBlock(d, cfg.groups), ResnetBlock(d, cfg.groups))
+        self.transformers = nn.Sequential(*[TransformerBlock(d, cfg.heads) for _ in range(cfg.depth)])
+        self.final_layer_norm = nn.LayerNorm(d, eps=1e-6)
+        self.post_net = nn.Sequential(ResnetBlock(d, cfg.groups), ResnetBlock(d, cfg.groups))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.prior_net(self.embed(x.transpose(1, 2)))
+        x = self.transformers(x.transpose(1, 2))
+        return self.final_layer_norm(self.post_net(x.transpose(1, 2)).transpose(1, 2))
+
+
+class IstftHead(nn.Module):
+    """Linear -> (log-magnitude, phase) -> the inverse STFT (models/istft.py): `[B, T, hidden]` ->
+    audio `[B, T * hop]`."""
+
+    def __init__(self, cfg: NeuCodecConfig):
+        super().__init__()
+        n_fft = 4 * cfg.hop
+        self.out = nn.Linear(cfg.hidden, n_fft + 2)
+        self.istft = IstftSame(n_fft, cfg.hop)
+
+    def spectrum(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mag, phase = self.out(x).transpose(1, 2).chunk(2, dim=1)
+        return torch.exp(mag).clamp(max=100.0), phase
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.istft(*self.spectrum(x))
+
+
+class Generator(nn.Module):
+    def __init__(self, cfg: NeuCodecConfig):
+        super().__init__()
+        self.quantizer = Quantizer(cfg)
+        self.backbone = VocosBackbone(cfg)
+        self.head = IstftHead(cfg)
+
+
+class NeuCodec(nn.Module):
+    """The decoder side of NeuCodec: codes `[B, 1, frames]` -> audio `[B, 1, frames * hop]`."""
+
+    # Official keys with nothing to load here: the ISTFT window (a constant of IstftSame) and
+    # parts of the encoder side not built yet.
+    IGNORED = ("generator.head.istft.window",)
+
+    def __init__(self, cfg: NeuCodecConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.generator = Generator(cfg)
+        self.fc_post_a = nn.Linear(cfg.vq_dim, cfg.hidden)
+
+    def latent(self, codes: torch.Tensor) -> torch.Tensor:
+        """Codes `[B, 1, frames]` -> the backbone's input `[B, frames, hidden]`."""
+        return self.fc_post_a(self.generator.quantizer.decode(codes[:, 0]))
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        g = self.generator
+        return g.head(g.backbone(self.latent(codes)))[:, None]
+
+
+def init_random(model: NeuCodec, seed: int = 0) -> NeuCodec:
+    """Seeded weights that keep activations O(1) and the magnitudes below the head's clip."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+            elif p.dim() == 1:  # norm weights
+                p.copy_(1 + torch.randn(p.shape, generator=g) * 0.1)
+            else:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=g) / np.sqrt(fan_in))
+        model.generator.head.out.weight.mul_(0.3)
+    return model
+
+
+MODEL = NeuCodec
