@@ -1,0 +1,40 @@
+"""w2v-BERT's input features in numpy (runtime/fbank.py) against transformers'
+SeamlessM4TFeatureExtractor, called as NeuCodec calls it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import noise
+from transformers import SeamlessM4TFeatureExtractor
+from transformers.audio_utils import mel_filter_bank
+
+from codecport.errors import CodesError
+from codecport.runtime.fbank import Fbank, mel_filters
+
+
+def test_the_filter_bank_is_transformers():
+    want = mel_filter_bank(num_frequency_bins=257, num_mel_filters=80, min_frequency=20, max_frequency=8000,
+                           sampling_rate=16000, norm=None, mel_scale="kaldi", triangularize_in_mel_space=True)
+    np.testing.assert_allclose(mel_filters(), want, atol=1e-7)
+
+
+@pytest.mark.parametrize("n", [560, 720, 16000, 16320 + 1234, 48000])  # two frames, three (odd), more
+def test_features_are_transformers(n):
+    audio = noise(n, seed=n)[0]
+    # NeuCodec hands the extractor a [1, T] tensor of each clip.
+    want = SeamlessM4TFeatureExtractor()(torch.from_numpy(audio)[None], sampling_rate=16000,
+                                         return_tensors="np").input_features[0]
+    fb = Fbank()
+    got = fb.features(audio)
+    assert got.shape == want.shape == (fb.frames(n), 160) and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_shorter_than_two_frames_is_refused():
+    """One frame has no variance: transformers gives NaN features; we say why instead."""
+    assert np.isnan(SeamlessM4TFeatureExtractor()(torch.zeros(1, 400).normal_(), sampling_rate=16000,
+                                                  return_tensors="np").input_features).all()
+    with pytest.raises(CodesError, match="fewer than two 25 ms frames"):
+        Fbank().features(np.zeros(559, np.float32))
