@@ -35,6 +35,6 @@ def test_features_are_transformers(n):
 def test_shorter_than_two_frames_is_refused():
     """One frame has no variance: transformers gives NaN features; we say why instead."""
     assert np.isnan(SeamlessM4TFeatureExtractor()(torch.zeros(1, 400).normal_(), sampling_rate=16000,
-                                                  return_tensors="np").input_features).all()
+                                                  return_tensors="np").input_features).any()
     with pytest.raises(CodesError, match="fewer than two 25 ms frames"):
         Fbank().features(np.zeros(559, np.float32))
