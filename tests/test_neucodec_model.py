@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from conftest import official_neucodec
+from conftest import noise, official_neucodec
 
 from codecport.models.neucodec import PRESETS, NeuCodec, fsq_codes, init_random
 
@@ -25,9 +25,10 @@ def pair():
     ours = init_random(NeuCodec(PRESETS["neucodec"]), seed=1).eval()
     sd = {f"generator.{k}": v for k, v in generator.state_dict().items()}
     sd.update({f"fc_post_a.{k}": v for k, v in fc_post_a.state_dict().items()})
-    # The official state dict, as the official model holds it, loads into ours key for key.
+    # The official decoder's state dict, as the official model holds it, loads into ours key for key.
     missing, unexpected = ours.load_state_dict(sd, strict=False)
-    assert not missing and set(unexpected) <= set(NeuCodec.IGNORED), (missing, unexpected)
+    decoder_side = [k for k in missing if k.startswith(("generator.", "fc_post_a."))]
+    assert not decoder_side and set(unexpected) <= set(NeuCodec.IGNORED), (decoder_side, unexpected)
     # Random init gives constant codes downstream; spread the weights as a trained model's are.
     with torch.no_grad():
         init_random(ours, seed=1)
@@ -70,3 +71,70 @@ def test_the_official_rotary_embedding_changes_no_score(pair):
     turned = rope(q) @ rope(k).transpose(-1, -2)
     assert not torch.allclose(rope(q), q, atol=1e-3)  # it does turn them
     torch.testing.assert_close(turned, q @ k.transpose(-1, -2), atol=1e-4, rtol=1e-5)
+
+
+# ---- the encoder side ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def official_whole():
+    """The official NeuCodec, built offline: w2v-BERT 2.0 from a config (its 1024 width and the
+    16 layers whose last hidden state NeuCodec reads; a narrow feed-forward keeps it small) and
+    transformers' feature extractor, on shared random weights with ours."""
+    import contextlib
+
+    from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertConfig, Wav2Vec2BertModel
+
+    from codecport.models.checkpoint import fold_weight_norm, unfold_weight_norm
+
+    nc = official_neucodec()
+    w2v = Wav2Vec2BertConfig(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, intermediate_size=128,
+                             output_hidden_states=True)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(pytest.MonkeyPatch.context()).setattr(
+            nc.model.Wav2Vec2BertModel, "from_pretrained", classmethod(lambda cls, *a, **k: Wav2Vec2BertModel(w2v)))
+        stack.enter_context(pytest.MonkeyPatch.context()).setattr(
+            nc.model.AutoFeatureExtractor, "from_pretrained", staticmethod(lambda *a, **k: SeamlessM4TFeatureExtractor()))
+        torch.manual_seed(0)
+        official = nc.NeuCodec(24000, 480).eval()
+    ours = NeuCodec(PRESETS["neucodec"]).eval()
+    sd = fold_weight_norm({k: v for k, v in official.state_dict().items() if not k.startswith("semantic_model.")})
+    missing, unexpected = ours.load_state_dict(sd, strict=False)
+    assert not missing and set(unexpected) <= set(NeuCodec.IGNORED), (missing, unexpected)
+    with torch.no_grad():  # spread the latent over every FSQ level (random init gives one code)
+        ours.fc_prior.weight.mul_(30)
+        ours.generator.quantizer.project_in.weight.mul_(3)
+        back = {k: v for k, v in ours.state_dict().items()}
+        back = {**unfold_weight_norm({k: v for k, v in back.items() if k.startswith("CodecEnc.")}),
+                **{k: v for k, v in back.items() if not k.startswith("CodecEnc.")}}
+        missing, _ = official.load_state_dict(back, strict=False)
+    assert all(k.startswith("semantic_model.") or k in NeuCodec.IGNORED for k in missing)
+    return ours, official
+
+
+def test_the_acoustic_encoder_is_the_official_one(official_whole):
+    ours, official = official_whole
+    x = torch.from_numpy(noise(16000 + 320 - 16000 % 320, seed=2))[None]
+    with torch.no_grad():
+        want = official.CodecEnc(x)
+        got = ours.CodecEnc(x)
+    assert got.shape == want.shape == (1, 50 + 1, 1024)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_encode_is_the_official_encode_code(official_whole):
+    """fbank in numpy (runtime/fbank.py) -> w2v-BERT (transformers, as the official) -> ours ->
+    FSQ in numpy (runtime/fsq.py): the official `encode_code`'s codes, every one."""
+    from codecport.runtime.fbank import Fbank
+    from codecport.runtime.fsq import Fsq
+
+    ours, official = official_whole
+    audio = noise(24000 + 123, seed=3)  # 1.5 s and a bit, at 16 kHz
+    x = torch.from_numpy(audio)[None]
+    with torch.no_grad():
+        want = official.encode_code(x)  # [1, 1, F]
+        padded = torch.nn.functional.pad(x, (0, 320 - x.shape[-1] % 320))  # as `_prepare_audio`
+        feats = torch.from_numpy(Fbank().features(padded[0, 0].numpy()))[None]
+        hidden = official.semantic_model(feats).hidden_states[16]
+        z = ours.latent_in(padded, hidden)
+    got = Fsq(PRESETS["neucodec"].levels).indices(z.numpy())
+    assert len(np.unique(want)) > 10  # codes that vary
+    np.testing.assert_array_equal(got[:, None], want.numpy())
