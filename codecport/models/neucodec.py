@@ -218,14 +218,27 @@ class Quantizer(nn.Module):
         return self.project_out(fsq_codes(codes, self.levels))
 
 
+class GroupNorm(nn.GroupNorm):
+    """nn.GroupNorm written out (the same keys): the exporter's InstanceNormalization form
+    reshapes through a computed shape, which ORT's CoreML checker cannot see as fixed."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, t = x.shape
+        g = x.reshape(b, self.num_groups, (c // self.num_groups) * t)
+        mean = g.mean(-1, keepdim=True)
+        d = g - mean
+        y = (d * torch.rsqrt((d * d).mean(-1, keepdim=True) + self.eps)).reshape(b, c, t)
+        return y * self.weight[:, None] + self.bias[:, None]
+
+
 class ResnetBlock(nn.Module):
     """GroupNorm -> swish -> conv k3 (twice), identity skip (in = out channels)."""
 
     def __init__(self, dim: int, groups: int):
         super().__init__()
-        self.norm1 = nn.GroupNorm(groups, dim, eps=1e-6)
+        self.norm1 = GroupNorm(groups, dim, eps=1e-6)
         self.conv1 = PaddedConv1d(dim, dim, 3, pad=1)
-        self.norm2 = nn.GroupNorm(groups, dim, eps=1e-6)
+        self.norm2 = GroupNorm(groups, dim, eps=1e-6)
         self.conv2 = PaddedConv1d(dim, dim, 3, pad=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -315,7 +328,9 @@ class IstftHead(nn.Module):
 
     def spectrum(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mag, phase = self.out(x).transpose(1, 2).chunk(2, dim=1)
-        return torch.exp(mag).clamp(max=100.0), phase
+        # Both bounds (exp is >= 0 anyway): a Clip without its min has an empty input, which
+        # ORT's CoreML checker takes for a shape it cannot see.
+        return torch.exp(mag).clamp(0.0, 100.0), phase
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.istft(*self.spectrum(x))
