@@ -74,6 +74,12 @@ class Scheduler:
     def active(self, side: str) -> int:
         return self.held[side]
 
+    @property
+    def holding(self) -> int:
+        """Streams holding slots: those running, and those gone whose slots go back after the
+        step in flight (until then a newcomer would be told busy, so they still count)."""
+        return len(set(self.lives) | {self.owner[s] for s in self.closing if s in self.owner})
+
     def gauges(self) -> dict:
         sides = list(self.pools)
         return {"slots": [(f'side="{s}"', self.size) for s in sides],

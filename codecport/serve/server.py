@@ -146,7 +146,7 @@ class Server:
     def health(self) -> dict:
         sched = self.scheduler
         return {"ok": not sched.draining, "codec": self.codec.name, "preset": self.codec.preset,
-                "slots": {"total": sched.size, "active": len(sched.lives)},
+                "slots": {"total": sched.size, "active": sched.holding},
                 "pools": {side: {"total": sched.size, "active": sched.active(side), "batch": pool.batch}
                           for side, pool in sched.pools.items()},
                 "queued": len(sched.waiting), "connections": sched.connections, "draining": sched.draining}
