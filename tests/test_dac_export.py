@@ -35,8 +35,7 @@ def _assert_portable(path):
 
 def test_16khz_has_the_24khz_graphs():
     """The 16 kHz preset's encoder and decoder are the 24 kHz preset's, layer for layer: only the
-    rate and the codebook count (numpy's, outside the graphs) differ. Its export is the 24 kHz
-    one's, which the test below runs, so it is not run a second time."""
+    rate and the codebook count (numpy's, outside the graphs) differ."""
     shapes = lambda m: {k: v.shape for k, v in m.state_dict().items() if not k.startswith("quantizer.")}
     a, b = DAC(PRESETS["16khz"]), DAC(PRESETS["24khz"])
     assert shapes(a) == shapes(b) and a.cfg.hop_length == b.cfg.hop_length
@@ -56,8 +55,13 @@ def test_16kbps_has_the_44khz_graphs_but_the_latent_width():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", sorted(set(PRESETS) - {"tiny", "tiny-tsac", "16khz", "44khz-16kbps"}))
+@pytest.mark.parametrize("variant", ["44khz"])
 def test_every_preset_exports_and_validates(tmp_path, variant):
+    """The 44 kHz release at full size. The other releases take the same code path with other
+    numbers, checked without a minute of CPU each: 44khz-16kbps is these graphs but the latent
+    width, 16 kHz is the 24 kHz graphs (above), and what sets 24 kHz apart, its odd stride and
+    its decoder's 8 lost samples, is in the tiny preset (strides 2 and 3, every test here) and
+    in test_dac_model's official lengths."""
     cfg = PRESETS[variant]
     model = init_random(DAC(cfg), seed=1).eval()
     length = cfg.hop_length * 12 + 5  # not a hop multiple: padded inside the graph
