@@ -87,8 +87,12 @@ def test_cli_targets_match_the_exporter():
     assert set(target.type.choices) == set(TARGETS)
 
 
-@pytest.mark.parametrize("codec", ["dac", "mimi"])
-@pytest.mark.parametrize("target,precision", COMBOS)
+# The folder-level .mlpackage build runs on Mimi's folder; DAC's graphs convert in test_coreml.py
+# (a minute of CPU saved).
+CASES = [(c, t, p) for c in ("dac", "mimi") for t, p in COMBOS if not (c == "dac" and TARGETS[t].mlpackage)]
+
+
+@pytest.mark.parametrize("codec,target,precision", CASES)
 def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_stage, tmp_path):
     stage = dac_stage if codec == "dac" else mimi_stage
     out = tmp_path / "out"

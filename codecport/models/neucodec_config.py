@@ -1,0 +1,36 @@
+"""NeuCodec's config and presets, torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class NeuCodecConfig:
+    sample_rate: int = 24000  # decoder output
+    input_rate: int = 16000  # encoder input
+    hop: int = 480  # output samples a frame (320 input samples)
+    hidden: int = 1024  # backbone width
+    depth: int = 12  # transformer blocks
+    heads: int = 16
+    vq_dim: int = 2048  # the quantizer's projection width
+    levels: tuple[int, ...] = (4,) * 8  # FSQ levels: 65 536 codes
+    groups: int = 32  # GroupNorm groups of the ResNet blocks
+    # The acoustic encoder (CodecEncoder): channels after the stem, doubled by each stride.
+    enc_channels: int = 48
+    enc_strides: tuple[int, ...] = (2, 2, 4, 4, 5)  # their product: input samples a frame
+    semantic_dim: int = 1024  # w2v-BERT 2.0's width, the SemanticEncoder's in and out
+
+    @property
+    def codebook_size(self) -> int:
+        return int(np.prod(self.levels))
+
+
+PRESETS = {
+    "neucodec": NeuCodecConfig(),
+    # Not a released model: small enough for unit tests.
+    "tiny": NeuCodecConfig(hop=40, hidden=64, depth=2, heads=4, vq_dim=32, levels=(4, 4, 4), groups=8,
+                           enc_channels=4, enc_strides=(2, 2), semantic_dim=16),
+}
