@@ -133,6 +133,11 @@ def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
     return 10 * np.log10(max(signal, 1e-30) / noise)
 
 
+def figures(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
+    """SNR (dB, rounded) and max abs error of `got` against `ref`."""
+    return {"snr_db": round(snr_db(ref, got), 2), "max_abs_err": float(np.max(np.abs(got.astype(np.float64) - ref)))}
+
+
 def deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarray]) -> dict[str, dict]:
     """Per graph: code agreement (encoders), SNR and max abs error of decoded audio vs fp32.
 
@@ -165,9 +170,7 @@ def deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarr
             d["code_agreement_pct"] = round(100 * float(np.mean(np.concatenate(a["agree"]))), 3)
             d["first_codebook_agreement_pct"] = round(100 * float(np.mean(np.concatenate(a["first"]))), 3)
         if a["ref"]:
-            r, g = np.concatenate(a["ref"]), np.concatenate(a["got"])
-            d["snr_db"] = round(snr_db(r, g), 2)
-            d["max_abs_err"] = float(np.max(np.abs(g.astype(np.float64) - r)))
+            d.update(figures(np.concatenate(a["ref"]), np.concatenate(a["got"])))
         out[name] = d
     return out
 
@@ -196,7 +199,6 @@ def slot_deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.
         if np.issubdtype(r.dtype, np.integer):
             d["code_agreement_pct"] = round(100 * float(np.mean(r == g)), 3)
         else:
-            d["snr_db"] = round(snr_db(r, g), 2)
-            d["max_abs_err"] = float(np.max(np.abs(g.astype(np.float64) - r)))
+            d.update(figures(r, g))
         out[name] = d
     return out

@@ -28,6 +28,14 @@ def zero_pad(x: torch.Tensor, left: int, right: int = 0) -> torch.Tensor:
     return torch.cat(parts, -1) if len(parts) > 1 else x
 
 
+def edge_pad(x: torch.Tensor, left: int, right: int = 0) -> torch.Tensor:
+    """Replicate padding on the last axis, traced as a Concat of the edge samples tiled (Pad in
+    edge mode and Expand are not portable across EPs)."""
+    parts = [x[..., :1].repeat(1, 1, left)] if left else []
+    parts += [x] + ([x[..., -1:].repeat(1, 1, right)] if right else [])
+    return torch.cat(parts, -1) if len(parts) > 1 else x
+
+
 class Snake(nn.Module):
     """Snake activation `x + sin(alpha x)^2 / (alpha + 1e-9)` per channel, on `[B, C, T]`.
 
@@ -283,9 +291,7 @@ class CausalConv1d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.left:
             if self.stream is None:
-                # Tile + Concat rather than Pad(mode=edge) or Expand: portable across EPs.
-                x = torch.cat([x[..., :1].repeat(1, 1, self.left), x], -1) if self.replicate \
-                    else zero_pad(x, self.left)
+                x = edge_pad(x, self.left) if self.replicate else zero_pad(x, self.left)
             else:
                 rows = self.stream.rows if self.folded else 1
                 prev = self.stream.inputs[self.state_name]  # [B, C, left]

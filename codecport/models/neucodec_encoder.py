@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import PaddedConv1d, zero_pad
+from .layers import PaddedConv1d, edge_pad, zero_pad
 from .neucodec_config import NeuCodecConfig
 
 
@@ -23,13 +23,6 @@ def kaiser_sinc(kernel: int = 12, ratio: int = 2) -> torch.Tensor:
     t = torch.arange(-half, half) + 0.5 if kernel % 2 == 0 else torch.arange(kernel) - half
     f = 2 * cutoff * window * torch.sinc(2 * cutoff * t)
     return (f / f.sum()).view(1, 1, kernel)
-
-
-def edge_pad(x: torch.Tensor, left: int, right: int) -> torch.Tensor:
-    """Replicate padding on the last axis, as Concat of the edge samples tiled (portable)."""
-    parts = [x[..., :1].repeat(1, 1, left)] if left else []
-    parts += [x] + ([x[..., -1:].repeat(1, 1, right)] if right else [])
-    return torch.cat(parts, -1) if len(parts) > 1 else x
 
 
 class UpSample1d(nn.Module):

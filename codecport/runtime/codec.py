@@ -27,6 +27,7 @@ from .audio import ArraySource, FileSource, audio_format, resampled, resampled_l
 from .codes import Codes
 from .folder import GraphFolder
 from .loudness import LoudnessMeter
+from .plan import call_input
 from .rvq import check_code_values, check_n_codebooks
 from .stream import DecoderStream, Duplex, EncoderStream
 
@@ -138,7 +139,7 @@ class Codec(GraphFolder):
         """`Codes` of a `WindowPlan` (plan.py), one window at a time (`parallel` at once on
         sliding graphs)."""
         g = self.graph(plan.graph)
-        call = lambda x: self.latent_codes(g(x.reshape(1, -1, x.shape[-1]))[0], plan.k)
+        call = lambda x: self.latent_codes(g(call_input(x))[0], plan.k)
         codes = self.map_windows(call, plan.windows) if plan.graph in self.sliding else map(call, plan.windows)
         return plan.finish(list(tqdm(codes, desc="encode", unit="window", disable=None if progress else True)))
 

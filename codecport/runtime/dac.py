@@ -51,7 +51,7 @@ class DacCodec(Codec):
     @property
     def channels_per_row(self) -> int:
         """1, or 2 for TSAC's stereo model, whose graphs code both channels in one row."""
-        return self.first.int("channels") if "channels" in self.first.meta else 1
+        return _channels(self.first)
 
     def _rows(self, audio: np.ndarray) -> Iterator[np.ndarray]:
         """A window `[channels, n]` as the rows of one call each: a channel `[n]` each, or all
@@ -96,8 +96,7 @@ class DacCodec(Codec):
             samples = g.int("window") if role == "encoder" else g.int("chunk_step")
             frames = g.int("chunk_frames")
             g.int("delay")  # read when the long audio is padded: refused now if it is bad
-        channels = g.int("channels") if "channels" in g.meta else 1
-        audio, codes = (g.batch, channels, samples), (g.batch, width, frames)
+        audio, codes = (g.batch, _channels(g), samples), (g.batch, width, frames)
         want = ([audio], [codes]) if role == "encoder" else ([codes], [audio])
         if g.shapes() != want:
             raise_shape(g, f"its inputs/outputs are {g.shapes()}, its metadata says {want}")
@@ -247,6 +246,11 @@ class DacCodec(Codec):
                                        disable=None if progress else True):
             # The last window ends at the clip: its audio runs to the decode's end.
             yield audio[:, (lo - s) * hop:(hi - s) * hop if hi < t else None]
+
+
+def _channels(g: Graph) -> int:
+    """Audio channels a graph takes or gives: its metadata's (TSAC), else 1 (DAC)."""
+    return g.int("channels") if "channels" in g.meta else 1
 
 
 def raise_shape(g: Graph, why: str) -> None:

@@ -26,14 +26,21 @@ from .codes import Codes
 
 @dataclass
 class WindowPlan:
-    """How one clip is encoded through encoder graph `graph`: its `windows` (each `[samples]`
-    float32, in order, read lazily) give codes `[k, frames]` each, and `finish` turns the list of
+    """How one clip is encoded through encoder graph `graph`: its `windows` (each `[samples]`, or
+    `[channels, samples]` for a model coding channels together (`call_input`); float32, in order,
+    read lazily) give codes `[k, frames]` each, and `finish` turns the list of
     them, in order, into the clip's `Codes`."""
 
     graph: str
     windows: Iterator[np.ndarray]
     k: int
     finish: Callable[[list[np.ndarray]], Codes]
+
+
+def call_input(window: np.ndarray) -> np.ndarray:
+    """A window (`[samples]`, or `[channels, samples]` for a model coding several channels at
+    once) as one encoder call's input `[1, channels, samples]`."""
+    return window.reshape(1, -1, window.shape[-1])
 
 
 def overlap_windows(n: int, window: int, margin: int, end_aligned: bool = False) -> Iterator[tuple[int, int, int]]:

@@ -46,6 +46,11 @@ def _step(pools: dict[str, SlotPool], work: dict[str, list]) -> list:
     return out
 
 
+def _first_line(e: Exception) -> str:
+    """What a client is told of an exception: its first line, or its type when it has none."""
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 class Scheduler:
     """The pools of `codec`, `size` slots a side (through the folder's batched step graphs where
     it has them, unless `batched=False`), the admission queue (`queue` waiting at most), and the
@@ -292,7 +297,7 @@ class Scheduler:
                 log.error("slot %d of the %s step failed: %s", slot.index, side, e, exc_info=e)
                 live = self.owner.get(slot)
                 if live is not None:
-                    live.fail(ProtocolError("internal", str(e).splitlines()[0] if str(e) else type(e).__name__))
+                    live.fail(ProtocolError("internal", _first_line(e)))
             if error is not None:
                 # A step failed: every stream in it may have lost a piece, so each is ended.
                 log.error("a %s step of %d slots failed: %s", side, len(slots), error, exc_info=error)
@@ -300,8 +305,7 @@ class Scheduler:
                     live = self.owner.get(slot)
                     if live is not None:
                         code = "bad_input" if isinstance(error, CodecportError) and len(slots) == 1 else "internal"
-                        live.fail(ProtocolError(code, str(error).splitlines()[0] if str(error) else
-                                                type(error).__name__))
+                        live.fail(ProtocolError(code, _first_line(error)))
                 continue
             for slot, piece in outputs.items():
                 live = self.owner.get(slot)

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import CodecportError, ModelFileError
 from ..runtime.codes import Codes
 from ..runtime.folder import batched_name
-from ..runtime.plan import WindowPlan
+from ..runtime.plan import WindowPlan, call_input
 
 
 @dataclass
@@ -94,11 +94,11 @@ class Batcher:
                 # A last batch less than half full: its rows through the batch-1 graph cost less
                 # than a call padded with silence (the codes are the same, checked at export).
                 single = self.codec.graph(name)
-                ys = [single(_call(window))[0] for _, _, window in rows]
+                ys = [single(call_input(window))[0] for _, _, window in rows]
             else:
-                x = np.zeros((self.batch, *_call(rows[0][2]).shape[1:]), np.float32)  # silence pads it
+                x = np.zeros((self.batch, *call_input(rows[0][2]).shape[1:]), np.float32)  # silence pads it
                 for i, (_, _, window) in enumerate(rows):
-                    x[i] = _call(window)[0]
+                    x[i] = call_input(window)[0]
                 ys = self.codec.graph(self.graph_for(name))(x)
         except Exception as e:  # noqa: BLE001 (the runtime failed, e.g. out of GPU memory: every clip in the call fails)
             return self._fail(list({id(c): c for c, _, _ in rows}.values()), e)
@@ -126,8 +126,3 @@ class Batcher:
         except CodecportError as e:
             return [(clip.key, e)]
 
-
-def _call(window: np.ndarray) -> np.ndarray:
-    """A window (`[samples]`, or `[channels, samples]` for a model coding several channels at
-    once) as one call's input `[1, channels, samples]`."""
-    return window.reshape(1, -1, window.shape[-1])
