@@ -42,16 +42,22 @@ def pair():
     return ours, official, nc
 
 
-def test_decode_is_the_official_decode_code(pair):
+def test_official_parity_decode_code(pair):
+    """The official `decode_code` of 30 frames, and of 17 frames inside a 30-frame window (the
+    mask): the clip's samples within 1e-4, the window's past the clip zero."""
     ours, official, nc = pair
     codes = torch.from_numpy(np.random.default_rng(0).integers(0, 65536, (1, 1, 30)))
+    mask = torch.zeros(1, 1, 30)
+    mask[..., :17] = 1.0
     with torch.no_grad():
-        want = nc.NeuCodec.decode_code(official, codes)  # the official method, on its own parts
-        got = ours.decode(codes)
-    assert got.shape == want.shape == (1, 1, 30 * 480)
-    scale = want.abs().max().item()
-    assert scale > 1e-3  # not a silent decoder
-    assert (got - want).abs().max().item() <= 1e-4 * max(1.0, scale)
+        for n, got in ((30, ours.decode(codes)),
+                       (17, ours.decode_levels(fsq_codes(codes[:, 0], (4,) * 8), mask))):
+            want = nc.NeuCodec.decode_code(official, codes[..., :n])  # the official method, on its own parts
+            assert want.shape == (1, 1, n * 480) and got.shape == (1, 1, 30 * 480)
+            scale = want.abs().max().item()
+            assert scale > 1e-3  # not a silent decoder
+            assert (got[..., :n * 480] - want).abs().max().item() <= 1e-4 * max(1.0, scale)
+            assert not got[..., n * 480:].any()
 
 
 def test_fsq_codes_are_the_official_implicit_codebook(pair):
@@ -78,8 +84,9 @@ def test_the_official_rotary_embedding_changes_no_score(pair):
 def official_whole():
     """The official NeuCodec, built offline: w2v-BERT 2.0 from a config (its 1024 width and the
     16 layers whose last hidden state NeuCodec reads; a narrow feed-forward keeps it small) and
-    transformers' feature extractor, on shared random weights with ours."""
+    transformers' feature extractor, on shared random weights with ours, semantic model included."""
     import contextlib
+    import dataclasses
 
     from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertConfig, Wav2Vec2BertModel
 
@@ -95,18 +102,20 @@ def official_whole():
             nc.model.AutoFeatureExtractor, "from_pretrained", staticmethod(lambda *a, **k: SeamlessM4TFeatureExtractor()))
         torch.manual_seed(0)
         official = nc.NeuCodec(24000, 480).eval()
-    ours = NeuCodec(PRESETS["neucodec"]).eval()
-    sd = fold_weight_norm({k: v for k, v in official.state_dict().items() if not k.startswith("semantic_model.")})
-    missing, unexpected = ours.load_state_dict(sd, strict=False)
-    assert not missing and set(unexpected) <= set(NeuCodec.IGNORED), (missing, unexpected)
+    cfg = PRESETS["neucodec"]
+    ours = NeuCodec(dataclasses.replace(cfg, semantic=dataclasses.replace(cfg.semantic, intermediate=128))).eval()
+    sd = fold_weight_norm({k: v for k, v in official.state_dict().items() if not ours.unused(k)})
+    ours.load_state_dict(sd, strict=True)  # the official keys, every one
     with torch.no_grad():  # spread the latent over every FSQ level (random init gives one code)
         ours.fc_prior.weight.mul_(30)
         ours.generator.quantizer.project_in.weight.mul_(3)
-        back = {k: v for k, v in ours.state_dict().items()}
+        for p in ours.semantic_model.parameters():  # and make the semantic path matter
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.05)
+        back = dict(ours.state_dict())
         back = {**unfold_weight_norm({k: v for k, v in back.items() if k.startswith("CodecEnc.")}),
                 **{k: v for k, v in back.items() if not k.startswith("CodecEnc.")}}
         missing, _ = official.load_state_dict(back, strict=False)
-    assert all(k.startswith("semantic_model.") or k in NeuCodec.IGNORED for k in missing)
+    assert all(ours.unused(k) for k in missing), missing
     return ours, official
 
 
@@ -120,21 +129,38 @@ def test_the_acoustic_encoder_is_the_official_one(official_whole):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_encode_is_the_official_encode_code(official_whole):
-    """fbank in numpy (runtime/fbank.py) -> w2v-BERT (transformers, as the official) -> ours ->
-    FSQ in numpy (runtime/fsq.py): the official `encode_code`'s codes, every one."""
+def _prepared(audio: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(16 kHz audio padded as the official `_prepare_audio` pads it, its fbank features (numpy))."""
     from codecport.runtime.fbank import Fbank
+
+    x = torch.from_numpy(audio)[None]
+    padded = torch.nn.functional.pad(x, (0, 320 - x.shape[-1] % 320))
+    return padded, torch.from_numpy(Fbank().features(padded[0, 0].numpy()))[None]
+
+
+def test_official_parity_encode_code(official_whole):
+    """fbank in numpy (runtime/fbank.py) -> ours (w2v-BERT's layers included) -> FSQ in numpy
+    (runtime/fsq.py): the official `encode_code`'s codes, every one, on a clip alone and on a
+    shorter clip inside a longer window (the mask)."""
     from codecport.runtime.fsq import Fsq
 
     ours, official = official_whole
-    audio = noise(24000 + 123, seed=3)  # 1.5 s and a bit, at 16 kHz
-    x = torch.from_numpy(audio)[None]
+    fsq = Fsq(PRESETS["neucodec"].levels)
+    long, short = noise(24000 + 123, seed=3), noise(9000, seed=4)  # 1.5 s and a bit, 0.56 s at 16 kHz
     with torch.no_grad():
-        want = official.encode_code(x)  # [1, 1, F]
-        padded = torch.nn.functional.pad(x, (0, 320 - x.shape[-1] % 320))  # as `_prepare_audio`
-        feats = torch.from_numpy(Fbank().features(padded[0, 0].numpy()))[None]
-        hidden = official.semantic_model(feats).hidden_states[16]
-        z = ours.latent_in(padded, hidden)
-    got = Fsq(PRESETS["neucodec"].levels).indices(z.numpy())
-    assert len(np.unique(want)) > 10  # codes that vary
-    np.testing.assert_array_equal(got[:, None], want.numpy())
+        for audio in (long, short):
+            want = official.encode_code(torch.from_numpy(audio)[None])  # [1, 1, F]
+            got = fsq.indices(ours.encode_latent(*_prepared(audio)).numpy())
+            assert len(np.unique(want)) > 10  # codes that vary
+            np.testing.assert_array_equal(got[:, None], want.numpy())
+        # The short clip in the long clip's window, the rest of the window other audio.
+        padded, feats = _prepared(short)
+        frames = feats.shape[1]
+        window_audio, window_feats = _prepared(long)
+        window_audio[..., :padded.shape[-1]] = padded
+        window_feats[:, :frames] = feats
+        mask = torch.zeros(1, 1, window_feats.shape[1])
+        mask[..., :frames] = 1.0
+        got = fsq.indices(ours.encode_latent(window_audio, window_feats, mask).numpy())
+    want = official.encode_code(torch.from_numpy(short)[None]).numpy()
+    np.testing.assert_array_equal(got[:, None, :frames], want)

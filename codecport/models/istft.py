@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .layers import zero_pad
+from .layers import FrameMask, zero_pad
 
 
 class IstftSame(nn.Module):
@@ -34,6 +34,7 @@ class IstftSame(nn.Module):
         self.n_fft, self.hop = n_fft, hop
         self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
         self.register_buffer("basis", self._basis(n_fft), persistent=False)
+        self.mask: FrameMask | None = None  # a shorter clip's frames (see `forward`)
 
     @staticmethod
     def _basis(n: int) -> torch.Tensor:
@@ -59,18 +60,33 @@ class IstftSame(nn.Module):
         pad = (n - h) // 2
         return torch.from_numpy((1.0 / env[pad:pad + frames * h]).astype(np.float32))
 
-    def forward(self, mag: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
-        b, _, t = mag.shape
-        n, h = self.n_fft, self.hop
-        spec = torch.cat([mag * torch.cos(phase), mag * torch.sin(phase)], 1)  # [B, 2F, T]
-        frames = torch.matmul(spec.transpose(1, 2), self.basis)  # [B, T, n]: windowed frames
-        # Overlap-add: frame i lands at i*h; split into its n/h blocks of h, block j of every
-        # frame is one contiguous run shifted by j*h.
+    def overlap_add(self, frames: torch.Tensor) -> torch.Tensor:
+        """Frames `[B, T, n]` placed every hop and summed, then trimmed ("same"): `[B, T * hop]`.
+        Frame i lands at i*h; split into its n/h blocks of h, block j of every frame is one
+        contiguous run shifted by j*h."""
+        b, t, n = frames.shape
+        h = self.hop
         k = n // h
         blocks = frames.split(h, dim=-1)  # Split, not Gather: CoreML's ML Program has no Gather
         y = sum(zero_pad(blocks[j].reshape(b, t * h), j * h, (k - 1 - j) * h) for j in range(k))
         pad = (n - h) // 2
-        return y[:, pad:pad + t * h] * self.envelope(t)
+        return y[:, pad:pad + t * h]
+
+    def forward(self, mag: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+        """With a `mask` (a clip of fewer frames than the graph's), the frames past the clip add
+        nothing and the envelope is the clip's own, computed in the graph from the mask; the
+        samples past the clip are zero."""
+        t = mag.shape[-1]
+        spec = torch.cat([mag * torch.cos(phase), mag * torch.sin(phase)], 1)  # [B, 2F, T]
+        frames = torch.matmul(spec.transpose(1, 2), self.basis)  # [B, T, n]: windowed frames
+        if self.mask is None:
+            return self.overlap_add(frames) * self.envelope(t)
+        valid = self.mask(t).transpose(1, 2)  # [1, T, 1]
+        window = torch.hann_window(self.n_fft, dtype=torch.float64).square().float()
+        envelope = self.overlap_add(window * valid)  # [1, T * hop]
+        kept = self.mask(t * self.hop)[:, 0]
+        # Past the clip the envelope may be 0: add 1 there so nothing is NaN, then zero it.
+        return self.overlap_add(frames * valid) / (envelope + (1.0 - kept)) * kept
 
     def reference(self, mag: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
         """The official computation (neucodec / Vocos `ISTFT.forward`, padding "same")."""

@@ -179,9 +179,10 @@ def set_padding(module: nn.Module, value: bool) -> None:
 
 
 def set_mask(module: nn.Module, mask: FrameMask | None) -> None:
-    """Mask the input of every padding conv in `module` (None: the whole window is the clip)."""
+    """Hand `mask` to every layer of `module` that takes one (a `mask` attribute: padding convs,
+    and a codec's own masked layers); None: the whole window is the clip."""
     for m in module.modules():
-        if isinstance(m, (PaddedConv1d, UpConv1d)):
+        if "mask" in vars(m):
             m.mask = mask
 
 

@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .istft import IstftSame
-from .layers import PaddedConv1d
+from .layers import FrameMask, PaddedConv1d, set_mask
 from .neucodec_config import PRESETS, NeuCodecConfig  # noqa: F401 (re-exported)
 from .neucodec_encoder import CodecEncoder, SemanticEncoder
+from .w2vbert import W2vBert
 
 
 def fsq_codes(indices: torch.Tensor, levels: tuple[int, ...]) -> torch.Tensor:
@@ -53,14 +54,28 @@ class Quantizer(nn.Module):
 
 class GroupNorm(nn.GroupNorm):
     """nn.GroupNorm written out (the same keys): the exporter's InstanceNormalization form
-    reshapes through a computed shape, which ORT's CoreML checker cannot see as fixed."""
+    reshapes through a computed shape, which ORT's CoreML checker cannot see as fixed. With a
+    `mask`, its statistics are those of the clip's frames only, as the official model's on the
+    clip alone."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.mask: FrameMask | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, t = x.shape
-        g = x.reshape(b, self.num_groups, (c // self.num_groups) * t)
-        mean = g.mean(-1, keepdim=True)
-        d = g - mean
-        y = (d * torch.rsqrt((d * d).mean(-1, keepdim=True) + self.eps)).reshape(b, c, t)
+        g = x.reshape(b, self.num_groups, c // self.num_groups, t)
+        if self.mask is None:
+            mean = g.mean((-2, -1), keepdim=True)
+            d = g - mean
+            var = (d * d).mean((-2, -1), keepdim=True)
+        else:
+            m = self.mask(t)[:, :, None]  # [1, 1, 1, T]
+            count = m.sum() * (c // self.num_groups)
+            mean = (g * m).sum((-2, -1), keepdim=True) / count
+            d = g - mean
+            var = (d * d * m).sum((-2, -1), keepdim=True) / count
+        y = (d * torch.rsqrt(var + self.eps)).reshape(b, c, t)
         return y * self.weight[:, None] + self.bias[:, None]
 
 
@@ -95,6 +110,7 @@ class Attention(nn.Module):
         self.heads = heads
         self.c_attn = nn.Linear(dim, 3 * dim, bias=False)
         self.c_proj = nn.Linear(dim, dim, bias=False)
+        self.mask: FrameMask | None = None  # the clip's frames: the keys attended to
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
@@ -104,6 +120,8 @@ class Attention(nn.Module):
         # time step (see the module's docstring), so q.k is what it was; leaving it out changes
         # the scores by float rounding only.
         scores = torch.matmul(q, k.transpose(-1, -2)) / float(np.sqrt(c // self.heads))
+        if self.mask is not None:  # exp(-1e9) is exactly 0, as -inf, without NaN in empty rows
+            scores = scores + (self.mask(t) - 1.0)[:, None] * 1e9
         y = torch.matmul(torch.softmax(scores, dim=-1), v)  # full attention, as the official SDPA
         return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
 
@@ -178,39 +196,72 @@ class Generator(nn.Module):
 
 
 class NeuCodec(nn.Module):
-    """NeuCodec but its semantic model (w2v-BERT 2.0, from transformers): the acoustic and
-    semantic encoders, `fc_prior` and the FSQ projections on the way in; codes `[B, 1, frames]`
-    -> audio `[B, 1, frames * hop]` on the way out."""
+    """fbank features and 16 kHz audio -> the semantic model (w2v-BERT 2.0's first layers), the
+    acoustic and semantic encoders, `fc_prior` and the FSQ projections on the way in; codes
+    `[B, 1, frames]` -> audio `[B, 1, frames * hop]` on the way out."""
 
     # Official keys with nothing to load here: the ISTFT window (a constant of IstftSame).
     IGNORED = ("generator.head.istft.window",)
 
+    def unused(self, key: str) -> bool:
+        """Keys of an official state dict this model has no use for: the ISTFT window, and the
+        parts of the full w2v-BERT past the layers NeuCodec reads."""
+        if key.startswith("semantic_model."):
+            return self.semantic_model.unused(key[len("semantic_model."):])
+        return key in self.IGNORED
+
     def __init__(self, cfg: NeuCodecConfig):
         super().__init__()
         self.cfg = cfg
+        self.semantic_model = W2vBert(cfg.semantic)
         self.CodecEnc = CodecEncoder(cfg)
         self.SemanticEncoder_module = SemanticEncoder(cfg.semantic_dim)
         self.fc_prior = nn.Linear(cfg.semantic_dim + cfg.hidden, cfg.vq_dim)
         self.generator = Generator(cfg)
         self.fc_post_a = nn.Linear(cfg.vq_dim, cfg.hidden)
 
-    def latent_in(self, audio: torch.Tensor, semantic: torch.Tensor) -> torch.Tensor:
+    def latent_in(self, audio: torch.Tensor, semantic: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The FSQ's input `[B, frames, len(levels)]` (quantized by runtime/fsq.py) from 16 kHz
         audio `[B, 1, N]` (padded as the official `_prepare_audio` pads it) and w2v-BERT's 16th
-        hidden state `[B, T, semantic_dim]`; the longer of the two paths is cut to the shorter."""
-        acoustic = self.CodecEnc(audio).transpose(1, 2)  # [B, hidden, F]
-        sem = self.SemanticEncoder_module(semantic.transpose(1, 2))  # [B, semantic_dim, T]
+        hidden state `[B, T, semantic_dim]`; the longer of the two paths is cut to the shorter.
+        `mask` `[1, 1, T]` marks a shorter clip's semantic frames (its audio has one frame more:
+        `_prepare_audio` pads up to a frame past the clip, and the features lose one)."""
+        if mask is not None:
+            acoustic_mask = torch.cat([torch.ones_like(mask[..., :1]), mask], -1)
+            set_mask(self.CodecEnc, FrameMask(acoustic_mask))
+            set_mask(self.SemanticEncoder_module, FrameMask(mask))
+        try:
+            acoustic = self.CodecEnc(audio).transpose(1, 2)  # [B, hidden, F]
+            sem = self.SemanticEncoder_module(semantic.transpose(1, 2))  # [B, semantic_dim, T]
+        finally:
+            set_mask(self, None)
         n = min(acoustic.shape[-1], sem.shape[-1])
         z = torch.cat([sem[..., :n], acoustic[..., :n]], 1).transpose(1, 2)
         return self.generator.quantizer.project_in(self.fc_prior(z))
+
+    def encode_latent(self, audio: torch.Tensor, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`latent_in` with the semantic model run on w2v-BERT's fbank `features` `[B, T, 160]`
+        (runtime/fbank.py, of the padded audio)."""
+        return self.latent_in(audio, self.semantic_model(features, mask), mask)
 
     def latent(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes `[B, 1, frames]` -> the backbone's input `[B, frames, hidden]`."""
         return self.fc_post_a(self.generator.quantizer.decode(codes[:, 0]))
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.decode_levels(fsq_codes(codes[:, 0], self.cfg.levels))
+
+    def decode_levels(self, levels: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """FSQ levels `[B, frames, len(levels)]` -> audio `[B, 1, frames * hop]`; with `mask`
+        `[1, 1, frames]` (1.0 on a shorter clip's frames), the clip's samples are the official
+        decode of the clip alone, the rest zero."""
         g = self.generator
-        return g.head(g.backbone(self.latent(codes)))[:, None]
+        x = self.fc_post_a(g.quantizer.project_out(levels))
+        set_mask(g, None if mask is None else FrameMask(mask))
+        try:
+            return g.head(g.backbone(x))[:, None]
+        finally:
+            set_mask(g, None)
 
 
 def init_random(model: NeuCodec, seed: int = 0) -> NeuCodec:

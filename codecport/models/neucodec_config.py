@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .w2vbert_config import W2vBertConfig
+
 
 @dataclass(frozen=True)
 class NeuCodecConfig:
@@ -21,7 +23,12 @@ class NeuCodecConfig:
     # The acoustic encoder (CodecEncoder): channels after the stem, doubled by each stride.
     enc_channels: int = 48
     enc_strides: tuple[int, ...] = (2, 2, 4, 4, 5)  # their product: input samples a frame
-    semantic_dim: int = 1024  # w2v-BERT 2.0's width, the SemanticEncoder's in and out
+    semantic: W2vBertConfig = W2vBertConfig()  # noqa: RUF009 (frozen, so shared safely); the semantic model: w2v-BERT 2.0's first 16 layers
+
+    @property
+    def semantic_dim(self) -> int:
+        """w2v-BERT's width, the SemanticEncoder's in and out."""
+        return self.semantic.hidden
 
     @property
     def codebook_size(self) -> int:
@@ -32,5 +39,7 @@ PRESETS = {
     "neucodec": NeuCodecConfig(),
     # Not a released model: small enough for unit tests.
     "tiny": NeuCodecConfig(hop=40, hidden=64, depth=2, heads=4, vq_dim=32, levels=(4, 4, 4), groups=8,
-                           enc_channels=4, enc_strides=(2, 2), semantic_dim=16),
+                           enc_channels=4, enc_strides=(2, 2),
+                           semantic=W2vBertConfig(hidden=16, layers=2, heads=2, intermediate=32, kernel=5, left=4,
+                                                  right=2)),
 }

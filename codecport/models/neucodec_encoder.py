@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import PaddedConv1d, edge_pad, zero_pad
+from .layers import FrameMask, PaddedConv1d, edge_pad, zero_pad
 from .neucodec_config import NeuCodecConfig
 
 
@@ -25,6 +25,16 @@ def kaiser_sinc(kernel: int = 12, ratio: int = 2) -> torch.Tensor:
     return (f / f.sum()).view(1, 1, kernel)
 
 
+def hold_last(x: torch.Tensor, mask: FrameMask | None) -> torch.Tensor:
+    """`x` `[B, C, T]` with the positions past a shorter clip holding the clip's last sample, as
+    the replicate padding of the official filters pads the clip alone."""
+    if mask is None:
+        return x
+    m = mask(x.shape[-1])
+    last = m - zero_pad(m[..., 1:], 0, 1)  # 1.0 at the clip's last position
+    return x * m + (x * last).sum(-1, keepdim=True) * (1.0 - m)
+
+
 class UpSample1d(nn.Module):
     """x2 with the kaiser-sinc filter after replicate padding: the official transposed conv,
     written as its two phases (a 6-tap depthwise conv each) interleaved."""
@@ -32,8 +42,10 @@ class UpSample1d(nn.Module):
     def __init__(self):
         super().__init__()
         self.register_buffer("filter", kaiser_sinc())
+        self.mask: FrameMask | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = hold_last(x, self.mask)
         b, c, t = x.shape
         f = self.filter.reshape(-1)  # 12 taps
         # y[2m + p] = sum_k f[2k + p] x[m - k]: phase p is a conv with taps f[2(5 - j) + p].
@@ -48,8 +60,10 @@ class LowPassFilter1d(nn.Module):
     def __init__(self):
         super().__init__()
         self.register_buffer("filter", kaiser_sinc())
+        self.mask: FrameMask | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = hold_last(x, self.mask)
         c = x.shape[1]
         return F.conv1d(edge_pad(x, 5, 6), self.filter.expand(c, -1, -1), stride=2, groups=c)
 
