@@ -136,6 +136,9 @@ BUILTIN = (
             SLOTS,
         ),
         smoke=("--preset", "tiny", "--len", "4800")),
+    CodecSpec(
+        "neucodec", "NeuCodecCodec", default_preset="neucodec",
+        smoke=("--preset", "tiny", "--len", "4000")),  # 0.5 s: 25 frames at the tiny preset's 8 kHz
 )
 
 _CODECS: dict[str, CodecSpec] = {spec.name: spec for spec in BUILTIN}

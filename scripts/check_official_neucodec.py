@@ -47,7 +47,7 @@ def main() -> int:
     sd.update({f"fc_post_a.{k}": v for k, v in official.fc_post_a.state_dict().items()})
     ours.load_state_dict(sd, strict=False)
     t0 = time.perf_counter()
-    graph = to_onnx(graph_specs(ours, args.frames)[0])
+    graph = to_onnx(graph_specs(ours, args.frames, {})[0])
     print(f"decoder graph for {args.frames} frames exported in {time.perf_counter() - t0:.1f} s")
     sess = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
     del graph
@@ -59,7 +59,7 @@ def main() -> int:
             return nc.NeuCodec.decode_code(official, torch.from_numpy(codes)).numpy()
 
     def mine():
-        return sess.run(None, {"levels": fsq.codes(codes[:, 0])})[0]
+        return sess.run(None, {"levels": fsq.codes(codes[:, 0]), "mask": np.ones((1, 1, args.frames), np.float32)})[0]
 
     err = float(np.abs(mine() - theirs()).max())
     t_off, t_ours = [], []

@@ -1,43 +1,47 @@
-"""NeuCodec's graphs (export/neucodec.py, not a registered codec yet): validated against torch
-as they are exported, plain static ops, one partition on the targets the project promises."""
+"""NeuCodec's graphs (export/neucodec.py) as `codec-export neucodec` writes them: validated against
+torch as they are exported, plain static ops, one partition on the targets the project promises,
+and a `--len` too short for two frames refused before any weights are read."""
 
 from __future__ import annotations
 
+import json
+
 import onnx
 import pytest
+from cli_support import invoke
 
 from codecport.errors import ExportError
 from codecport.export.check import check_graph
-from codecport.export.neucodec import export_graphs
-from codecport.models.neucodec import PRESETS, NeuCodec, init_random
+from codecport.export.neucodec import frames_of
+from codecport.models.neucodec import PRESETS
 
 
-@pytest.fixture(scope="module")
-def graphs():
-    return export_graphs(init_random(NeuCodec(PRESETS["tiny"]), seed=4), frames=20)
+def test_the_export_is_validated_and_described(smoke_exports):
+    manifest = json.loads((smoke_exports["neucodec"] / "manifest.json").read_text())
+    assert manifest["validation"]["decoder"]["audio_max_abs_err"] <= 1e-4
+    assert manifest["validation"]["encoder"] == {"codes_identical": 1.0}
+    geo = manifest["geometry"]
+    assert (geo["frames"], geo["samples"], geo["input_samples"]) == (25, 25 * 160, 26 * 320)
+    assert (manifest["sample_rate"], manifest["input_rate"], manifest["levels"]) == ("8000", "16000", "4,4,4")
 
 
-def test_graphs_are_validated_against_torch(graphs):
-    models, validation = graphs
-    assert set(models) == {"decoder", "encoder"}
-    assert validation["decoder"]["audio_max_abs_err"] <= 1e-4
-    assert validation["encoder"] == {"codes_identical": 1.0}
-    dec = models["decoder"]
-    assert [d.dim_value for d in dec.graph.output[0].type.tensor_type.shape.dim] == [1, 1, 20 * PRESETS["tiny"].hop]
-
-
-def test_every_target_takes_them_whole(graphs, tmp_path):
-    models, _ = graphs
-    for name, model in models.items():
-        ops = {n.op_type for n in model.graph.node}
+def test_every_target_takes_them_whole(smoke_exports):
+    for name in ("decoder", "encoder"):
+        path = smoke_exports["neucodec"] / f"{name}.onnx"
+        ops = {n.op_type for n in onnx.load(str(path)).graph.node}
         assert not ops & {"DFT", "STFT", "ConvTranspose", "Gather", "InstanceNormalization"}, (name, ops)
-        path = tmp_path / f"{name}.onnx"
-        onnx.save(model, str(path))
         eps = check_graph(path)["eps"]
         for ep in ("coreml-mlprogram", "directml", "wasm", "webgpu"):
             assert eps[ep]["full"], (name, ep, eps[ep])
 
 
-def test_too_short_is_refused():
+def test_too_short_is_refused(tmp_path):
     with pytest.raises(ExportError, match="at least 2 frames"):
-        export_graphs(init_random(NeuCodec(PRESETS["tiny"]), seed=4), frames=1)
+        frames_of(_Shell(), 160)  # one frame
+    proc = invoke("codec-export", "neucodec", "--preset", "tiny", "--random-init", "--len", "100",
+                  "-o", tmp_path / "out")
+    assert proc.returncode == 1 and "at least 2 frames" in proc.stderr and not (tmp_path / "out").exists()
+
+
+class _Shell:
+    cfg = PRESETS["tiny"]

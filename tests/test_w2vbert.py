@@ -27,7 +27,7 @@ def pair():
     return ours, ref
 
 
-@pytest.mark.parametrize("frames", [2, 5, 40])
+@pytest.mark.parametrize("frames", [1, 2, 5, 40])
 def test_transformers_parity_hidden_state(pair, frames):
     ours, ref = pair
     x = torch.randn(1, frames, 160, generator=torch.Generator().manual_seed(frames))

@@ -25,7 +25,8 @@ def run_cli() -> None:
 
 
 MODE_LABELS = {"fixed": "fixed graph", "chunked": "chunked, {chunk} frames a chunk",
-               "step": "step graphs", "whole": "whole clip, overlapping windows"}
+               "step": "step graphs", "whole": "whole clip, overlapping windows",
+               "windowed": "cross-faded windows, not the whole-clip result"}
 layout_option = click.option(
     "--layout", type=click.Choice(list(LAYOUTS)), default=None,
     help="Another arrangement of the codes in the file: " + "; ".join(
@@ -60,8 +61,8 @@ def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fall
     codec = spec.runtime(model_dir, provider, fallback, options)
     if lay is None and out.suffix == ".npy":  # refused before the work, not after
         check_npy(out, codec.levels)
-    if source.sample_rate != codec.sample_rate:
-        note(f"resampling {source.sample_rate} Hz -> {codec.sample_rate} Hz (soxr)")
+    if source.sample_rate != codec.input_rate:
+        note(f"resampling {source.sample_rate} Hz -> {codec.input_rate} Hz (soxr)")
     t0 = time.perf_counter()
     codes = codec.encode_source(source, codebooks, codec.check_mode(mode), True)
     took = time.perf_counter() - t0
@@ -141,6 +142,7 @@ def info_cmd(target, as_json, verbose) -> None:
     # Read through the checked accessors: a damaged value is one error line, not a crash.
     rate = first.int("sample_rate") / first.int("frame_size") if "frame_size" in first.meta else None
     click.echo(f"{target}: {first.meta.get('codec')} {first.meta.get('preset')}, {first.int('sample_rate')} Hz"
+               + (f" (encodes {first.int('input_rate')} Hz)" if "input_rate" in first.meta else "")
                + (f", {rate:g} frames/s" if rate else "")
                + f", {first.int('n_codebooks')} codebooks of {first.int('codebook_size')}, quantizer "
                f"{first.meta.get('quantizer')}, export {first.meta.get('export_id')}")

@@ -1,20 +1,27 @@
-"""NeuCodec -> ONNX: the decoder, and the encoder's own layers (work in progress).
+"""NeuCodec -> fixed-shape ONNX graphs, validated against torch before anything is written.
 
-Not registered as a codec yet (`codec-export neucodec` does not exist): w2v-BERT 2.0, the
-semantic model the encoder reads, is not exported, and the graphs have no padding mask for
-clips shorter than they are. What is here is validated as every graph is:
+Two graphs for `frames` code frames (`--len` samples at 24 kHz, 480 a frame), static, with no
+DFT, no ConvTranspose, no Conv pads and no Gather:
+- `decoder.onnx`: FSQ levels `[1, frames, len(levels)]` (the numpy FSQ of runtime/fsq.py turns
+  codes into them) and `mask` `[1, 1, frames]` -> audio `[1, 1, frames * hop]`: `project_out`,
+  `fc_post_a`, the Vocos backbone and the ISTFT head, the inverse STFT as a MatMul
+  (models/istft.py);
+- `encoder.onnx`: 16 kHz audio `[1, 1, (frames + 1) * 320]` (padded as the official
+  `_prepare_audio` pads it), w2v-BERT's fbank features `[1, frames, 160]` (runtime/fbank.py) and
+  `mask` -> the FSQ's input `[1, frames, len(levels)]`: w2v-BERT 2.0's first 16 layers
+  (models/w2vbert.py), the acoustic and semantic encoders, `fc_prior`, `project_in`.
 
-- `decoder`: FSQ levels `[1, frames, len(levels)]` (the numpy FSQ of runtime/fsq.py turns codes
-  into them) -> audio `[1, 1, frames * hop]`: `project_out`, `fc_post_a`, the Vocos backbone and
-  the ISTFT head, the inverse STFT as a MatMul (models/istft.py): no DFT, no ConvTranspose.
-- `encoder`: 16 kHz audio `[1, 1, frames * 320]` and w2v-BERT's 16th hidden state
-  `[1, frames, semantic_dim]` -> the FSQ's input `[1, frames, len(levels)]` (runtime/fsq.py
-  quantizes it): the acoustic encoder, the semantic encoder, `fc_prior`, `project_in`.
+`mask` marks the frames of a clip shorter than the graph: the graphs then give what the official
+model gives on the clip alone (GroupNorm statistics, attention keys, conv edges, the ISTFT
+envelope; models/neucodec.py). The backbone and w2v-BERT attend to the whole clip, so a clip
+longer than the graph has no exact form through it: the runtime refuses it (export a longer
+`--len`).
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,7 +30,9 @@ from torch import nn
 from ..errors import ExportError
 from ..models.neucodec import NeuCodec
 from ..runtime.fsq import Fsq
-from .graph import GraphSpec, Tensor, export_validated
+from .builds import Build, finish_export
+from .deviation import Probe
+from .graph import GraphSpec, Tensor, export_id, export_validated
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 
 
@@ -32,10 +41,8 @@ class DecoderGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, levels: torch.Tensor) -> torch.Tensor:
-        g = self.model.generator
-        x = self.model.fc_post_a(g.quantizer.project_out(levels))
-        return g.head(g.backbone(x))[:, None]
+    def forward(self, levels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model.decode_levels(levels, mask)
 
 
 class EncoderGraph(nn.Module):
@@ -43,53 +50,126 @@ class EncoderGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, audio: torch.Tensor, semantic: torch.Tensor) -> torch.Tensor:
-        return self.model.latent_in(audio, semantic)
+    def forward(self, audio: torch.Tensor, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model.encode_latent(audio, features, mask)
 
 
-def graph_specs(model: NeuCodec, frames: int) -> list[GraphSpec]:
+def frames_of(model: NeuCodec, samples: int) -> int:
+    """Code frames of graphs for `--len` samples at the output rate (whole frames, rounded up)."""
+    frames = -(-samples // model.cfg.hop)
+    if frames < 2:
+        raise ExportError(f"NeuCodec graphs need at least 2 frames ({2 * model.cfg.hop} samples at "
+                          f"{model.cfg.sample_rate} Hz), got --len {samples}")
+    return frames
+
+
+def graph_specs(model: NeuCodec, frames: int, meta: dict[str, str]) -> list[GraphSpec]:
     """The decoder and encoder graphs for `frames` code frames (50 a second)."""
     cfg = model.cfg
-    if frames < 2:
-        raise ExportError(f"NeuCodec graphs need at least 2 frames, got {frames}")
     hop_in = math.prod(cfg.enc_strides)
-    meta = {"codec": "neucodec", "frames": str(frames), "sample_rate": str(cfg.sample_rate),
-            "input_rate": str(cfg.input_rate), "levels": ",".join(map(str, cfg.levels))}
-    levels = Tensor("levels", (1, frames, len(cfg.levels)), "float32")
+    mask = Tensor("mask", (1, 1, frames), "float32")
     return [
-        GraphSpec("decoder", DecoderGraph(model), [levels],
+        GraphSpec("decoder", DecoderGraph(model), [Tensor("levels", (1, frames, len(cfg.levels)), "float32"), mask],
                   [Tensor("audio", (1, 1, frames * cfg.hop), "float32")],
-                  {**meta, "role": "decoder", "samples": str(frames * cfg.hop)}),
+                  {**meta, "role": "decoder", "mode": "fixed", "samples": str(frames * cfg.hop)}),
         GraphSpec("encoder", EncoderGraph(model),
-                  [Tensor("audio", (1, 1, frames * hop_in), "float32"),
-                   Tensor("semantic", (1, frames, cfg.semantic_dim), "float32")],
+                  [Tensor("audio", (1, 1, (frames + 1) * hop_in), "float32"),
+                   Tensor("features", (1, frames, cfg.semantic.features), "float32"), mask],
                   [Tensor("latent", (1, frames, len(cfg.levels)), "float32")],
-                  {**meta, "role": "encoder", "samples": str(frames * hop_in)}),
+                  {**meta, "role": "encoder", "mode": "fixed", "samples": str((frames + 1) * hop_in)}),
     ]
 
 
+def _mask(frames: int, valid: int) -> np.ndarray:
+    m = np.zeros((1, 1, frames), np.float32)
+    m[..., :valid] = 1.0
+    return m
+
+
 def validate(spec: GraphSpec, onnx_model, model: NeuCodec, seed: int = 1) -> dict[str, float]:
-    """ONNX Runtime against torch on inputs other than the export dummy: a decoder on the levels
-    of random codes, within `AUDIO_ATOL`; an encoder to identical FSQ codes."""
+    """ONNX Runtime against torch on inputs other than the export dummy, a shorter clip in the
+    window: a decoder on the levels of random codes, within `AUDIO_ATOL`; an encoder to identical
+    FSQ codes on the clip's frames."""
     fsq = Fsq(model.cfg.levels)
     rng = np.random.default_rng(seed)
+    frames = spec.inputs[-1].shape[-1]
+    mask = _mask(frames, max(2, frames - max(1, frames // 4)))
     if spec.metadata["role"] == "decoder":
-        frames = spec.inputs[0].shape[1]
-        x = [fsq.codes(rng.integers(0, fsq.size, (1, frames)))]
+        x = [fsq.codes(rng.integers(0, fsq.size, (1, frames))), mask]
     else:
-        x = spec.random_inputs(seed)
+        audio, feats = (rng.standard_normal(t.shape).astype(np.float32) for t in spec.inputs[:2])
+        x = [audio * np.float32(0.3), feats, mask]
     with torch.no_grad():
         want = spec.module(*map(torch.from_numpy, x)).numpy()
     got = run(onnx_model, {t.name: a for t, a in zip(spec.inputs, x)})[0]
     if spec.metadata["role"] == "decoder":
         return {"audio_max_abs_err": check_close(spec.name, got, want, AUDIO_ATOL)}
-    check_codes(spec.name, fsq.indices(got), fsq.indices(want))
+    valid = int(mask.sum())
+    check_codes(spec.name, fsq.indices(got[:, :valid]), fsq.indices(want[:, :valid]))
     return {"codes_identical": 1.0}
 
 
-def export_graphs(model: NeuCodec, frames: int) -> tuple[dict, dict]:
-    """(name -> validated ONNX model, name -> measured errors)."""
-    models, validation = {}, {}
-    export_validated(graph_specs(model.eval(), frames), models, validation,
-                     lambda s, m: validate(s, m, model))
-    return models, validation
+def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str, weights: str,
+                    weights_sha256: str, in_graph_codebooks: int | None = None, build: Build | None = None,
+                    batch: int | None = None) -> dict:
+    """Export, check and validate both graphs, then write them; returns the report."""
+    build = build or Build()
+    build.check()
+    if in_graph_codebooks is not None:
+        raise ExportError("NeuCodec's FSQ runs in numpy beside the graphs; leave out --in-graph-quantizer")
+    if batch is not None:
+        raise ExportError("NeuCodec has no batched graphs yet (each takes a mask beside its input); "
+                          "leave out --batch")
+    cfg = model.cfg
+    frames = frames_of(model.eval(), samples)
+    geo = {"frames": frames, "samples": frames * cfg.hop, "input_samples": (frames + 1) * math.prod(cfg.enc_strides),
+           "sample_rate": cfg.sample_rate, "input_rate": cfg.input_rate}
+    meta = {"codec": "neucodec", "preset": preset, "sample_rate": str(cfg.sample_rate),
+            "input_rate": str(cfg.input_rate), "frame_size": str(cfg.hop),
+            "input_frame_size": str(math.prod(cfg.enc_strides)), "levels": ",".join(map(str, cfg.levels)),
+            "n_codebooks": "1", "codebook_size": str(cfg.codebook_size), "quantizer": "numpy",
+            "frames": str(frames), "weights": weights, "weights_sha256": weights_sha256}
+    meta["export_id"] = export_id(meta, geo)
+    models, report = {}, {"files": {}, "validation": {}, "geometry": geo}
+    specs = graph_specs(model, frames, meta)
+    export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, model))
+    manifest = {**meta, "n_codebooks": 1, **report}
+    report.update(finish_export(out_dir, models, None, manifest, build, probe(manifest, specs)))
+    return report
+
+
+def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
+    """How a build runs the graphs: a clip of the graphs' length (at the input rate) encoded,
+    its codes decoded."""
+    from ..runtime.neucodec import NeuCodecCodec
+
+    geo, sr = manifest["geometry"], int(manifest["input_rate"])
+    limit = geo["frames"] * int(manifest["input_frame_size"])
+
+    def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
+        return codec.encode(clip[:, :limit], sr).data
+
+    def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
+        return codec.decode(codes)[0]
+
+    return Probe(open=NeuCodecCodec, encode=encode, decode=decode, pairs={"encoder": "decoder"},
+                 sample_rate=sr, clip_samples=limit, specs={s.name: s for s in specs})
+
+
+# Why `codec-export neucodec` needs --len (the CLI asks before loading any weights).
+LEN_NEEDED = ("the samples (at 24 kHz) of the fixed graphs: the longest clip they encode and decode "
+              "(shorter ones are masked)")
+
+
+def export(model: NeuCodec, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
+    """`codec-export neucodec`: the encoder and decoder for `--len`."""
+    if length is None:
+        raise ExportError(f"pass --len N: {LEN_NEEDED}")
+    return export_neucodec(model, out_dir, length, **common)
+
+
+def describe(report: dict) -> list[str]:
+    geo = report["geometry"]
+    return [(f"  fixed graphs  : up to {geo['frames']} frames ({geo['samples'] / geo['sample_rate']:.2f} s): "
+             f"{geo['input_samples']} samples at {geo['input_rate']} Hz -> codes -> {geo['samples']} samples "
+             f"at {geo['sample_rate']} Hz; shorter clips masked, longer ones refused")]

@@ -35,11 +35,21 @@ class NeuCodecConfig:
         return int(np.prod(self.levels))
 
 
+CONFIG = NeuCodecConfig
+
 PRESETS = {
     "neucodec": NeuCodecConfig(),
-    # Not a released model: small enough for unit tests.
-    "tiny": NeuCodecConfig(hop=40, hidden=64, depth=2, heads=4, vq_dim=32, levels=(4, 4, 4), groups=8,
-                           enc_channels=4, enc_strides=(2, 2),
+    # Not a released model: small enough for unit tests. Still 320 input samples a frame (the
+    # semantic path's fbank rows come every 320 samples) and 50 frames a second, at 8 kHz out.
+    "tiny": NeuCodecConfig(sample_rate=8000, hop=160, hidden=64, depth=2, heads=4, vq_dim=32, levels=(4, 4, 4),
+                           groups=8, enc_channels=2, enc_strides=(4, 8, 10),
                            semantic=W2vBertConfig(hidden=16, layers=2, heads=2, intermediate=32, kernel=5, left=4,
                                                   right=2)),
 }
+
+# Released names (each a preset) -> the Hugging Face repo of the official `pytorch_model.bin`.
+RELEASES = {"neucodec": "neuphonic/neucodec"}
+WEIGHTS_FILE = "pytorch_model.bin"
+# The official model builds its semantic model from this repo rather than from its own file.
+SEMANTIC_REPO = "facebook/w2v-bert-2.0"
+SEMANTIC_FILE = "model.safetensors"

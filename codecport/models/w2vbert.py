@@ -42,9 +42,9 @@ def relative_bias(q: torch.Tensor, table: torch.Tensor, left: int, right: int) -
     """`q . table[clamp(r - l, -left, right) + left]` for every query `l` and key `r`: `[B, H, T, T]`
     from `q` `[B, H, T, D]` and the distance embeddings `[left + right + 1, D]`."""
     t = q.shape[2]
-    if t < 2:
-        raise ValueError("the relative-distance skew needs at least 2 frames")
     per = torch.matmul(q, table.t())  # [B, H, T, left + right + 1]: one column per distance
+    if t == 1:  # one frame: distance 0 only (the skew below needs two)
+        return per[..., left:left + 1]
     # Columns for distances -(T-1) .. T-1: the clamped ends repeated (or cut, for a short window).
     lo, hi = min(left, t - 1), min(right, t - 1)
     cols = per[..., left - lo:left + hi + 1]

@@ -43,7 +43,8 @@ class Codec(GraphFolder):
     provider that runs), `modes` (the ways through the graphs: `fixed` is one call of the
     fixed-length graphs; `chunked` (DAC) slides fixed windows over long audio; `whole` (DAC,
     SNAC) runs windows overlapping by the receptive field; `step` streams through step graphs),
-    `streams` (the stream sides it has: "encoder", "decoder").
+    `streams` (the stream sides it has: "encoder", "decoder"), `input_rate` (Hz of the audio its
+    encoder takes: `sample_rate` but for a codec that encodes at another rate, NeuCodec's 16 kHz).
     """
 
     default_codebooks: int | None = None  # codebooks `encode` uses unless told (None: all)
@@ -63,6 +64,7 @@ class Codec(GraphFolder):
         g = self.first
         self.preset, self.export_id = g.text("preset"), g.text("export_id")
         self.sample_rate, self.frame_size = g.int("sample_rate"), g.int("frame_size")
+        self.input_rate = g.int("input_rate") if "input_rate" in g.meta else self.sample_rate
         self.n_codebooks, self.codebook_size = g.int("n_codebooks"), g.int("codebook_size")
         self.quantizer = g.choice("quantizer", ("numpy", "graph"))
         self.rvq = self.load_rvq() if self.quantizer == "numpy" else None
@@ -149,10 +151,10 @@ class Codec(GraphFolder):
         return y[:k].astype(np.int64) if self.rvq is None else self.rvq.encode(y, k)
 
     def model_rate(self, source) -> Iterator[np.ndarray]:
-        """The source's blocks `[channels, n]` at the model's rate."""
-        if source.sample_rate != self.sample_rate:
-            log.info("resampling %d Hz -> %d Hz", source.sample_rate, self.sample_rate)
-        return resampled(source.blocks(), source.sample_rate, self.sample_rate, source.channels)
+        """The source's blocks `[channels, n]` at the rate the encoder takes."""
+        if source.sample_rate != self.input_rate:
+            log.info("resampling %d Hz -> %d Hz", source.sample_rate, self.input_rate)
+        return resampled(source.blocks(), source.sample_rate, self.input_rate, source.channels)
 
     def codes(self, arrays, source, counted: int, **fields) -> Codes:
         """`Codes` made by this model from `source` (`counted` samples at its rate)."""
@@ -214,7 +216,7 @@ class Codec(GraphFolder):
         return codes.n_frames[0] * self.strides[0] * self.frame_size
 
     def expected_frames(self, n: int, mode: str | None) -> int | None:
-        """Frames `encode` gives for `n` samples at the model rate in `mode` (None: any)."""
+        """Frames `encode` gives for `n` samples at the encoder's rate in `mode` (None: any)."""
         return None
 
     def check_codes(self, codes: Codes | np.ndarray) -> Codes:
@@ -234,7 +236,7 @@ class Codec(GraphFolder):
                                  f"got shape {list(a.shape)}")
             check_code_values(a, self.codebook_size)
         if codes.num_samples is not None:
-            n = resampled_length(codes.num_samples, codes.sample_rate, self.sample_rate)
+            n = resampled_length(codes.num_samples, codes.sample_rate, self.input_rate)
             # soxr's length can differ from the rounded ratio by a sample.
             allowed = {self.expected_frames(max(1, m), codes.mode) for m in (n - 1, n, n + 1)}
             frames = codes.n_frames[0]

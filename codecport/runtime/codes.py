@@ -19,7 +19,7 @@ from ..errors import CodesError
 from . import codefile
 from .audio import RATES
 
-MODES = ("fixed", "chunked", "step", "whole")  # how the audio went through the graphs (see Codec.modes)
+MODES = ("fixed", "chunked", "step", "whole", "windowed")  # how the audio went through the graphs (see Codec.modes)
 MAX_SAMPLES = 1 << 40  # an original length past this (25 years at 1 MHz) is a lying file
 
 

@@ -12,6 +12,9 @@ share.
   (models/geometry.py) and stored in each graph's metadata. What it costs: a window of `window`
   frames keeps `window - 2 * margin` of them, so long audio computes `window / (window - 2 *
   margin)` times the frames of one call over the whole clip.
+- `crossfaded`: windows that overlap by a fixed span, joined by a linear cross-fade over it: the
+  windowed mode of a codec whose every output depends on the whole clip (NeuCodec's attention),
+  which has no exact windowed form.
 """
 
 from __future__ import annotations
@@ -59,3 +62,21 @@ def overlap_windows(n: int, window: int, margin: int, end_aligned: bool = False)
             return
         yield start, pos, end - margin
         pos = end - margin
+
+
+def crossfaded(pieces: Iterator[np.ndarray], overlap: int) -> Iterator[np.ndarray]:
+    """Audio windows `[channels, n]` that each begin `overlap` samples before the previous one
+    ends, as one signal: over each overlap the earlier window fades out linearly as the next
+    fades in (the two are decodes of the same frames, so they agree closely, and equal gains sum
+    to one). Yields the finished audio as it goes; holds one overlap."""
+    fade = ((np.arange(overlap) + 0.5) / overlap).astype(np.float32)
+    tail = None
+    for p in pieces:
+        if tail is not None:
+            if p.shape[1] < overlap:
+                raise ValueError(f"a window of {p.shape[1]} samples is shorter than the overlap {overlap}")
+            p = np.concatenate([tail * (1 - fade) + p[:, :overlap] * fade, p[:, overlap:]], axis=1)
+        yield p[:, :p.shape[1] - overlap]
+        tail = p[:, p.shape[1] - overlap:]
+    if tail is not None:
+        yield tail

@@ -1,0 +1,109 @@
+"""Loading NeuCodec weights: the official `pytorch_model.bin` by released name (with w2v-BERT 2.0
+from its own Hugging Face repo, as the official `from_pretrained` builds it), a folder, or a file.
+
+The official `from_pretrained` calls `torch.load` without `weights_only`, which runs any code a
+pickle holds; here the state dict is read with `weights_only=True`, and safetensors as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from ..errors import CheckpointError
+from .checkpoint import fold_weight_norm, load_state, load_torch, read_safetensors
+from .hub import hf_file, resolve, sha256_file
+from .neucodec import PRESETS, NeuCodec, NeuCodecConfig
+from .neucodec_config import RELEASES, SEMANTIC_FILE, SEMANTIC_REPO, WEIGHTS_FILE
+
+log = logging.getLogger(__name__)
+HINT = f"pass a NeuCodec folder ({WEIGHTS_FILE} or model.safetensors), such a file, or a released name"
+SEMANTIC_DIR = "w2v-bert-2.0"  # where a folder keeps its own copy of the semantic model
+PREFIX = "semantic_model."
+# Training-only parts the official loader drops too.
+DROPPED = ("fc_post_s", "SemanticDecoder")
+
+
+def read_state(path: Path) -> dict[str, torch.Tensor]:
+    """The state dict of a `.safetensors` or torch file (a `{"state_dict": ...}` wrapper unwrapped)."""
+    sd = read_safetensors([path]) if path.suffix == ".safetensors" else load_torch(path, HINT)
+    if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise CheckpointError(f"{path}: not a state dict (a mapping of names to tensors); {HINT}")
+    return sd
+
+
+def _dims(cfg: NeuCodecConfig) -> dict[str, tuple[int, ...]]:
+    """Shapes that tell the presets apart, from the config alone (the full model takes seconds)."""
+    return {"fc_post_a.weight": (cfg.hidden, cfg.vq_dim),
+            "generator.head.out.weight": (4 * cfg.hop + 2, cfg.hidden),
+            "generator.quantizer.project_in.weight": (len(cfg.levels), cfg.vq_dim),
+            f"{PREFIX}feature_projection.projection.weight": (cfg.semantic.hidden, cfg.semantic.features)}
+
+
+def _mismatch(sd: dict[str, torch.Tensor], cfg: NeuCodecConfig) -> str | None:
+    for key, want in _dims(cfg).items():
+        if key not in sd:
+            return f"it has no {key}"
+        if tuple(sd[key].shape) != want:
+            return f"{key} has shape {tuple(sd[key].shape)}, not {want}"
+    return None
+
+
+def pick_preset(sd: dict[str, torch.Tensor], preset: str | None, source: str) -> str:
+    """`preset` if the checkpoint's shapes fit it, else the one preset they fit."""
+    if preset is not None:
+        if why := _mismatch(sd, PRESETS[preset]):
+            raise CheckpointError(f"{source}: not a checkpoint of preset {preset}: {why}")
+        return preset
+    reasons = {name: _mismatch(sd, cfg) for name, cfg in PRESETS.items()}
+    fits = [name for name, why in reasons.items() if why is None]
+    if not fits:
+        raise CheckpointError(f"{source}: fits no NeuCodec preset (" +
+                              "; ".join(f"{n}: {why}" for n, why in reasons.items()) + f"); {HINT}")
+    log.info("%s: preset %s", source, fits[0])
+    return fits[0]
+
+
+def _weights_file(path: Path) -> Path:
+    if not path.is_dir():
+        return path
+    # safetensors first: it cannot hold code, so it is the one to read when a folder has both.
+    for name in ("model.safetensors", WEIGHTS_FILE):
+        if (path / name).is_file():
+            return path / name
+    raise CheckpointError(f"{path}: has no {WEIGHTS_FILE} or model.safetensors; {HINT}")
+
+
+def load(weights: str, preset: str | None = None, revision: str | None = None) -> tuple[NeuCodec, str]:
+    """Model with weights loaded (eval mode), and the sha256 of the files read (for export metadata)."""
+    if revision is not None and weights not in RELEASES:
+        raise CheckpointError("--revision is for weights fetched from Hugging Face by released name "
+                              f"({', '.join(RELEASES)})")
+    released = weights in RELEASES
+    path = resolve(weights, {name: (lambda name=name: hf_file(RELEASES[name], WEIGHTS_FILE, revision))
+                             for name in RELEASES})
+    file = _weights_file(path)
+    files, sd = [file], read_state(file)
+    if not any(k.startswith(PREFIX) for k in sd):
+        # The official checkpoint leaves the semantic model out: it comes from w2v-BERT's own repo.
+        if released:
+            semantic = hf_file(SEMANTIC_REPO, SEMANTIC_FILE)
+        else:
+            semantic = file.parent / SEMANTIC_DIR / SEMANTIC_FILE
+            if not semantic.is_file():
+                raise CheckpointError(
+                    f"{file}: the checkpoint holds no semantic model (w2v-BERT 2.0); put {SEMANTIC_REPO}'s "
+                    f"{SEMANTIC_FILE} in {file.parent / SEMANTIC_DIR}/, or pass a state dict that "
+                    f"includes {PREFIX}*")
+        files.append(semantic)
+        sd.update({PREFIX + k: v for k, v in read_safetensors([semantic]).items()})
+    name = pick_preset(sd, preset, str(file))
+    model = NeuCodec(PRESETS[name])
+    sd = fold_weight_norm({k: v for k, v in sd.items()
+                           if not any(d in k for d in DROPPED) and not model.unused(k)})
+    load_state(model, sd, str(file))
+    return model.eval(), sha256_file(*files)

@@ -1,0 +1,166 @@
+"""NeuCodec on ONNX Runtime: 16 kHz audio in, one FSQ codebook of 65 536 codes at 50 Hz, 24 kHz out.
+
+Encoding pads the clip as the official `_prepare_audio` does (up to the next 320 samples, a
+whole frame when already there), computes w2v-BERT's fbank features in numpy (fbank.py), runs
+the encoder graph with the clip's frames masked in, and quantizes its output with the numpy FSQ
+(fsq.py): the official `encode_code`'s codes, `n // 320` frames for `n` samples. Decoding turns
+codes into FSQ levels and runs the decoder graph, masked the same way: the official
+`decode_code`'s audio, 480 samples a frame.
+
+The graphs hold a fixed number of frames. The model attends to the whole clip, so a longer clip
+has no exact form through them, and is refused with the length to export for it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import AudioError, CodesError, ModelFileError
+from .audio import Counted
+from .codec import Codec
+from .codes import Codes
+from .fbank import Fbank
+from .fsq import Fsq
+from .graph import Graph
+from .plan import crossfaded
+
+
+class NeuCodecCodec(Codec):
+    """The graphs of one `codec-export neucodec` folder, opened lazily on one provider."""
+
+    name, label = "neucodec", "NeuCodec"
+    graphs: ClassVar = {"encoder": ("encoder", "fixed"), "decoder": ("decoder", "fixed")}
+    modes = ("fixed", "windowed")
+    shared = (*Codec.shared, "input_rate", "input_frame_size", "levels", "frames")
+    in_graph_quantizer = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        g = self.first
+        self.frames, self.input_frame = g.int("frames"), g.int("input_frame_size")
+        if self.rvq.size != self.codebook_size or self.n_codebooks != 1 or \
+                self.input_rate * self.frame_size != self.sample_rate * self.input_frame:
+            raise ModelFileError(f"{g.path}: its levels, rates and frame sizes disagree; the file is "
+                                 "damaged, re-export the folder")
+
+    def load_rvq(self) -> Fsq:
+        return Fsq(self.first.ints("levels"))
+
+    def check_graph(self, name: str, g: Graph) -> None:
+        frames, levels = g.int("frames"), len(g.ints("levels"))
+        mask = (1, 1, frames)
+        if name == "encoder":
+            want = ([(1, 1, (frames + 1) * g.int("input_frame_size")), (1, frames, 160), mask],
+                    [(1, frames, levels)])
+        else:
+            want = ([(1, frames, levels), mask], [(1, 1, frames * g.int("frame_size"))])
+        if frames < 2 or g.shapes() != want:
+            raise ModelFileError(f"{g.path}: its inputs/outputs are {g.shapes()}, its metadata says "
+                                 f"{want}; the file is damaged, re-export the folder")
+
+    @property
+    def overlap(self) -> int:
+        """Frames two windows share in the windowed mode: a quarter of a window."""
+        return max(1, self.frames // 4)
+
+    def _mask(self, valid: int) -> np.ndarray:
+        m = np.zeros((1, 1, self.frames), np.float32)
+        m[..., :valid] = 1.0
+        return m
+
+    def _too_long(self, frames: int | None) -> CodesError:
+        """A clip of `frames` code frames (None: not known, more than the graphs hold) refused."""
+        held = f"this export's graphs hold {self.frames} frames ({self.frames / self.frame_rate:.2f} s)"
+        need = f"--len {frames * self.frame_size} or more" if frames else "a larger --len"
+        what = f"{frames} frames ({frames / self.frame_rate:.2f} s) are" if frames else "this clip is"
+        return CodesError(f"{what} more than {held}, so it has no exact form through them: re-export "
+                          f"with {need}, or pass the windowed mode (--mode windowed: cross-faded windows, "
+                          "not the whole-clip result)")
+
+    def _pick(self, mode: str | None, frames: int) -> str:
+        """The mode for a clip of `frames`: fixed when it fits, unless told."""
+        if mode is None:
+            return "fixed" if frames <= self.frames else "windowed"
+        if mode == "fixed" and frames > self.frames:
+            raise self._too_long(frames)
+        return mode
+
+    # ---- encoding ----------------------------------------------------------------------
+    def codebooks(self, n_codebooks: int | None) -> int:
+        if n_codebooks not in (None, 1):
+            raise CodesError(f"{self.label} has one codebook; pass no codebook count (--codebooks)")
+        return 1
+
+    def expected_frames(self, n: int, mode: str | None) -> int:
+        return n // self.input_frame
+
+    def encode_source(self, source, n_codebooks, mode, progress) -> Codes:
+        """The clip in one call when it fits the graphs (the official codes), else (or with
+        `mode="windowed"`) in windows sharing `overlap` frames, each window's codes kept from the
+        middle of each overlap on: memory bounded by a window, codes close to, not equal to,
+        the whole clip's."""
+        self.codebooks(n_codebooks)
+        counted = Counted(source)
+        hop, size = self.input_frame, self.frames * self.input_frame
+        step = self.frames - self.overlap
+        rows: list[list[np.ndarray]] = [[] for _ in range(source.channels)]
+        buf, start, keep_from = np.zeros((source.channels, 0), np.float32), 0, 0  # start: buf[0]'s frame
+        for b in self.model_rate(counted):
+            buf = np.concatenate([buf, b], axis=1)
+            # A window is not the clip's last while audio runs a frame past it (the official pad).
+            while buf.shape[1] >= size + hop:
+                if mode == "fixed":  # the whole length where the source knows it, for the message
+                    known = source.frames and source.frames * self.input_rate // source.sample_rate // hop
+                    raise self._too_long(known or None)
+                mode = "windowed"
+                keep_to = start + step + self.overlap // 2
+                self._encode_window(buf[:, :size], keep_from - start, keep_to - start, rows)
+                keep_from, start, buf = keep_to, start + step, buf[:, step * hop:]
+        frames = start + buf.shape[1] // hop
+        if frames < 1:
+            raise AudioError(f"{buf.shape[1]} samples at {self.input_rate} Hz are under one {self.label} "
+                             f"frame ({hop} samples, 20 ms); pass a longer clip")
+        mode = self._pick(mode, frames)
+        self._encode_window(buf, keep_from - start, frames - start, rows)
+        arrays = [np.stack([np.concatenate(r) for r in rows])[:, None]]
+        return self.codes(arrays, source, counted.counted, mode=mode)
+
+    def _encode_window(self, audio: np.ndarray, lo: int, hi: int, rows: list[list[np.ndarray]]) -> None:
+        """Codes `lo:hi` of `audio` `[channels, n]` (at most a window) encoded as a clip alone."""
+        g, fbank, hop = self.graph("encoder"), Fbank(), self.input_frame
+        frames = audio.shape[1] // hop
+        for c, x in enumerate(audio):
+            padded = np.zeros((1, 1, (self.frames + 1) * hop), np.float32)
+            padded[0, 0, :x.size] = x  # the official pad, then the window's
+            feats = np.zeros((1, self.frames, 160), np.float32)
+            feats[0, :frames] = fbank.features(padded[0, 0, :(frames + 1) * hop])
+            latent = g.run({"audio": padded, "features": feats, "mask": self._mask(frames)})[0]
+            rows[c].append(self.rvq.indices(latent[0, lo:hi]))
+
+    # ---- decoding ----------------------------------------------------------------------
+    def raw_pieces(self, codes: Codes, mode: str | None, progress: bool):
+        """One call when the codes fit the graphs, else (or with `mode="windowed"`) windows that
+        share `overlap` frames, cross-faded over them."""
+        a = codes.arrays[0]
+        n = a.shape[-1]
+        if n < 1:
+            raise CodesError("no code frames to decode")
+        if self._pick(mode, n) == "fixed" or n <= self.frames:
+            yield self._decode_window(a)
+            return
+        step = self.frames - self.overlap
+        starts = range(0, n - self.overlap, step)
+        yield from crossfaded((self._decode_window(a[..., s:s + self.frames]) for s in starts),
+                              self.overlap * self.frame_size)
+
+    def _decode_window(self, a: np.ndarray) -> np.ndarray:
+        """Audio `[channels, frames * frame_size]` of codes `[channels, 1, frames]` (at most a window)."""
+        g, frames = self.graph("decoder"), a.shape[-1]
+        out = []
+        for row in a[:, 0]:
+            levels = np.zeros((1, self.frames, self.rvq.dim), np.float32)
+            levels[0, :frames] = self.rvq.codes(row)
+            out.append(g.run({"levels": levels, "mask": self._mask(frames)})[0][0, 0, :frames * self.frame_size])
+        return np.stack(out)

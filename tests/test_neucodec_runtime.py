@@ -1,0 +1,85 @@
+"""NeuCodec on ONNX Runtime (runtime/neucodec.py) against its torch reference on the same weights
+(the smoke export's seeded tiny model): a clip that fits the graphs gives the reference's codes
+and audio on the clip alone, whatever its length below the window; a longer one goes through
+cross-faded windows, each window as a clip alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import noise
+
+import codecport
+from codecport.bench.neucodec import torch_codes
+from codecport.errors import CodesError
+from codecport.models.neucodec import PRESETS, NeuCodec, init_random
+from codecport.runtime.plan import crossfaded
+
+
+@pytest.fixture(scope="module")
+def codec(smoke_exports):
+    return codecport.load(smoke_exports["neucodec"])
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return init_random(NeuCodec(PRESETS["tiny"]), seed=0).eval()  # what `--random-init` exports
+
+
+def _decode(model, codes: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model.decode(torch.from_numpy(codes)).numpy()[:, 0]
+
+
+@pytest.mark.parametrize("samples", [320, 3333, 8000 - 1])  # one frame, a few, the window's 25 (16 kHz)
+def test_a_clip_that_fits_is_the_reference_on_the_clip_alone(codec, reference, samples):
+    x = noise(samples, channels=2, seed=samples)
+    codes = codec.encode(x, 16000)
+    want = np.concatenate([torch_codes(reference, torch.from_numpy(row)[None, None], 1)[0] for row in x])
+    assert codes.mode == "fixed" and codes.data.shape == (2, 1, samples // 320)
+    np.testing.assert_array_equal(codes.data, want)
+    audio, sr = codec.decode(codes.data)  # bare codes: the model's rate, every frame
+    assert sr == codec.sample_rate == 8000
+    ref = _decode(reference, codes.data)
+    assert audio.shape == ref.shape == (2, samples // 320 * 160) and np.abs(ref).max() > 1e-3
+    np.testing.assert_allclose(audio, ref, atol=1e-5)
+
+
+def test_a_longer_clip_goes_through_windows_each_a_clip_alone(codec, reference):
+    window, overlap, hop = codec.frames, codec.overlap, 320
+    step = window - overlap
+    x = noise(3 * window * hop + 77, seed=9)[0]
+    with pytest.raises(CodesError, match=r"75 frames \(1.50 s\) are more than .* re-export with --len 12000 or more, or pass the windowed mode"):
+        codec.encode(x, 16000, mode="fixed")
+    codes = codec.encode(x, 16000)
+    assert codes.mode == "windowed" and codes.data.shape == (1, 1, x.size // hop)
+    # Window k encodes its audio alone and keeps its frames from the middle of each overlap.
+    for k, start in enumerate(range(0, x.size // hop - overlap, step)):
+        alone = torch_codes(reference, torch.from_numpy(x[start * hop:(start + window) * hop])[None, None], 1)[0]
+        lo = 0 if k == 0 else overlap // 2
+        hi = min(step + overlap // 2, x.size // hop - start)
+        np.testing.assert_array_equal(codes.data[..., start + lo:start + hi], alone[..., lo:hi])
+    # Decoding: the windows' audio alone, cross-faded over the overlaps.
+    audio, _ = codec.decode(codes.data)
+    n = codes.data.shape[-1]
+    pieces = [_decode(reference, codes.data[..., s:s + window]) for s in range(0, n - overlap, step)]
+    want = np.concatenate(list(crossfaded(iter(pieces), overlap * 160)), axis=1)
+    assert audio.shape == want.shape == (1, n * 160)
+    np.testing.assert_allclose(audio, want, atol=1e-5)
+    with pytest.raises(CodesError, match="more than this export's graphs hold"):
+        codec.decode(codes.data, mode="fixed")
+
+
+def test_crossfade_keeps_a_signal_both_windows_agree_on():
+    x = np.random.default_rng(0).standard_normal((2, 1000)).astype(np.float32)
+    pieces = [x[:, s:s + 300] for s in (0, 250, 500, 750)]  # overlapping by 50
+    got = np.concatenate(list(crossfaded(iter(pieces), 50)), axis=1)
+    np.testing.assert_allclose(got, x, atol=1e-6)
+    with pytest.raises(ValueError, match="shorter than the overlap"):
+        list(crossfaded(iter([x[:, :100], x[:, :20]]), 50))
+
+
+def test_under_a_frame_is_refused(codec):
+    with pytest.raises(codecport.CodecportError, match="under one NeuCodec frame"):
+        codec.encode(np.zeros(319, np.float32), 16000)
