@@ -65,10 +65,11 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
         click.echo(f"  {name:<16} {shown}")
 
     codec = codecport.load(out_dir / "model")
-    clip = _clip(codec.sample_rate, seconds)
-    codecport.write_audio(out_dir / "input.wav", clip, codec.sample_rate)
+    rate = codec.input_rate  # what the encoder takes (NeuCodec encodes 16 kHz, decodes 24 kHz)
+    clip = _clip(rate, seconds)
+    codecport.write_audio(out_dir / "input.wav", clip, rate)
     t0 = time.perf_counter()
-    codes = codec.encode(clip, codec.sample_rate)
+    codes = codec.encode(clip, rate)
     t_enc = time.perf_counter() - t0
     codes_file = out_dir / f"codes{spec.suffixes[-1]}"
     codes.save(codes_file)
@@ -88,9 +89,9 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
     tokens_ok = _tokenize(codec, out_dir)
 
     # One call of the fixed graphs against the torch reference.
-    one = clip[:, :length]
+    one = clip[:, :length * rate // codec.sample_rate]
     mode = facts.fixed_mode
-    fixed = codec.encode(one, codec.sample_rate, mode=mode).arrays
+    fixed = codec.encode(one, rate, mode=mode).arrays
     onnx_audio = codec.decode(codecport.Codes(fixed), mode=mode, **facts.compare_noise)[0]
     with torch.no_grad():
         want = facts.torch_codes(model, torch.from_numpy(one)[:, None], fixed[0].shape[1])

@@ -89,25 +89,10 @@ def official_snac(model):
 
 
 def official_neucodec():
-    """The official `neucodec` package, imported offline: torchaudio (which neucodec imports but
-    whose wheels stop at torch 2.11) is stubbed, as its tensor path never calls it
-    (scripts/official-neucodec.txt)."""
-    import importlib.machinery
-    import sys
-    import types
+    """The official `neucodec` package, imported offline (bench/neucodec.py)."""
+    from codecport.bench.neucodec import import_official
 
-    for name in ("torchaudio", "torchaudio.transforms", "torchaudio.functional"):
-        if name not in sys.modules:
-            stub = types.ModuleType(name)
-            stub.__spec__ = importlib.machinery.ModuleSpec(name, None)  # transformers checks it
-            sys.modules[name] = stub
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torchao: no C++ extensions for this torch
-        import neucodec
-        import neucodec.codec_decoder_vocos
-    return neucodec
+    return import_official()
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ class LongAudio:
     graphs: tuple[str, str]  # the encoder and decoder graphs each window goes through
     label: str  # how the report says it
     torch: str  # how the torch reference runs the same audio
-    samples: Callable[[dict, int], int]  # (manifest, windows) -> samples of audio that take them
+    samples: Callable[[dict, int], int]  # (manifest, windows) -> samples (at the encoder's rate) that take them
 
 
 def _seconds_of_frames(cfg, seconds: float) -> int:
@@ -65,9 +65,12 @@ class BenchFacts:
     official: Official | None = None
     prepare_official: Callable | None = None  # (bench folder) -> the weights in the official layout
     contenders: Mapping[str, Callable] = field(default_factory=dict)  # worker runners of its own
+    # Parts of our graphs timed apart: label -> (graph, its torch module's path, "head.istft").
+    parts: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.torch_codes is None:
             object.__setattr__(self, "torch_codes", lambda model, x, k: [self.torch_encode(model, x, k).numpy()])
         object.__setattr__(self, "compare_noise", MappingProxyType(dict(self.compare_noise)))
         object.__setattr__(self, "contenders", MappingProxyType(dict(self.contenders)))
+        object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))

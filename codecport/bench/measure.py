@@ -150,6 +150,47 @@ def graph_flops(path) -> int:
     return total
 
 
+def node_times(path: Path, modules: dict[str, str], runs: int = 3) -> dict[str, dict]:
+    """Where one call of graph `path` spends its time, from ORT's per-node profile of `runs`
+    calls on random inputs (a node's time does not depend on the values): for each label, the
+    ms a call in the nodes of the torch module it names (`"semantic_model"`, `"head.istft"`) and
+    their share of all nodes' time. A node is the module's when its name or a tensor it reads or
+    writes carries the module's path: the exporter names a Linear's Gemm after nothing but its
+    weights."""
+    import json
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    marks = {label: ("/" + m.replace(".", "/") + "/", "." + m + ".") for label, m in modules.items()}
+    owner = {}
+    for node in onnx.load(str(path)).graph.node:
+        names = (node.name, *node.input, *node.output)
+        owner[node.name] = next((label for label, (a, b) in marks.items()
+                                 if any(n.startswith(a) or b in n for n in names)), None)
+    with tempfile.TemporaryDirectory(prefix="codecport-profile-") as tmp:
+        opts = ort.SessionOptions()
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(tmp) / "profile")
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(0)
+        feeds = {i.name: rng.standard_normal(i.shape).astype(np.float32) for i in sess.get_inputs()}
+        for _ in range(runs):
+            sess.run(None, feeds)
+        events = [e for e in json.loads(Path(sess.end_profiling()).read_text()) if e.get("cat") == "Node"
+                  and e.get("name", "").endswith("_kernel_time")]
+    total = sum(e["dur"] for e in events) or 1
+    spent = dict.fromkeys(modules, 0)
+    for e in events:
+        name = e["name"][:-len("_kernel_time")]
+        # ORT's fusions name a node after one of the nodes they fused; else the path decides.
+        label = owner.get(name) or next((lb for lb, (a, _) in marks.items() if name.startswith(a)), None)
+        if label is not None:
+            spent[label] += e["dur"]
+    return {label: {"ms": t / runs / 1000, "share_pct": 100 * t / total} for label, t in spent.items()}
+
+
 def gemm_peak(seconds: float = 1.5, sizes: tuple[int, ...] = (512, 1024, 2048)) -> dict[str, float | str]:
     """Best fp32 GEMM rate of ONNX Runtime's CPU MatMul (MLAS) on this machine, in GFLOP/s.
 

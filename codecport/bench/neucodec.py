@@ -1,11 +1,19 @@
 """NeuCodec's part of codec-bench: its torch reference (fbank features in numpy, as the runtime
-computes them) on the bench's weights."""
+computes them) and the official package (`neucodec`, installed without its pins:
+scripts/official-neucodec.txt) on the bench's weights; the time our graphs spend in the ISTFT and
+the semantic path."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
-from .facts import BenchFacts
+from .facts import BenchFacts, Official
+from .measure import clip, flat_codes, summary, timings
+
+RELEASED = "neucodec"  # the official package builds this config only (its sizes are fixed)
 
 
 def torch_codes(model, x, k) -> list[np.ndarray]:
@@ -25,7 +33,80 @@ def torch_codes(model, x, k) -> list[np.ndarray]:
 
 
 def torch_encode(model, x, k):
-    return torch_codes(model, x, k)[0]
+    import torch
+
+    return torch.from_numpy(torch_codes(model, x, k)[0])
+
+
+def import_official():
+    """The official `neucodec` package, imported offline: torchaudio, which it imports but whose
+    wheels stop at torch 2.11, is stubbed (its tensor path never calls it)."""
+    import importlib.machinery
+    import sys
+    import types
+    import warnings
+
+    for name in ("torchaudio", "torchaudio.transforms", "torchaudio.functional"):
+        if name not in sys.modules:
+            stub = types.ModuleType(name)
+            stub.__spec__ = importlib.machinery.ModuleSpec(name, None)  # transformers checks it
+            sys.modules[name] = stub
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torchao: no C++ extensions for this torch
+        import neucodec
+        import neucodec.codec_decoder_vocos
+    return neucodec
+
+
+def build_official(nc, semantic_layers: int = 24):
+    """The official `NeuCodec(24000, 480)`, built without the network: its `from_pretrained`
+    calls for w2v-BERT 2.0 and its feature extractor get the released config (24 layers, as the
+    official encode runs them all to read the 16th) and transformers' extractor."""
+    from unittest import mock
+
+    from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertConfig, Wav2Vec2BertModel
+
+    w2v = Wav2Vec2BertConfig(num_hidden_layers=semantic_layers, output_hidden_states=True)
+    with mock.patch.object(nc.model.Wav2Vec2BertModel, "from_pretrained", lambda *a, **k: Wav2Vec2BertModel(w2v)), \
+            mock.patch.object(nc.model.AutoFeatureExtractor, "from_pretrained",
+                              lambda *a, **k: SeamlessM4TFeatureExtractor()):
+        return nc.NeuCodec(24000, 480).eval()
+
+
+def run_official(job: dict) -> dict:
+    """The official package on the bench's weights (the layers past w2v-BERT's 16th keep their
+    random init: the official encode computes them and reads the 16th), as its users run it:
+    `encode_code` on 16 kHz audio, `decode_code`, under `torch.inference_mode`."""
+    from importlib.metadata import version
+
+    import torch
+    from safetensors.torch import load_file
+
+    from ..models.checkpoint import unfold_weight_norm
+
+    try:
+        nc = import_official()
+    except ImportError as e:
+        return {"skipped": f"neucodec does not import ({e})"}
+    folder = Path(job["dir"])
+    official = build_official(nc)
+    sd = load_file(folder / "weights.safetensors")
+    sd.update(unfold_weight_norm({k: v for k, v in sd.items() if k.startswith("CodecEnc.")}))
+    missing, _ = official.load_state_dict(sd, strict=False)
+    # What may stay random: w2v-BERT past the layers NeuCodec reads, and the ISTFT window (a
+    # constant the official model holds as a buffer).
+    lacking = [k for k in missing if not k.startswith("semantic_model.") and not k.endswith("istft.window")]
+    if lacking:
+        return {"skipped": f"the official model has parameters the bench's weights lack ({lacking[0]})"}
+    geo = json.loads((folder / "model" / "manifest.json").read_text())["geometry"]
+    x = torch.from_numpy(clip(int(geo["input_samples"])))[:, None]
+    with torch.inference_mode():
+        codes = official.encode_code(x)
+        enc = timings(lambda: official.encode_code(x), job["runs"])
+        dec = timings(lambda: official.decode_code(codes), job["runs"])
+    return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
+            "threads": torch.get_num_threads(), "version": version("neucodec"),
+            "codes": flat_codes([codes.numpy()]).tolist()}
 
 
 def clip_samples(cfg, seconds: float) -> int:
@@ -37,4 +118,12 @@ FACTS = BenchFacts(
     # The released model is 630 M parameters; the demo's export stays small.
     demo_preset="tiny", demo_seconds=1.0, clip_samples=clip_samples,
     torch_encode=torch_encode, torch_codes=torch_codes,
+    official=Official("neucodec", "neucodec", "pip install --no-deps -r scripts/official-neucodec.txt (its own "
+                                              "pins would replace codecport's torch)"),
+    contenders={"official": run_official},
+    skip=lambda contender, preset: "the released config only (the official sizes are fixed)"
+    if contender == "official" and preset != RELEASED else None,
+    parts={"the ISTFT": ("decoder", "head.istft"), "the semantic model (w2v-BERT)": ("encoder", "semantic_model"),
+           "the semantic encoder": ("encoder", "SemanticEncoder_module"),
+           "the acoustic encoder": ("encoder", "CodecEnc")},
 )

@@ -94,6 +94,11 @@ def table(report: dict) -> list[str]:
             lines.append(f"{name} codes: {eq['pct']:.1f}% equal to {eq['to']}'s on the same weights"
                          + ("" if eq["frames"][0] == eq["frames"][1]
                             else f" ({eq['frames'][0]} against {eq['frames'][1]} frames)"))
+    for name, r in report["contenders"].items():
+        if "parts" in r:
+            lines.append(f"{name} time in: " + ", ".join(
+                f"{label} {p['ms']:.1f} ms a call ({p['share_pct']:.0f}% of the {p['graph']})"
+                for label, p in r["parts"].items()))
     for pair, sp in report["speedups"].items():
         lines.append(f"{pair}: " + ", ".join(f"{d} {x:.2f}x" for d, x in sp.items()) + " faster")
     first: dict[str, dict] = {}

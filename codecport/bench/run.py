@@ -139,7 +139,8 @@ def bench(spec, o: Options, work: Path) -> dict:
         for d, g in zip(("encode-long", "decode-long"), facts.long.graphs):
             flops[d] = long_windows * graph_flops(model / f"{g}.onnx")
         report["long"] = {"windows": long_windows, "through": facts.long.label, "torch": facts.long.torch,
-                          "seconds": facts.long.samples(manifest, long_windows) / int(manifest["sample_rate"])}
+                          "seconds": facts.long.samples(manifest, long_windows) /
+                                     int(manifest.get("input_rate", manifest["sample_rate"]))}
     base = {"codec": spec.name, "dir": str(work), "seconds": audio_s, "runs": o.runs, "steps": o.steps,
             "frames": o.frames, "long": long_windows}
     t0 = time.perf_counter()

@@ -26,6 +26,7 @@ from .measure import (
     children_peak_rss_mb,
     clip,
     flat_codes,
+    node_times,
     peak_rss_mb,
     percentiles,
     summary,
@@ -41,7 +42,7 @@ def run_onnx(job: dict) -> dict:
     folder, runs = Path(job["dir"]) / job.get("model", "model"), job["runs"]
     spec = registry.get(job["codec"])
     codec, facts = spec.runtime(folder, job["provider"]), spec.bench
-    sr, mode = codec.sample_rate, facts.fixed_mode
+    sr, mode = codec.input_rate, facts.fixed_mode  # the rate its encoder takes: no resampling timed
     x = clip(codec.graph("encoder").int("samples"))
     codes = Codes(codec.encode(x, sr, mode=mode).arrays)  # bare: no resampling or loudness on the way back
     enc = timings(lambda: codec.encode(x, sr, mode=mode), runs)
@@ -51,6 +52,12 @@ def run_onnx(job: dict) -> dict:
         out = _long(codec, facts.long, job)
     if codec.streams:
         out["streaming"] = stream_bench(codec, job["steps"])
+    if facts.parts:  # one profile a graph, for the parts in it
+        out["parts"] = {}
+        for g in sorted({g for g, _ in facts.parts.values()}):
+            mine = {label: prefix for label, (graph, prefix) in facts.parts.items() if graph == g}
+            out["parts"].update({label: {"graph": g, **t} for label, t in node_times(folder / f"{g}.onnx",
+                                                                                      mine).items()})
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "provider": codec.provider, "codes": flat_codes(codes.arrays).tolist()}
 
@@ -61,7 +68,7 @@ def _long(codec, long, job: dict) -> dict:
 
     manifest = json.loads((codec.dir / "manifest.json").read_text())
     n = long.samples(manifest, job["long"])
-    x, sr = clip(n), codec.sample_rate
+    x, sr = clip(n), codec.input_rate
     codes = Codes(codec.encode(x, sr, mode=long.mode).arrays)
     enc = timings(lambda: codec.encode(x, sr, mode=long.mode), job["runs"])
     dec = timings(lambda: codec.decode(codes, mode=long.mode), job["runs"])
@@ -132,7 +139,8 @@ def run_torch(job: dict) -> dict:
     spec = registry.get(job["codec"])
     facts, model, runs = spec.bench, _torch_model(spec, job), job["runs"]
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
-    x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
+    geo = meta["geometry"]  # the clip the ONNX contender encodes: at the encoder's rate
+    x = torch.from_numpy(clip(int(geo.get("input_samples", geo["samples"]))))[:, None]
     k = spec.runtime.default_codebooks  # as the ONNX contender: all (DAC), Moshi's 8 (Mimi)
     k = None if k is None else min(k, model.cfg.n_codebooks)
     with torch.inference_mode():

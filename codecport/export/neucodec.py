@@ -76,7 +76,8 @@ def graph_specs(model: NeuCodec, frames: int, meta: dict[str, str]) -> list[Grap
                   [Tensor("audio", (1, 1, (frames + 1) * hop_in), "float32"),
                    Tensor("features", (1, frames, cfg.semantic.features), "float32"), mask],
                   [Tensor("latent", (1, frames, len(cfg.levels)), "float32")],
-                  {**meta, "role": "encoder", "mode": "fixed", "samples": str((frames + 1) * hop_in)}),
+                  # `samples`: the longest clip it takes (its input holds the official pad after it)
+                  {**meta, "role": "encoder", "mode": "fixed", "samples": str(frames * hop_in)}),
     ]
 
 
@@ -122,7 +123,7 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
                           "leave out --batch")
     cfg = model.cfg
     frames = frames_of(model.eval(), samples)
-    geo = {"frames": frames, "samples": frames * cfg.hop, "input_samples": (frames + 1) * math.prod(cfg.enc_strides),
+    geo = {"frames": frames, "samples": frames * cfg.hop, "input_samples": frames * math.prod(cfg.enc_strides),
            "sample_rate": cfg.sample_rate, "input_rate": cfg.input_rate}
     meta = {"codec": "neucodec", "preset": preset, "sample_rate": str(cfg.sample_rate),
             "input_rate": str(cfg.input_rate), "frame_size": str(cfg.hop),
@@ -144,7 +145,7 @@ def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
     from ..runtime.neucodec import NeuCodecCodec
 
     geo, sr = manifest["geometry"], int(manifest["input_rate"])
-    limit = geo["frames"] * int(manifest["input_frame_size"])
+    limit = geo["input_samples"]
 
     def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
         return codec.encode(clip[:, :limit], sr).data

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..errors import ConfigError
 from .w2vbert_config import W2vBertConfig
 
 
@@ -33,6 +34,25 @@ class NeuCodecConfig:
     @property
     def codebook_size(self) -> int:
         return int(np.prod(self.levels))
+
+    def to_kwargs(self) -> dict:
+        """The config as JSON-ready fields (the bench writes it beside its weights)."""
+        return asdict(self)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict) -> NeuCodecConfig:
+        """The config `to_kwargs` wrote; a key it does not have is refused."""
+        if not isinstance(kwargs, dict) or not isinstance(kwargs.get("semantic", {}), dict):
+            raise ConfigError("the config is not a JSON object of NeuCodec settings")
+        for fields, given in ((cls.__dataclass_fields__, kwargs),
+                              (W2vBertConfig.__dataclass_fields__, kwargs.get("semantic", {}))):
+            unknown = sorted(set(given) - set(fields))
+            if unknown:
+                raise ConfigError(f"config key {unknown[0]!r} is not one of NeuCodec's")
+        out = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
+        if "semantic" in out:
+            out["semantic"] = W2vBertConfig(**out["semantic"])
+        return cls(**out)
 
 
 CONFIG = NeuCodecConfig
