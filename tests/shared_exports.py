@@ -107,19 +107,47 @@ def tiny_snac_export(tmp_path_factory, tiny_snac):
         slots=TINY_SLOTS))
 
 
+class _Lazy(dict):
+    """name -> folder, each built (or waited for) when first asked: a test of one codec does not
+    wait while another worker exports the rest."""
+
+    def __init__(self, builders: dict[str, Callable[[], Path]]):
+        super().__init__()
+        self.builders = builders
+
+    def __missing__(self, name: str) -> Path:
+        self[name] = self.builders[name]()
+        return self[name]
+
+    def __iter__(self):
+        return iter(self.builders)
+
+    def __len__(self) -> int:
+        return len(self.builders)
+
+    def keys(self):
+        return self.builders.keys()
+
+    def items(self):
+        return [(name, self[name]) for name in self.builders]
+
+    def values(self):
+        return [self[name] for name in self.builders]
+
+
 @pytest.fixture(scope="session")
 def smoke_exports(tmp_path_factory) -> dict:
     """Every registered codec exported through the real `codec-export`, with its registration's
     small `smoke` arguments, batched encoders (`--batch 4`, for codecs that have them) and seeded
-    random weights: name -> folder."""
+    random weights: name -> folder, each exported when first asked for."""
     from codecport import registry
 
-    out = {}
+    builders = {}
     for spec in registry.codecs():
         batch = ["--batch", SMOKE_BATCH] if spec.runtime.batchable else []
-        out[spec.name] = shared(tmp_path_factory, f"smoke-{spec.name}",
-                                lambda folder, s=spec, b=batch: cli_export(folder, s.name, *s.smoke, *b))
-    return out
+        builders[spec.name] = lambda s=spec, b=batch: shared(
+            tmp_path_factory, f"smoke-{s.name}", lambda folder: cli_export(folder, s.name, *s.smoke, *b))
+    return _Lazy(builders)
 
 
 @pytest.fixture(scope="session")

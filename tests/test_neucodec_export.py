@@ -45,3 +45,19 @@ def test_too_short_is_refused(tmp_path):
 
 class _Shell:
     cfg = PRESETS["tiny"]
+
+
+def test_the_bench_times_the_parts_it_names(smoke_exports):
+    """codec-bench's split of a call's time between the torch modules (BenchFacts.parts): every
+    node of the encoder but the few joining the paths belongs to one of them, the Linear layers'
+    Gemm nodes (named after nothing but their weights) included."""
+    from codecport import registry
+    from codecport.bench.measure import node_times
+
+    parts = registry.get("neucodec").bench.parts
+    folder = smoke_exports["neucodec"]
+    enc = node_times(folder / "encoder.onnx", {k: m for k, (g, m) in parts.items() if g == "encoder"}, runs=2)
+    assert all(p["ms"] > 0 for p in enc.values()) and 90 < sum(p["share_pct"] for p in enc.values()) <= 100.01
+    dec = node_times(folder / "decoder.onnx", {"the ISTFT": "head.istft", "the backbone": "backbone"},
+                     runs=2)
+    assert 0 < dec["the ISTFT"]["share_pct"] < 100 and dec["the backbone"]["share_pct"] > 10

@@ -4,6 +4,7 @@ indices -> `project_out` -> `fc_post_a` -> `CodecDecoderVocos`) gives the same a
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -22,7 +23,9 @@ def pair():
     generator = nc.codec_decoder_vocos.CodecDecoderVocos(hop_length=480).eval()
     fc_post_a = torch.nn.Linear(2048, 1024)
     official = types.SimpleNamespace(generator=generator, fc_post_a=fc_post_a)
-    ours = init_random(NeuCodec(PRESETS["neucodec"]), seed=1).eval()
+    cfg = PRESETS["neucodec"]  # the decoder at the released size; the semantic model it never reads, small
+    ours = NeuCodec(dataclasses.replace(cfg, semantic=dataclasses.replace(cfg.semantic, layers=1, intermediate=8)))
+    ours.eval()
     sd = {f"generator.{k}": v for k, v in generator.state_dict().items()}
     sd.update({f"fc_post_a.{k}": v for k, v in fc_post_a.state_dict().items()})
     # The official decoder's state dict, as the official model holds it, loads into ours key for key.
@@ -86,7 +89,6 @@ def official_whole():
     16 layers whose last hidden state NeuCodec reads; a narrow feed-forward keeps it small) and
     transformers' feature extractor, on shared random weights with ours, semantic model included."""
     import contextlib
-    import dataclasses
 
     from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertConfig, Wav2Vec2BertModel
 
