@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
 import pytest
 from cli_support import invoke
@@ -61,3 +62,20 @@ def test_the_bench_times_the_parts_it_names(smoke_exports):
     dec = node_times(folder / "decoder.onnx", {"the ISTFT": "head.istft", "the backbone": "backbone"},
                      runs=2)
     assert 0 < dec["the ISTFT"]["share_pct"] < 100 and dec["the backbone"]["share_pct"] > 10
+
+
+def test_an_int8_build_carries_its_measured_deviation(smoke_exports, tmp_path):
+    """A build of an export folder (as codec-bench and codec-export make them): calibrated on the
+    masked graphs through the runtime, its deviation from fp32 measured and written."""
+    import codecport
+    from codecport import registry
+    from codecport.export.builds import Build, build_of_folder
+
+    out = tmp_path / "int8"
+    build_of_folder(registry.get("neucodec"), smoke_exports["neucodec"], out, Build("cpu", "int8"))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"] == "int8" and not (out / "rvq.npz").exists()
+    dev = manifest["deviation"]
+    assert 0 <= dev["encoder"]["code_agreement_pct"] <= 100 and dev["decoder"]["snr_db"] > 0
+    codes = codecport.load(out).encode(np.zeros(4000, np.float32) + 0.1, 16000)
+    assert codes.data.shape == (1, 1, 12)

@@ -34,6 +34,11 @@ class Fsq:
     def dim(self) -> int:
         return len(self.levels)
 
+    def arrays(self) -> None:
+        """What an export writes beside its graphs for this quantizer (rvq.npz for an RVQ):
+        nothing, the codebook is implicit in the levels, which the graphs' metadata holds."""
+        return
+
     def _bound(self, z: np.ndarray) -> np.ndarray:
         return np.tanh(z + self._shift) * self._half_l - self._offset
 
