@@ -53,6 +53,21 @@ def copy_folder(src: Path, dst: Path) -> Path:
     return dst
 
 
+def damaged_copy(folder: Path, dst: Path, graph: str, key: str, value: str) -> Path:
+    """A copy of export `folder` at `dst` whose `graph` says `value` for metadata `key`, without
+    its manifest (the graphs alone, checked against each other)."""
+    import onnx
+
+    bad = copy_folder(folder, dst)
+    model = onnx.load(str(bad / f"{graph}.onnx"))
+    for p in model.metadata_props:
+        if p.key == key:
+            p.value = value
+    onnx.save(model, str(bad / f"{graph}.onnx"))
+    (bad / "manifest.json").unlink()
+    return bad
+
+
 def cli_export(folder: Path, *args) -> None:
     """`codec-export ARGS --random-init -o folder` as a user runs it (a process of its own); what
     it printed is kept beside the folder (`cli_output`)."""

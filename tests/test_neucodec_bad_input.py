@@ -5,16 +5,15 @@ output file left."""
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 import soundfile as sf
 from cli_support import invoke
 from conftest import noise
 from mimi_cli_support import assert_one_line_error
+from shared_exports import damaged_copy
 
 import codecport
 from codecport.errors import CodecportError, CodesError, ModelFileError
@@ -76,18 +75,6 @@ def test_bad_calls_of_the_api(model):
         codec.decode(np.zeros((1, 1, 3), np.int64), noise=1)
 
 
-def _damage(folder: Path, tmp_path: Path, graph: str, key: str, value: str) -> Path:
-    bad = tmp_path / "model"
-    shutil.copytree(folder, bad)
-    m = onnx.load(str(bad / f"{graph}.onnx"))
-    for p in m.metadata_props:
-        if p.key == key:
-            p.value = value
-    onnx.save(m, str(bad / f"{graph}.onnx"))
-    (bad / "manifest.json").unlink()  # the graphs alone, checked against each other
-    return bad
-
-
 @pytest.mark.parametrize("graph, key, value, match", [
     ("encoder", "frames", "30", "its inputs/outputs are"),
     ("decoder", "levels", "4,4", "does not belong|disagree"),
@@ -95,7 +82,7 @@ def _damage(folder: Path, tmp_path: Path, graph: str, key: str, value: str) -> P
     ("decoder", "input_rate", "8000", "does not belong|disagree"),
 ])
 def test_a_damaged_graph_is_refused_when_opened(model, tmp_path, graph, key, value, match):
-    bad = _damage(model, tmp_path, graph, key, value)
+    bad = damaged_copy(model, tmp_path / "model", graph, key, value)
     with pytest.raises(ModelFileError, match=match):
         c = codecport.load(bad)
         c.graph("encoder")

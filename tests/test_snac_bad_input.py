@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 import soundfile as sf
 from cli_support import invoke
 from conftest import noise
 from mimi_cli_support import assert_one_line_error
+from shared_exports import damaged_copy
 
 import codecport
 from codecport.errors import CodecportError, CodesError, ModelFileError
@@ -123,18 +123,6 @@ def test_bad_calls_of_the_api(codec):
     assert len(many.finish()) == 3 * 4 * 6
 
 
-def _damage(folder: Path, tmp_path: Path, graph: str, key: str, value: str) -> Path:
-    bad = tmp_path / "model"
-    shutil.copytree(folder, bad)
-    model = onnx.load(str(bad / f"{graph}.onnx"))
-    for p in model.metadata_props:
-        if p.key == key:
-            p.value = value
-    onnx.save(model, str(bad / f"{graph}.onnx"))
-    (bad / "manifest.json").unlink()  # the graphs alone, checked against each other
-    return bad
-
-
 @pytest.mark.parametrize("graph, key, value, match", [
     ("encoder", "margin", "60", "do not make windows"),
     ("encoder", "margin", "-1", "outside"),
@@ -143,7 +131,7 @@ def _damage(folder: Path, tmp_path: Path, graph: str, key: str, value: str) -> P
     ("encoder", "noise", "maybe", "not one of 0, 1"),
 ])
 def test_a_damaged_graph_is_refused_when_opened(tiny_snac_export, tmp_path, graph, key, value, match):
-    bad = _damage(tiny_snac_export, tmp_path, graph, key, value)
+    bad = damaged_copy(tiny_snac_export, tmp_path / "model", graph, key, value)
     with pytest.raises(ModelFileError, match=match):
         c = codecport.load(bad)
         c.graph("encoder")

@@ -14,8 +14,8 @@ DFT, no ConvTranspose, no Conv pads and no Gather:
 `mask` marks the frames of a clip shorter than the graph: the graphs then give what the official
 model gives on the clip alone (GroupNorm statistics, attention keys, conv edges, the ISTFT
 envelope; models/neucodec.py). The backbone and w2v-BERT attend to the whole clip, so a clip
-longer than the graph has no exact form through it: the runtime refuses it (export a longer
-`--len`).
+longer than the graph has no exact form through it: the runtime's fixed mode refuses it, its
+windowed mode cross-fades windows of the graph's length (runtime/neucodec.py).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from torch import nn
 from ..errors import ExportError
 from ..models.neucodec import NeuCodec
 from ..runtime.fsq import Fsq
+from ..runtime.neucodec import NeuCodecCodec, clip_mask
 from .builds import Build, finish_export
 from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated
@@ -81,12 +82,6 @@ def graph_specs(model: NeuCodec, frames: int, meta: dict[str, str]) -> list[Grap
     ]
 
 
-def _mask(frames: int, valid: int) -> np.ndarray:
-    m = np.zeros((1, 1, frames), np.float32)
-    m[..., :valid] = 1.0
-    return m
-
-
 def validate(spec: GraphSpec, onnx_model, model: NeuCodec, seed: int = 1) -> dict[str, float]:
     """ONNX Runtime against torch on inputs other than the export dummy, a shorter clip in the
     window: a decoder on the levels of random codes, within `AUDIO_ATOL`; an encoder to identical
@@ -94,7 +89,7 @@ def validate(spec: GraphSpec, onnx_model, model: NeuCodec, seed: int = 1) -> dic
     fsq = Fsq(model.cfg.levels)
     rng = np.random.default_rng(seed)
     frames = spec.inputs[-1].shape[-1]
-    mask = _mask(frames, max(2, frames - max(1, frames // 4)))
+    mask = clip_mask(frames, max(2, frames - max(1, frames // 4)))
     if spec.metadata["role"] == "decoder":
         x = [fsq.codes(rng.integers(0, fsq.size, (1, frames))), mask]
     else:
@@ -142,8 +137,6 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
 def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
     """How a build runs the graphs: a clip of the graphs' length (at the input rate) encoded,
     its codes decoded."""
-    from ..runtime.neucodec import NeuCodecCodec
-
     geo, sr = manifest["geometry"], int(manifest["input_rate"])
     limit = geo["input_samples"]
 
@@ -159,7 +152,7 @@ def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
 
 # Why `codec-export neucodec` needs --len (the CLI asks before loading any weights).
 LEN_NEEDED = ("the samples (at 24 kHz) of the fixed graphs: the longest clip they encode and decode "
-              "(shorter ones are masked)")
+              "exactly (shorter ones are masked, longer ones go through cross-faded windows)")
 
 
 def export(model: NeuCodec, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
@@ -173,4 +166,4 @@ def describe(report: dict) -> list[str]:
     geo = report["geometry"]
     return [(f"  fixed graphs  : up to {geo['frames']} frames ({geo['samples'] / geo['sample_rate']:.2f} s): "
              f"{geo['input_samples']} samples at {geo['input_rate']} Hz -> codes -> {geo['samples']} samples "
-             f"at {geo['sample_rate']} Hz; shorter clips masked, longer ones refused")]
+             f"at {geo['sample_rate']} Hz; shorter clips masked, longer ones windowed")]

@@ -82,8 +82,7 @@ class IstftSame(nn.Module):
         if self.mask is None:
             return self.overlap_add(frames) * self.envelope(t)
         valid = self.mask(t).transpose(1, 2)  # [1, T, 1]
-        window = torch.hann_window(self.n_fft, dtype=torch.float64).square().float()
-        envelope = self.overlap_add(window * valid)  # [1, T * hop]
+        envelope = self.overlap_add(self.window.square() * valid)  # [1, T * hop]
         kept = self.mask(t * self.hop).flatten(1)  # [1, T * hop]; not [:, 0], a Gather
         # Past the clip the envelope may be 0: add 1 there so nothing is NaN, then zero it.
         return self.overlap_add(frames * valid) / (envelope + (1.0 - kept)) * kept

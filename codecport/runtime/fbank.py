@@ -17,6 +17,7 @@ from ..errors import CodesError
 
 RATE = 16000
 FRAME, HOP, FFT, MELS, STRIDE = 400, 160, 512, 80, 2
+FEATURES = MELS * STRIDE  # the width of a feature row
 MEL_FLOOR = 1.192092955078125e-07
 
 

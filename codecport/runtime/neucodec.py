@@ -8,7 +8,8 @@ codes into FSQ levels and runs the decoder graph, masked the same way: the offic
 `decode_code`'s audio, 480 samples a frame.
 
 The graphs hold a fixed number of frames. The model attends to the whole clip, so a longer clip
-has no exact form through them, and is refused with the length to export for it.
+has no exact form through them: the fixed mode refuses it with the length to export for it, the
+windowed mode cross-fades windows of the graphs' length.
 """
 
 from __future__ import annotations
@@ -21,10 +22,17 @@ from ..errors import AudioError, CodesError, ModelFileError
 from .audio import Counted
 from .codec import Codec
 from .codes import Codes
-from .fbank import Fbank
+from .fbank import FEATURES, Fbank
 from .fsq import Fsq
 from .graph import Graph
 from .plan import crossfaded
+
+
+def clip_mask(frames: int, valid: int) -> np.ndarray:
+    """The graphs' `mask` `[1, 1, frames]`: 1.0 on the clip's first `valid` frames."""
+    m = np.zeros((1, 1, frames), np.float32)
+    m[..., :valid] = 1.0
+    return m
 
 
 class NeuCodecCodec(Codec):
@@ -52,7 +60,7 @@ class NeuCodecCodec(Codec):
         frames, levels = g.int("frames"), len(g.ints("levels"))
         mask = (1, 1, frames)
         if name == "encoder":
-            want = ([(1, 1, (frames + 1) * g.int("input_frame_size")), (1, frames, 160), mask],
+            want = ([(1, 1, (frames + 1) * g.int("input_frame_size")), (1, frames, FEATURES), mask],
                     [(1, frames, levels)])
         else:
             want = ([(1, frames, levels), mask], [(1, 1, frames * g.int("frame_size"))])
@@ -64,11 +72,6 @@ class NeuCodecCodec(Codec):
     def overlap(self) -> int:
         """Frames two windows share in the windowed mode: a quarter of a window."""
         return max(1, self.frames // 4)
-
-    def _mask(self, valid: int) -> np.ndarray:
-        m = np.zeros((1, 1, self.frames), np.float32)
-        m[..., :valid] = 1.0
-        return m
 
     def _too_long(self, frames: int | None) -> CodesError:
         """A clip of `frames` code frames (None: not known, more than the graphs hold) refused."""
@@ -134,9 +137,9 @@ class NeuCodecCodec(Codec):
         for c, x in enumerate(audio):
             padded = np.zeros((1, 1, (self.frames + 1) * hop), np.float32)
             padded[0, 0, :x.size] = x  # the official pad, then the window's
-            feats = np.zeros((1, self.frames, 160), np.float32)
+            feats = np.zeros((1, self.frames, FEATURES), np.float32)
             feats[0, :frames] = fbank.features(padded[0, 0, :(frames + 1) * hop])
-            latent = g.run({"audio": padded, "features": feats, "mask": self._mask(frames)})[0]
+            latent = g.run({"audio": padded, "features": feats, "mask": clip_mask(self.frames, frames)})[0]
             rows[c].append(self.rvq.indices(latent[0, lo:hi]))
 
     # ---- decoding ----------------------------------------------------------------------
@@ -162,5 +165,5 @@ class NeuCodecCodec(Codec):
         for row in a[:, 0]:
             levels = np.zeros((1, self.frames, self.rvq.dim), np.float32)
             levels[0, :frames] = self.rvq.codes(row)
-            out.append(g.run({"levels": levels, "mask": self._mask(frames)})[0][0, 0, :frames * self.frame_size])
+            out.append(g.run({"levels": levels, "mask": clip_mask(self.frames, frames)})[0][0, 0, :frames * self.frame_size])
         return np.stack(out)
