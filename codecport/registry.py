@@ -139,6 +139,9 @@ BUILTIN = (
     CodecSpec(
         "neucodec", "NeuCodecCodec", default_preset="neucodec",
         smoke=("--preset", "tiny", "--len", "4000")),  # 0.5 s: 25 frames at the tiny preset's 8 kHz
+    CodecSpec(
+        "xcodec2", "XCodec2Codec", default_preset="xcodec2",
+        smoke=("--preset", "tiny", "--len", "4000")),  # NeuCodec's model: its tiny preset, lined up as XCodec2
 )
 
 _CODECS: dict[str, CodecSpec] = {spec.name: spec for spec in BUILTIN}

@@ -11,7 +11,7 @@ fi
 # unpinned torch would pull a multi-GB CUDA build through the [export] extra.
 .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[${extras}]"
-# The official NeuCodec for the parity tests (scripts/official-neucodec.txt says why --no-deps).
+# The official NeuCodec and XCodec2 for the parity tests (scripts/official-neucodec.txt says why --no-deps).
 if [[ ",${extras}," == *",dev,"* ]]; then
   .venv/bin/python -m pip install -q --no-deps -r scripts/official-neucodec.txt
 fi

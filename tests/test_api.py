@@ -200,7 +200,9 @@ def test_bad_input_through_the_api(codecs, name):
         codec.encode(good, 16000, mode="sideways")
 
 
-@pytest.mark.parametrize("name", NAMES)
+# The folder's replacement is one mechanism (export/graph.export_folder) for every codec: run on
+# the two whose smoke exports take seconds (DAC's and NeuCodec's took 16 s and 21 s more).
+@pytest.mark.parametrize("name", ["mimi", "snac"])
 def test_reexport_replaces_an_export_whole_and_nothing_else(smoke_exports, tmp_path, name):
     """`-o` over an earlier export replaces it whole (nothing of it left behind); over a folder
     holding anything its manifest does not list, or a manifest.json that is not codecport's (a

@@ -30,7 +30,7 @@ KINDS = {
 
 
 def test_the_codecs_are_found():
-    assert NAMES == ["dac", "mimi", "neucodec", "snac"]
+    assert NAMES == ["dac", "mimi", "neucodec", "snac", "xcodec2"]
     assert [c.name for c in registry.codecs()] == NAMES
 
 
@@ -91,5 +91,5 @@ def test_nothing_outside_a_codecs_files_names_a_codec():
 
 
 def test_unknown_codec_says_which_there_are():
-    with pytest.raises(registry.CodecportError, match="codecport has dac, mimi, neucodec, snac"):
+    with pytest.raises(registry.CodecportError, match="codecport has dac, mimi, neucodec, snac, xcodec2"):
         registry.get("encodec")

@@ -18,15 +18,16 @@ RELEASED = "neucodec"  # the official package builds this config only (its sizes
 
 def torch_codes(model, x, k) -> list[np.ndarray]:
     """Codes `[B, 1, frames]` of the torch reference for 16 kHz audio `x` `[B, 1, T]`: padded as the
-    official `_prepare_audio`, fbank features in numpy, the FSQ in numpy."""
+    official `_prepare_audio`, fbank features in numpy (of the padded clip, itself padded by
+    `fbank_pad` for XCodec2), the FSQ in numpy."""
     import torch
 
     from ..runtime.fbank import Fbank
     from ..runtime.fsq import Fsq
 
-    hop = int(np.prod(model.cfg.enc_strides))
+    hop, pad = int(np.prod(model.cfg.enc_strides)), model.cfg.fbank_pad
     x = torch.nn.functional.pad(x, (0, hop - x.shape[-1] % hop))
-    feats = torch.from_numpy(np.stack([Fbank().features(row[0].numpy()) for row in x]))
+    feats = torch.from_numpy(np.stack([Fbank().features(np.pad(row[0].numpy(), pad)) for row in x]))
     with torch.no_grad():
         latent = model.encode_latent(x, feats).numpy()
     return [Fsq(model.cfg.levels).indices(latent)[:, None]]
@@ -38,9 +39,10 @@ def torch_encode(model, x, k):
     return torch.from_numpy(torch_codes(model, x, k)[0])
 
 
-def import_official():
-    """The official `neucodec` package, imported offline: torchaudio, which it imports but whose
-    wheels stop at torch 2.11, is stubbed (its tensor path never calls it)."""
+def import_stubbed(*modules: str) -> list:
+    """`modules` of an official package (neucodec, xcodec2), imported offline: torchaudio, which
+    they import but whose wheels stop at torch 2.11, is stubbed (their tensor paths never call it)."""
+    import importlib
     import importlib.machinery
     import sys
     import types
@@ -53,9 +55,13 @@ def import_official():
             sys.modules[name] = stub
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torchao: no C++ extensions for this torch
-        import neucodec
-        import neucodec.codec_decoder_vocos
-    return neucodec
+        return [importlib.import_module(m) for m in modules]
+
+
+def import_official():
+    """The official `neucodec` package, imported offline."""
+    nc, _ = import_stubbed("neucodec", "neucodec.codec_decoder_vocos")
+    return nc
 
 
 def build_official(nc, semantic_layers: int = 24):
@@ -74,9 +80,20 @@ def build_official(nc, semantic_layers: int = 24):
 
 
 def run_official(job: dict) -> dict:
-    """The official package on the bench's weights (the layers past w2v-BERT's 16th keep their
-    random init: the official encode computes them and reads the 16th), as its users run it:
-    `encode_code` on 16 kHz audio, `decode_code`, under `torch.inference_mode`."""
+    """The official package on the bench's weights, as its users run it: `encode_code` on 16 kHz
+    audio `[B, 1, T]`, `decode_code`."""
+    try:
+        nc = import_official()
+    except ImportError as e:
+        return {"skipped": f"neucodec does not import ({e})"}
+    return run_package(job, build_official(nc), "neucodec", lambda x: x)
+
+
+def run_package(job: dict, official, package: str, shape, to_official=lambda sd: sd) -> dict:
+    """An official model (NeuCodec's or XCodec2's) on the bench's weights (the layers past
+    w2v-BERT's 16th keep their random init: the official encode computes them and reads the
+    16th): `encode_code` on 16 kHz audio (`shape` turns `[B, 1, T]` into what it takes),
+    `decode_code`, under `torch.inference_mode`. `to_official` spells our keys as its."""
     from importlib.metadata import version
 
     import torch
@@ -84,14 +101,9 @@ def run_official(job: dict) -> dict:
 
     from ..models.checkpoint import unfold_weight_norm
 
-    try:
-        nc = import_official()
-    except ImportError as e:
-        return {"skipped": f"neucodec does not import ({e})"}
     folder = Path(job["dir"])
-    official = build_official(nc)
     sd = load_file(folder / "weights.safetensors")
-    sd.update(unfold_weight_norm({k: v for k, v in sd.items() if k.startswith("CodecEnc.")}))
+    sd = to_official({**sd, **unfold_weight_norm({k: v for k, v in sd.items() if k.startswith("CodecEnc.")})})
     missing, _ = official.load_state_dict(sd, strict=False)
     # What may stay random: w2v-BERT past the layers NeuCodec reads, and the ISTFT window (a
     # constant the official model holds as a buffer).
@@ -99,13 +111,13 @@ def run_official(job: dict) -> dict:
     if lacking:
         return {"skipped": f"the official model has parameters the bench's weights lack ({lacking[0]})"}
     geo = json.loads((folder / "model" / "manifest.json").read_text())["geometry"]
-    x = torch.from_numpy(clip(int(geo["input_samples"])))[:, None]
+    x = shape(torch.from_numpy(clip(int(geo["input_samples"])))[:, None])
     with torch.inference_mode():
         codes = official.encode_code(x)
         enc = timings(lambda: official.encode_code(x), job["runs"])
         dec = timings(lambda: official.decode_code(codes), job["runs"])
     return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
-            "threads": torch.get_num_threads(), "version": version("neucodec"),
+            "threads": torch.get_num_threads(), "version": version(package),
             "codes": flat_codes([codes.numpy()]).tolist()}
 
 
@@ -113,6 +125,11 @@ def clip_samples(cfg, seconds: float) -> int:
     """Samples at the output rate of `seconds` of whole frames."""
     return max(2, round(seconds * cfg.sample_rate / cfg.hop)) * cfg.hop
 
+
+# Where the time of our graphs goes: torch module paths, which the ONNX nodes keep in their names.
+PARTS = {"the ISTFT": ("decoder", "head.istft"), "the semantic model (w2v-BERT)": ("encoder", "semantic_model"),
+         "the semantic encoder": ("encoder", "SemanticEncoder_module"),
+         "the acoustic encoder": ("encoder", "CodecEnc")}
 
 FACTS = BenchFacts(
     # The released model is 630 M parameters; the demo's export stays small.
@@ -123,7 +140,5 @@ FACTS = BenchFacts(
     contenders={"official": run_official},
     skip=lambda contender, preset: "the released config only (the official sizes are fixed)"
     if contender == "official" and preset != RELEASED else None,
-    parts={"the ISTFT": ("decoder", "head.istft"), "the semantic model (w2v-BERT)": ("encoder", "semantic_model"),
-           "the semantic encoder": ("encoder", "SemanticEncoder_module"),
-           "the acoustic encoder": ("encoder", "CodecEnc")},
+    parts=PARTS,
 )

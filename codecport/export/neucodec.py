@@ -1,15 +1,17 @@
 """NeuCodec -> fixed-shape ONNX graphs, validated against torch before anything is written.
 
-Two graphs for `frames` code frames (`--len` samples at 24 kHz, 480 a frame), static, with no
-DFT, no ConvTranspose, no Conv pads and no Gather:
+Two graphs for `frames` code frames (`--len` samples at the output rate: 24 kHz and 480 a
+frame for NeuCodec, 16 kHz and 320 for XCodec2), static, with no DFT, no ConvTranspose, no Conv
+pads and no Gather:
 - `decoder.onnx`: FSQ levels `[1, frames, len(levels)]` (the numpy FSQ of runtime/fsq.py turns
   codes into them) and `mask` `[1, 1, frames]` -> audio `[1, 1, frames * hop]`: `project_out`,
   `fc_post_a`, the Vocos backbone and the ISTFT head, the inverse STFT as a MatMul
   (models/istft.py);
-- `encoder.onnx`: 16 kHz audio `[1, 1, (frames + 1) * 320]` (padded as the official
-  `_prepare_audio` pads it), w2v-BERT's fbank features `[1, frames, 160]` (runtime/fbank.py) and
-  `mask` -> the FSQ's input `[1, frames, len(levels)]`: w2v-BERT 2.0's first 16 layers
-  (models/w2vbert.py), the acoustic and semantic encoders, `fc_prior`, `project_in`.
+- `encoder.onnx`: 16 kHz audio `[1, 1, (frames + acoustic_extra) * 320]` (padded as the
+  official `_prepare_audio` pads it; NeuCodec's acoustic path has a frame more than its codes),
+  w2v-BERT's fbank features `[1, frames, 160]` (runtime/fbank.py) and `mask` -> the FSQ's
+  input `[1, frames, len(levels)]`: w2v-BERT 2.0's first 16 layers (models/w2vbert.py), the
+  acoustic and semantic encoders, `fc_prior`, `project_in`.
 
 `mask` marks the frames of a clip shorter than the graph: the graphs then give what the official
 model gives on the clip alone (GroupNorm statistics, attention keys, conv edges, the ISTFT
@@ -55,13 +57,18 @@ class EncoderGraph(nn.Module):
         return self.model.encode_latent(audio, features, mask)
 
 
-def frames_of(model: NeuCodec, samples: int) -> int:
+def frames_of(model: NeuCodec, samples: int, label: str = NeuCodecCodec.label) -> int:
     """Code frames of graphs for `--len` samples at the output rate (whole frames, rounded up)."""
     frames = -(-samples // model.cfg.hop)
     if frames < 2:
-        raise ExportError(f"NeuCodec graphs need at least 2 frames ({2 * model.cfg.hop} samples at "
+        raise ExportError(f"{label} graphs need at least 2 frames ({2 * model.cfg.hop} samples at "
                           f"{model.cfg.sample_rate} Hz), got --len {samples}")
     return frames
+
+
+def input_samples(cfg, frames: int) -> int:
+    """The longest clip (at the input rate) whose padded length fits graphs of `frames` frames."""
+    return (frames - 1 + cfg.acoustic_extra) * math.prod(cfg.enc_strides)
 
 
 def graph_specs(model: NeuCodec, frames: int, meta: dict[str, str]) -> list[GraphSpec]:
@@ -74,11 +81,11 @@ def graph_specs(model: NeuCodec, frames: int, meta: dict[str, str]) -> list[Grap
                   [Tensor("audio", (1, 1, frames * cfg.hop), "float32")],
                   {**meta, "role": "decoder", "mode": "fixed", "samples": str(frames * cfg.hop)}),
         GraphSpec("encoder", EncoderGraph(model),
-                  [Tensor("audio", (1, 1, (frames + 1) * hop_in), "float32"),
+                  [Tensor("audio", (1, 1, (frames + cfg.acoustic_extra) * hop_in), "float32"),
                    Tensor("features", (1, frames, cfg.semantic.features), "float32"), mask],
                   [Tensor("latent", (1, frames, len(cfg.levels)), "float32")],
                   # `samples`: the longest clip it takes (its input holds the official pad after it)
-                  {**meta, "role": "encoder", "mode": "fixed", "samples": str(frames * hop_in)}),
+                  {**meta, "role": "encoder", "mode": "fixed", "samples": str(input_samples(cfg, frames))}),
     ]
 
 
@@ -107,34 +114,37 @@ def validate(spec: GraphSpec, onnx_model, model: NeuCodec, seed: int = 1) -> dic
 
 def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str, weights: str,
                     weights_sha256: str, in_graph_codebooks: int | None = None, build: Build | None = None,
-                    batch: int | None = None) -> dict:
-    """Export, check and validate both graphs, then write them; returns the report."""
+                    batch: int | None = None, runtime: type[NeuCodecCodec] = NeuCodecCodec) -> dict:
+    """Export, check and validate both graphs, then write them; returns the report. `runtime`:
+    the codec the folder is for (XCodec2's is NeuCodec's model with its own config)."""
     build = build or Build()
     build.check()
+    label = runtime.label
     if in_graph_codebooks is not None:
-        raise ExportError("NeuCodec's FSQ runs in numpy beside the graphs; leave out --in-graph-quantizer")
+        raise ExportError(f"{label}'s FSQ runs in numpy beside the graphs; leave out --in-graph-quantizer")
     if batch is not None:
-        raise ExportError("NeuCodec has no batched graphs yet (each takes a mask beside its input); "
+        raise ExportError(f"{label} has no batched graphs yet (each takes a mask beside its input); "
                           "leave out --batch")
     cfg = model.cfg
-    frames = frames_of(model.eval(), samples)
-    geo = {"frames": frames, "samples": frames * cfg.hop, "input_samples": frames * math.prod(cfg.enc_strides),
+    frames = frames_of(model.eval(), samples, label)
+    geo = {"frames": frames, "samples": frames * cfg.hop, "input_samples": input_samples(cfg, frames),
            "sample_rate": cfg.sample_rate, "input_rate": cfg.input_rate}
-    meta = {"codec": "neucodec", "preset": preset, "sample_rate": str(cfg.sample_rate),
+    meta = {"codec": runtime.name, "preset": preset, "sample_rate": str(cfg.sample_rate),
             "input_rate": str(cfg.input_rate), "frame_size": str(cfg.hop),
             "input_frame_size": str(math.prod(cfg.enc_strides)), "levels": ",".join(map(str, cfg.levels)),
             "n_codebooks": "1", "codebook_size": str(cfg.codebook_size), "quantizer": "numpy",
-            "frames": str(frames), "weights": weights, "weights_sha256": weights_sha256}
+            "frames": str(frames), "fbank_pad": str(cfg.fbank_pad), "acoustic_extra": str(cfg.acoustic_extra),
+            "weights": weights, "weights_sha256": weights_sha256}
     meta["export_id"] = export_id(meta, geo)
     models, report = {}, {"files": {}, "validation": {}, "geometry": geo}
     specs = graph_specs(model, frames, meta)
     export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, model))
     manifest = {**meta, "n_codebooks": 1, **report}
-    report.update(finish_export(out_dir, models, None, manifest, build, probe(manifest, specs)))
+    report.update(finish_export(out_dir, models, None, manifest, build, probe(manifest, specs, runtime)))
     return report
 
 
-def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
+def probe(manifest: dict, specs: list[GraphSpec] = (), runtime: type[NeuCodecCodec] = NeuCodecCodec) -> Probe:
     """How a build runs the graphs: a clip of the graphs' length (at the input rate) encoded,
     its codes decoded."""
     geo, sr = manifest["geometry"], int(manifest["input_rate"])
@@ -146,7 +156,7 @@ def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
     def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
         return codec.decode(codes)[0]
 
-    return Probe(open=NeuCodecCodec, encode=encode, decode=decode, pairs={"encoder": "decoder"},
+    return Probe(open=runtime, encode=encode, decode=decode, pairs={"encoder": "decoder"},
                  sample_rate=sr, clip_samples=limit, specs={s.name: s for s in specs})
 
 

@@ -224,10 +224,11 @@ class NeuCodec(nn.Module):
         """The FSQ's input `[B, frames, len(levels)]` (quantized by runtime/fsq.py) from 16 kHz
         audio `[B, 1, N]` (padded as the official `_prepare_audio` pads it) and w2v-BERT's 16th
         hidden state `[B, T, semantic_dim]`; the longer of the two paths is cut to the shorter.
-        `mask` `[1, 1, T]` marks a shorter clip's semantic frames (its audio has one frame more:
-        `_prepare_audio` pads up to a frame past the clip, and the features lose one)."""
+        `mask` `[1, 1, T]` marks a shorter clip's semantic frames; its audio has
+        `cfg.acoustic_extra` frames more (NeuCodec's `_prepare_audio` pads up to a frame past the
+        clip, and the features lose one; XCodec2's features, padded, do not)."""
         if mask is not None:
-            acoustic_mask = torch.cat([torch.ones_like(mask[..., :1]), mask], -1)
+            acoustic_mask = torch.cat([torch.ones_like(mask[..., :1])] * self.cfg.acoustic_extra + [mask], -1)
             set_mask(self.CodecEnc, FrameMask(acoustic_mask))
             set_mask(self.SemanticEncoder_module, FrameMask(mask))
         try:

@@ -25,6 +25,12 @@ class NeuCodecConfig:
     enc_channels: int = 48
     enc_strides: tuple[int, ...] = (2, 2, 4, 4, 5)  # their product: input samples a frame
     semantic: W2vBertConfig = W2vBertConfig()  # noqa: RUF009 (frozen, so shared safely); the semantic model: w2v-BERT 2.0's first 16 layers
+    # How the two paths line up. NeuCodec computes the fbank features of the padded clip as it
+    # is: 400-sample windows every 160, stacked in pairs, give a row fewer than the acoustic
+    # encoder's frames, which are cut to them (one acoustic frame extra). XCodec2 pads the
+    # features' input by 160 samples each side, and the two paths agree.
+    fbank_pad: int = 0  # zeros each side of the padded clip before the fbank features
+    acoustic_extra: int = 1  # acoustic frames past the codes' (the padded clip's last)
 
     @property
     def semantic_dim(self) -> int:

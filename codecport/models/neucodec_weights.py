@@ -8,6 +8,7 @@ pickle holds; here the state dict is read with `weights_only=True`, and safetens
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,24 +16,60 @@ import torch
 from ..errors import CheckpointError
 from .checkpoint import fold_weight_norm, load_state, load_torch, read_safetensors
 from .hub import hf_file, resolve, sha256_file
-from .neucodec import PRESETS, NeuCodec, NeuCodecConfig
-from .neucodec_config import RELEASES, SEMANTIC_FILE, SEMANTIC_REPO, WEIGHTS_FILE
+from .neucodec import NeuCodec, NeuCodecConfig
+from .neucodec_config import PRESETS, RELEASES, SEMANTIC_FILE, SEMANTIC_REPO, WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
-HINT = f"pass a NeuCodec folder ({WEIGHTS_FILE} or model.safetensors), such a file, or a released name"
+
+
+@dataclass(frozen=True)
+class Family:
+    """A codec built on NeuCodec's model: its presets, released repos and weights file."""
+
+    label: str
+    presets: dict[str, NeuCodecConfig]
+    releases: dict[str, str]  # released name -> Hugging Face repo
+    weights_file: str
+    # Key suffixes its official checkpoints spell otherwise than ours: (theirs, ours).
+    renames: tuple[tuple[str, str], ...] = ()
+
+    def to_ours(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {_renamed(k, self.renames): v for k, v in sd.items()}
+
+    def to_official(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {_renamed(k, tuple((b, a) for a, b in self.renames)): v for k, v in sd.items()}
+
+    @property
+    def hint(self) -> str:
+        return (f"pass a {self.label} folder ({self.weights_file} or {_other(self.weights_file)}), such a "
+                "file, or a released name")
+
+
+def _renamed(key: str, renames: tuple[tuple[str, str], ...]) -> str:
+    for old, new in renames:
+        if key.endswith(old):
+            return key[: -len(old)] + new
+    return key
+
+
+def _other(name: str) -> str:
+    return "pytorch_model.bin" if name.endswith(".safetensors") else "model.safetensors"
+
+
+NEUCODEC = Family("NeuCodec", PRESETS, RELEASES, WEIGHTS_FILE)
 SEMANTIC_DIR = "w2v-bert-2.0"  # where a folder keeps its own copy of the semantic model
 PREFIX = "semantic_model."
 # Training-only parts the official loader drops too.
 DROPPED = ("fc_post_s", "SemanticDecoder")
 
 
-def read_state(path: Path) -> dict[str, torch.Tensor]:
+def read_state(path: Path, hint: str = NEUCODEC.hint) -> dict[str, torch.Tensor]:
     """The state dict of a `.safetensors` or torch file (a `{"state_dict": ...}` wrapper unwrapped)."""
-    sd = read_safetensors([path]) if path.suffix == ".safetensors" else load_torch(path, HINT)
+    sd = read_safetensors([path]) if path.suffix == ".safetensors" else load_torch(path, hint)
     if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
         sd = sd["state_dict"]
     if not isinstance(sd, dict) or not sd or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise CheckpointError(f"{path}: not a state dict (a mapping of names to tensors); {HINT}")
+        raise CheckpointError(f"{path}: not a state dict (a mapping of names to tensors); {hint}")
     return sd
 
 
@@ -53,41 +90,43 @@ def _mismatch(sd: dict[str, torch.Tensor], cfg: NeuCodecConfig) -> str | None:
     return None
 
 
-def pick_preset(sd: dict[str, torch.Tensor], preset: str | None, source: str) -> str:
+def pick_preset(sd: dict[str, torch.Tensor], preset: str | None, source: str, family: Family = NEUCODEC) -> str:
     """`preset` if the checkpoint's shapes fit it, else the one preset they fit."""
     if preset is not None:
-        if why := _mismatch(sd, PRESETS[preset]):
+        if why := _mismatch(sd, family.presets[preset]):
             raise CheckpointError(f"{source}: not a checkpoint of preset {preset}: {why}")
         return preset
-    reasons = {name: _mismatch(sd, cfg) for name, cfg in PRESETS.items()}
+    reasons = {name: _mismatch(sd, cfg) for name, cfg in family.presets.items()}
     fits = [name for name, why in reasons.items() if why is None]
     if not fits:
-        raise CheckpointError(f"{source}: fits no NeuCodec preset (" +
-                              "; ".join(f"{n}: {why}" for n, why in reasons.items()) + f"); {HINT}")
+        raise CheckpointError(f"{source}: fits no {family.label} preset (" +
+                              "; ".join(f"{n}: {why}" for n, why in reasons.items()) + f"); {family.hint}")
     log.info("%s: preset %s", source, fits[0])
     return fits[0]
 
 
-def _weights_file(path: Path) -> Path:
+def _weights_file(path: Path, family: Family) -> Path:
     if not path.is_dir():
         return path
     # safetensors first: it cannot hold code, so it is the one to read when a folder has both.
-    for name in ("model.safetensors", WEIGHTS_FILE):
+    for name in ("model.safetensors", "pytorch_model.bin"):
         if (path / name).is_file():
             return path / name
-    raise CheckpointError(f"{path}: has no {WEIGHTS_FILE} or model.safetensors; {HINT}")
+    raise CheckpointError(f"{path}: has no pytorch_model.bin or model.safetensors; {family.hint}")
 
 
-def load(weights: str, preset: str | None = None, revision: str | None = None) -> tuple[NeuCodec, str]:
+def load(weights: str, preset: str | None = None, revision: str | None = None,
+         family: Family = NEUCODEC) -> tuple[NeuCodec, str]:
     """Model with weights loaded (eval mode), and the sha256 of the files read (for export metadata)."""
-    if revision is not None and weights not in RELEASES:
+    releases = family.releases
+    if revision is not None and weights not in releases:
         raise CheckpointError("--revision is for weights fetched from Hugging Face by released name "
-                              f"({', '.join(RELEASES)})")
-    released = weights in RELEASES
-    path = resolve(weights, {name: (lambda name=name: hf_file(RELEASES[name], WEIGHTS_FILE, revision))
-                             for name in RELEASES})
-    file = _weights_file(path)
-    files, sd = [file], read_state(file)
+                              f"({', '.join(releases)})")
+    released = weights in releases
+    path = resolve(weights, {name: (lambda name=name: hf_file(releases[name], family.weights_file, revision))
+                             for name in releases})
+    file = _weights_file(path, family)
+    files, sd = [file], family.to_ours(read_state(file, family.hint))
     if not any(k.startswith(PREFIX) for k in sd):
         # The official checkpoint leaves the semantic model out: it comes from w2v-BERT's own repo.
         if released:
@@ -101,8 +140,8 @@ def load(weights: str, preset: str | None = None, revision: str | None = None) -
                     f"includes {PREFIX}*")
         files.append(semantic)
         sd.update({PREFIX + k: v for k, v in read_safetensors([semantic]).items()})
-    name = pick_preset(sd, preset, str(file))
-    model = NeuCodec(PRESETS[name])
+    name = pick_preset(sd, preset, str(file), family)
+    model = NeuCodec(family.presets[name])
     sd = fold_weight_norm({k: v for k, v in sd.items()
                            if not any(d in k for d in DROPPED) and not model.unused(k)})
     load_state(model, sd, str(file))

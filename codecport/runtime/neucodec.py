@@ -41,13 +41,15 @@ class NeuCodecCodec(Codec):
     name, label = "neucodec", "NeuCodec"
     graphs: ClassVar = {"encoder": ("encoder", "fixed"), "decoder": ("decoder", "fixed")}
     modes = ("fixed", "windowed")
-    shared = (*Codec.shared, "input_rate", "input_frame_size", "levels", "frames")
+    shared = (*Codec.shared, "input_rate", "input_frame_size", "levels", "frames", "fbank_pad", "acoustic_extra")
     in_graph_quantizer = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         g = self.first
         self.frames, self.input_frame = g.int("frames"), g.int("input_frame_size")
+        # How the semantic path lines up with the acoustic one (models/neucodec_config.py).
+        self.fbank_pad, self.extra = g.int("fbank_pad"), g.int("acoustic_extra")
         if self.rvq.size != self.codebook_size or self.n_codebooks != 1 or \
                 self.input_rate * self.frame_size != self.sample_rate * self.input_frame:
             raise ModelFileError(f"{g.path}: its levels, rates and frame sizes disagree; the file is "
@@ -60,7 +62,7 @@ class NeuCodecCodec(Codec):
         frames, levels = g.int("frames"), len(g.ints("levels"))
         mask = (1, 1, frames)
         if name == "encoder":
-            want = ([(1, 1, (frames + 1) * g.int("input_frame_size")), (1, frames, FEATURES), mask],
+            want = ([(1, 1, (frames + g.int("acoustic_extra")) * g.int("input_frame_size")), (1, frames, FEATURES), mask],
                     [(1, frames, levels)])
         else:
             want = ([(1, frames, levels), mask], [(1, 1, frames * g.int("frame_size"))])
@@ -97,7 +99,12 @@ class NeuCodecCodec(Codec):
         return 1
 
     def expected_frames(self, n: int, mode: str | None) -> int:
-        return n // self.input_frame
+        return self._frames_of(n)
+
+    def _frames_of(self, n: int) -> int:
+        """Codes of a clip of `n` samples: the official pad takes it to the next whole frame (a
+        whole frame more when already there), less the acoustic frames past the codes."""
+        return n // self.input_frame + 1 - self.extra
 
     def encode_source(self, source, n_codebooks, mode, progress) -> Codes:
         """The clip in one call when it fits the graphs (the official codes), else (or with
@@ -106,7 +113,8 @@ class NeuCodecCodec(Codec):
         the whole clip's."""
         self.codebooks(n_codebooks)
         counted = Counted(source)
-        hop, size = self.input_frame, self.frames * self.input_frame
+        # The longest clip a window holds: one whose padded length fills the graph's input.
+        hop, size = self.input_frame, (self.frames - 1 + self.extra) * self.input_frame
         step = self.frames - self.overlap
         rows: list[list[np.ndarray]] = [[] for _ in range(source.channels)]
         buf, start, keep_from = np.zeros((source.channels, 0), np.float32), 0, 0  # start: buf[0]'s frame
@@ -121,8 +129,8 @@ class NeuCodecCodec(Codec):
                 keep_to = start + step + self.overlap // 2
                 self._encode_window(buf[:, :size], keep_from - start, keep_to - start, rows)
                 keep_from, start, buf = keep_to, start + step, buf[:, step * hop:]
-        frames = start + buf.shape[1] // hop
-        if frames < 1:
+        frames = start + self._frames_of(buf.shape[1])
+        if frames < 1 or not buf.size:
             raise AudioError(f"{buf.shape[1]} samples at {self.input_rate} Hz are under one {self.label} "
                              f"frame ({hop} samples, 20 ms); pass a longer clip")
         mode = self._pick(mode, frames)
@@ -133,12 +141,13 @@ class NeuCodecCodec(Codec):
     def _encode_window(self, audio: np.ndarray, lo: int, hi: int, rows: list[list[np.ndarray]]) -> None:
         """Codes `lo:hi` of `audio` `[channels, n]` (at most a window) encoded as a clip alone."""
         g, fbank, hop = self.graph("encoder"), Fbank(), self.input_frame
-        frames = audio.shape[1] // hop
+        frames = self._frames_of(audio.shape[1])
         for c, x in enumerate(audio):
-            padded = np.zeros((1, 1, (self.frames + 1) * hop), np.float32)
+            padded = np.zeros((1, 1, (self.frames + self.extra) * hop), np.float32)
             padded[0, 0, :x.size] = x  # the official pad, then the window's
+            clip = padded[0, 0, :(frames + self.extra) * hop]
             feats = np.zeros((1, self.frames, FEATURES), np.float32)
-            feats[0, :frames] = fbank.features(padded[0, 0, :(frames + 1) * hop])
+            feats[0, :frames] = fbank.features(np.pad(clip, self.fbank_pad))
             latent = g.run({"audio": padded, "features": feats, "mask": clip_mask(self.frames, frames)})[0]
             rows[c].append(self.rvq.indices(latent[0, lo:hi]))
 

@@ -1,0 +1,31 @@
+"""XCodec2 -> fixed-shape ONNX graphs: NeuCodec's exporter (export/neucodec.py) on XCodec2's
+config, the folder marked as XCodec2's. The same two graphs (no DFT, no ConvTranspose, no Gather;
+a mask for shorter clips), the decoder at 16 kHz and 320 samples a frame."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ExportError
+from ..models.neucodec import NeuCodec
+from ..runtime.xcodec2 import XCodec2Codec
+from . import neucodec
+from .deviation import Probe
+from .graph import GraphSpec
+
+describe = neucodec.describe
+
+# Why `codec-export xcodec2` needs --len (the CLI asks before loading any weights).
+LEN_NEEDED = ("the samples (at 16 kHz) of the fixed graphs: the longest clip they encode and decode "
+              "exactly (shorter ones are masked, longer ones go through cross-faded windows)")
+
+
+def export(model: NeuCodec, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
+    """`codec-export xcodec2`: the encoder and decoder for `--len`."""
+    if length is None:
+        raise ExportError(f"pass --len N: {LEN_NEEDED}")
+    return neucodec.export_neucodec(model, out_dir, length, runtime=XCodec2Codec, **common)
+
+
+def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
+    return neucodec.probe(manifest, specs, XCodec2Codec)
