@@ -69,8 +69,10 @@ def test_bad_calls_of_the_api(model):
         codec.encode(noise(3000), 16000, n_codebooks=2)
     with pytest.raises(CodecportError, match="has no step mode"):
         codec.encode(noise(3000), 16000, mode="step")
-    with pytest.raises(CodecportError, match="has no decoder stream"):
-        codec.decoder_stream()
+    with pytest.raises(CodecportError, match="has no encoder stream"):
+        codec.encoder_stream()
+    with pytest.raises(CodesError, match=r"codes must be in \[0, 64\)"):
+        codec.decoder_stream().push(np.full((1, 3), 64, np.int64))
     with pytest.raises(CodesError, match="draws no noise"):
         codec.decode(np.zeros((1, 1, 3), np.int64), noise=1)
 

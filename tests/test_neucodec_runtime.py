@@ -71,6 +71,22 @@ def test_a_longer_clip_goes_through_windows_each_a_clip_alone(codec, reference):
         codec.decode(codes.data, mode="fixed")
 
 
+@pytest.mark.parametrize("frames", [3, 25, 26, 44, 62])  # within a window, one, past it, several
+def test_the_stream_gives_decode_a_code_at_a_time(codec, frames):
+    """Codes pushed one at a time (as an LLM emits them) through the windows: the audio `decode`
+    gives for the whole sequence, each frame's audio no later than the stated latency."""
+    codes = np.random.default_rng(frames).integers(0, 64, (1, 1, frames))
+    want = codec.decode(codes)[0][0]
+    stream, out, hop = codec.decoder_stream(), [], codec.frame_size
+    assert stream.latency.frames == codec.frames - 1
+    for i in range(frames):
+        out.append(stream.push(codes[0, :, i:i + 1]))
+        done = sum(len(a) for a in out) // hop
+        assert i + 1 - stream.latency.frames <= done <= i + 1
+    got = np.concatenate([*out, stream.flush()])
+    np.testing.assert_array_equal(got, want)
+
+
 def test_crossfade_keeps_a_signal_both_windows_agree_on():
     x = np.random.default_rng(0).standard_normal((2, 1000)).astype(np.float32)
     pieces = [x[:, s:s + 300] for s in (0, 250, 500, 750)]  # overlapping by 50

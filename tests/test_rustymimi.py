@@ -99,25 +99,24 @@ def test_past_the_window_rustymimi_attends_to_one_more_position(released, tokeni
 
 @pytest.fixture(scope="module")
 def rusty_window(released, tmp_path_factory):
-    """The released config's graphs exported with `--attention rustymimi`: fixed for LONG frames,
-    and the step pair."""
+    """The released config's step graphs exported with `--attention rustymimi`. (Its fixed graphs
+    for LONG frames took a minute and a half to export; that they equal the step graphs and the
+    torch model with one key more is test_mimi_export's `test_rustymimi_window`.)"""
     model = MimiModel(PRESETS["mimi"]).eval()
     model.load_state_dict(load_file(str(released[0])))
     out = tmp_path_factory.mktemp("rustymimi-window") / "onnx"
-    export_mimi(model, out, LONG * model.cfg.frame_size, 1, preset="mimi",
-                weights="random-init seed 3", weights_sha256="none", attention="rustymimi")
+    export_mimi(model, out, None, 1, preset="mimi", weights="random-init seed 3", weights_sha256="none",
+                attention="rustymimi")
     return out
 
 
 def test_rustymimi_window_equals_rustymimi_past_the_window(rusty_window, tokenizer):
-    """`--attention rustymimi` graphs give rustymimi's codes past 250 positions, where the default
-    ones part from it (the test above), in one fixed call and streamed frame by frame; and its
-    audio for them. (rustymimi's own streaming equals its whole clip.)"""
+    """`--attention rustymimi` step graphs give rustymimi's codes past 250 positions, where the
+    default ones part from it (the test above), streamed frame by frame; and its audio for them.
+    (rustymimi's own streaming equals its whole clip.)"""
     codec = MimiCodec(rusty_window)
     clip = noise(LONG * codec.frame_size, seed=4)
     theirs = tokenizer.encode(clip[None]).astype(np.int64)
-    np.testing.assert_array_equal(codec.encode(clip, codec.sample_rate).data, theirs)
     np.testing.assert_array_equal(codec.encode(clip, codec.sample_rate, mode="step").data, theirs)
     audio = tokenizer.decode(theirs.astype(np.uint32))[0]
-    np.testing.assert_allclose(codec.decode(theirs)[0], audio, atol=1e-4)
     np.testing.assert_allclose(codec.decode(theirs, mode="step")[0], audio, atol=1e-4)

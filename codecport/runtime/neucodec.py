@@ -5,7 +5,8 @@ whole frame when already there), computes w2v-BERT's fbank features in numpy (fb
 the encoder graph with the clip's frames masked in, and quantizes its output with the numpy FSQ
 (fsq.py): the official `encode_code`'s codes, `n // 320` frames for `n` samples. Decoding turns
 codes into FSQ levels and runs the decoder graph, masked the same way: the official
-`decode_code`'s audio, 480 samples a frame.
+`decode_code`'s audio, 480 samples a frame. XCodec2 (runtime/xcodec2.py) runs through this class:
+its graphs' metadata (`fbank_pad`, `acoustic_extra`) says how its encoder's two paths line up.
 
 The graphs hold a fixed number of frames. The model attends to the whole clip, so a longer clip
 has no exact form through them: the fixed mode refuses it with the length to export for it, the
@@ -25,7 +26,8 @@ from .codes import Codes
 from .fbank import FEATURES, Fbank
 from .fsq import Fsq
 from .graph import Graph
-from .plan import crossfaded
+from .plan import crossfade, crossfaded
+from .stream import DecoderStream, Latency, as_levels
 
 
 def clip_mask(frames: int, valid: int) -> np.ndarray:
@@ -41,6 +43,7 @@ class NeuCodecCodec(Codec):
     name, label = "neucodec", "NeuCodec"
     graphs: ClassVar = {"encoder": ("encoder", "fixed"), "decoder": ("decoder", "fixed")}
     modes = ("fixed", "windowed")
+    streams = ("decoder",)  # through the windowed mode's windows (NeuCodecWindowStream)
     shared = (*Codec.shared, "input_rate", "input_frame_size", "levels", "frames", "fbank_pad", "acoustic_extra")
     in_graph_quantizer = False
 
@@ -113,7 +116,7 @@ class NeuCodecCodec(Codec):
         the whole clip's."""
         self.codebooks(n_codebooks)
         counted = Counted(source)
-        # The longest clip a window holds: one whose padded length fills the graph's input.
+        # A window's audio: the longest whole-frame clip whose padded length fits the graph's input.
         hop, size = self.input_frame, (self.frames - 1 + self.extra) * self.input_frame
         step = self.frames - self.overlap
         rows: list[list[np.ndarray]] = [[] for _ in range(source.channels)]
@@ -152,6 +155,11 @@ class NeuCodecCodec(Codec):
             rows[c].append(self.rvq.indices(latent[0, lo:hi]))
 
     # ---- decoding ----------------------------------------------------------------------
+    def decoder_stream(self, io_binding: bool | None = None) -> NeuCodecWindowStream:
+        """Codes a frame at a time (as an LLM emits them) in, audio out through the windowed
+        mode's windows: the audio `decode` gives for the whole sequence (`NeuCodecWindowStream`)."""
+        return NeuCodecWindowStream(self)
+
     def raw_pieces(self, codes: Codes, mode: str | None, progress: bool):
         """One call when the codes fit the graphs, else (or with `mode="windowed"`) windows that
         share `overlap` frames, cross-faded over them."""
@@ -176,3 +184,70 @@ class NeuCodecCodec(Codec):
             levels[0, :frames] = self.rvq.codes(row)
             out.append(g.run({"levels": levels, "mask": clip_mask(self.frames, frames)})[0][0, 0, :frames * self.frame_size])
         return np.stack(out)
+
+
+class NeuCodecWindowStream(DecoderStream):
+    """Decodes codes as they come through the windowed mode's windows: a window (the graphs'
+    `frames` codes from a multiple of `frames - overlap`) is decoded as a clip alone as soon as
+    its last code arrives, and cross-faded into the previous one over `overlap` frames; `flush`
+    decodes what is left as the last, shorter window. Together: the audio `decode(codes)` gives
+    for the whole sequence (its fixed mode when the sequence fits one window, else its windowed
+    mode). The model attends to its whole window, so a frame's audio comes out when its window
+    is complete: up to `frames - 1` frames after its code (`latency`); export a short --len for a
+    short latency. The windows' error against a whole-clip decode is the windowed mode's
+    (docs/neucodec.md)."""
+
+    def __init__(self, codec: NeuCodecCodec):
+        super().__init__(codec)
+        self.window, self.overlap = codec.frames, codec.overlap
+        self.reset()
+
+    def reset(self) -> None:
+        self.codes = np.zeros(0, np.int64)  # the codes from the next window's start on
+        self.tail: np.ndarray | None = None  # the last window's overlap, not returned yet
+
+    @property
+    def latency(self) -> Latency:
+        frames = self.window - 1
+        return Latency(frames, frames * self.codec.frame_size)
+
+    def push(self, codes) -> np.ndarray:
+        codes = as_levels(codes, 1)[0]
+        if codes.shape[1]:
+            self.codes = np.concatenate([self.codes, self.codec.check_codes(codes).data[0][0]])
+        out = []
+        while self.codes.size >= self.window:  # a whole window, final whatever follows
+            out.append(self._fade(self.codes[:self.window]))
+            self.codes = self.codes[self.window - self.overlap:]
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def flush(self) -> np.ndarray:
+        """The rest: the last window (what follows the last whole one's overlap), faded in."""
+        out = []
+        if self.tail is None:  # no whole window came: the codes are one clip, decoded alone
+            if self.codes.size:
+                out.append(self.codec._decode_window(self.codes[None, None])[0])
+        else:
+            if self.codes.size > self.overlap:
+                out.append(self._fade(self.codes))
+            out.append(self.tail)
+        self.reset()
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def _fade(self, codes: np.ndarray) -> np.ndarray:
+        audio = self.codec._decode_window(codes[None, None])
+        out, self.tail = crossfade(None if self.tail is None else self.tail[None], audio,
+                                   self.overlap * self.codec.frame_size)
+        self.tail = self.tail[0]
+        return out[0]
+
+    def _get_state(self):
+        tail = np.zeros(0, np.float32) if self.tail is None else self.tail
+        return {"codes": self.codes, "tail": tail}, {"faded": self.tail is not None}
+
+    def _set_state(self, arrays, values) -> None:
+        codes, tail = arrays.get("codes"), arrays.get("tail")
+        if codes is None or tail is None or codes.ndim != 1 or not isinstance(values.get("faded"), bool):
+            raise CodesError("this stream state lacks the codes or the overlap of a NeuCodec decoder stream")
+        self.codes = np.array(codes, np.int64)
+        self.tail = np.array(tail, np.float32) if values["faded"] else None

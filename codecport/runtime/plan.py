@@ -64,19 +64,25 @@ def overlap_windows(n: int, window: int, margin: int, end_aligned: bool = False)
         pos = end - margin
 
 
+def crossfade(tail: np.ndarray | None, p: np.ndarray, overlap: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the audio now final, the new tail) when window `p` `[channels, n]` follows a window whose
+    last `overlap` samples, not yet returned, are `tail` (None for the first window): over the
+    overlap the earlier window fades out linearly as `p` fades in (the two are decodes of the
+    same frames, so they agree closely, and equal gains sum to one)."""
+    if tail is not None:
+        if p.shape[1] < overlap:
+            raise ValueError(f"a window of {p.shape[1]} samples is shorter than the overlap {overlap}")
+        fade = ((np.arange(overlap) + 0.5) / overlap).astype(np.float32)
+        p = np.concatenate([tail * (1 - fade) + p[:, :overlap] * fade, p[:, overlap:]], axis=1)
+    return p[:, :p.shape[1] - overlap], p[:, p.shape[1] - overlap:]
+
+
 def crossfaded(pieces: Iterator[np.ndarray], overlap: int) -> Iterator[np.ndarray]:
     """Audio windows `[channels, n]` that each begin `overlap` samples before the previous one
-    ends, as one signal: over each overlap the earlier window fades out linearly as the next
-    fades in (the two are decodes of the same frames, so they agree closely, and equal gains sum
-    to one). Yields the finished audio as it goes; holds one overlap."""
-    fade = ((np.arange(overlap) + 0.5) / overlap).astype(np.float32)
+    ends, as one signal (`crossfade`). Yields the finished audio as it goes; holds one overlap."""
     tail = None
     for p in pieces:
-        if tail is not None:
-            if p.shape[1] < overlap:
-                raise ValueError(f"a window of {p.shape[1]} samples is shorter than the overlap {overlap}")
-            p = np.concatenate([tail * (1 - fade) + p[:, :overlap] * fade, p[:, overlap:]], axis=1)
-        yield p[:, :p.shape[1] - overlap]
-        tail = p[:, p.shape[1] - overlap:]
+        out, tail = crossfade(tail, p, overlap)
+        yield out
     if tail is not None:
         yield tail
