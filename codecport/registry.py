@@ -103,6 +103,11 @@ class CodecSpec:
 SLOTS = Option("--slots", int, None, "Also write step graphs that step this many independent streams a "
                                      "call (<side>_slots.onnx), for codec-serve.", minimum=2)
 
+# Fixed-length codecs whose model attends to the whole clip can write shorter graphs beside the main pair.
+BUCKETS = Option("--buckets", str, None, "Shorter fixed lengths also written, samples at the output rate, "
+                                         "comma-separated (e.g. 48000,96000): a clip runs through the shortest "
+                                         "graphs that hold it, with the same result, sooner.")
+
 BUILTIN = (
     CodecSpec(
         "dac", "DacCodec", default_preset="44khz", web=True,
@@ -137,10 +142,10 @@ BUILTIN = (
         ),
         smoke=("--preset", "tiny", "--len", "4800")),
     CodecSpec(
-        "neucodec", "NeuCodecCodec", default_preset="neucodec",
+        "neucodec", "NeuCodecCodec", default_preset="neucodec", export_options=(BUCKETS,),
         smoke=("--preset", "tiny", "--len", "4000")),  # 0.5 s: 25 frames at the tiny preset's 8 kHz
     CodecSpec(
-        "xcodec2", "XCodec2Codec", default_preset="xcodec2",
+        "xcodec2", "XCodec2Codec", default_preset="xcodec2", export_options=(BUCKETS,),
         smoke=("--preset", "tiny", "--len", "4000")),  # NeuCodec's model: its tiny preset, lined up as XCodec2
 )
 

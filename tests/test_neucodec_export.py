@@ -79,3 +79,38 @@ def test_an_int8_build_carries_its_measured_deviation(smoke_exports, tmp_path):
     assert 0 <= dev["encoder"]["code_agreement_pct"] <= 100 and dev["decoder"]["snr_db"] > 0
     codes = codecport.load(out).encode(np.zeros(4000, np.float32) + 0.1, 16000)
     assert codes.data.shape == (1, 1, 12)
+
+
+def test_buckets_run_a_clip_through_the_shortest_graphs_that_hold_it(smoke_exports, tmp_path):
+    """`--buckets`: shorter graphs beside the main pair, each validated; a clip runs through the
+    shortest that holds it, with the codes and (to rounding) the audio of the main graphs; a build
+    measures every bucket's deviation."""
+    import codecport
+    from codecport import registry
+    from codecport.export.builds import Build, build_of_folder
+
+    out = tmp_path / "b"
+    proc = invoke("codec-export", "neucodec", "--preset", "tiny", "--random-init", "--len", "4000",
+                  "--buckets", "800,1600", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "buckets       : 5 frames (0.10 s), 10 frames (0.20 s)" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["geometry"]["buckets"] == [5, 10]
+    assert set(manifest["validation"]) == {"encoder", "decoder", "encoder_f5", "decoder_f5", "encoder_f10", "decoder_f10"}
+    bucketed, main = codecport.load(out), codecport.load(smoke_exports["neucodec"])  # the same seeded weights
+    assert bucketed.sizes == {"encoder": [5, 10], "decoder": [5, 10]} and main.sizes == {}
+    rng = np.random.default_rng(1)
+    for samples, graph in ((1000, "encoder_f5"), (1600, "encoder_f5"), (1920, "encoder_f10"), (3520, "encoder")):
+        x = (0.3 * rng.standard_normal((1, samples))).astype(np.float32)
+        before = set(bucketed._graphs)
+        codes = bucketed.encode(x, 16000)
+        assert set(bucketed._graphs) - before <= {graph} and graph in bucketed._graphs, samples
+        np.testing.assert_array_equal(codes.data, main.encode(x, 16000).data)
+        np.testing.assert_allclose(bucketed.decode(codes.data)[0], main.decode(codes.data)[0], atol=1e-6)
+    build_of_folder(registry.get("neucodec"), out, tmp_path / "int8", Build("cpu", "int8"))
+    dev = json.loads((tmp_path / "int8" / "manifest.json").read_text())["deviation"]
+    assert set(dev) == set(manifest["validation"]) and all(d["snr_db"] > 0 for d in dev.values())
+    for buckets, match in (("4000", "shorter than --len"), ("800,x", "separated by commas"), ("0", "positive")):
+        proc = invoke("codec-export", "neucodec", "--preset", "tiny", "--random-init", "--len", "4000",
+                      "--buckets", buckets, "-o", tmp_path / "no")
+        assert proc.returncode == 1 and match in proc.stderr and not (tmp_path / "no").exists(), proc.stderr

@@ -22,6 +22,7 @@ windowed mode cross-fades windows of the graph's length (runtime/neucodec.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from torch import nn
 
 from ..errors import ExportError
 from ..models.neucodec import NeuCodec
+from ..runtime.folder import sized_name
 from ..runtime.fsq import Fsq
 from ..runtime.neucodec import NeuCodecCodec, clip_mask
 from .builds import Build, finish_export
@@ -114,9 +116,11 @@ def validate(spec: GraphSpec, onnx_model, model: NeuCodec, seed: int = 1) -> dic
 
 def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str, weights: str,
                     weights_sha256: str, in_graph_codebooks: int | None = None, build: Build | None = None,
-                    batch: int | None = None, runtime: type[NeuCodecCodec] = NeuCodecCodec) -> dict:
+                    batch: int | None = None, runtime: type[NeuCodecCodec] = NeuCodecCodec,
+                    buckets: tuple[int, ...] = ()) -> dict:
     """Export, check and validate both graphs, then write them; returns the report. `runtime`:
-    the codec the folder is for (XCodec2's is NeuCodec's model with its own config)."""
+    the codec the folder is for (XCodec2's is NeuCodec's model with its own config); `buckets`:
+    shorter lengths (samples at the output rate) whose graphs are written too."""
     build = build or Build()
     build.check()
     label = runtime.label
@@ -127,8 +131,12 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
                           "leave out --batch")
     cfg = model.cfg
     frames = frames_of(model.eval(), samples, label)
+    sizes = sorted({frames_of(model, b, label) for b in buckets})
+    if sizes and sizes[-1] >= frames:
+        raise ExportError(f"--buckets must each be shorter than --len ({frames} frames), got one of "
+                          f"{sizes[-1]} frames")
     geo = {"frames": frames, "samples": frames * cfg.hop, "input_samples": input_samples(cfg, frames),
-           "sample_rate": cfg.sample_rate, "input_rate": cfg.input_rate}
+           "sample_rate": cfg.sample_rate, "input_rate": cfg.input_rate, "buckets": sizes}
     meta = {"codec": runtime.name, "preset": preset, "sample_rate": str(cfg.sample_rate),
             "input_rate": str(cfg.input_rate), "frame_size": str(cfg.hop),
             "input_frame_size": str(math.prod(cfg.enc_strides)), "levels": ",".join(map(str, cfg.levels)),
@@ -138,6 +146,9 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
     meta["export_id"] = export_id(meta, geo)
     models, report = {}, {"files": {}, "validation": {}, "geometry": geo}
     specs = graph_specs(model, frames, meta)
+    for f in sizes:
+        specs += [dataclasses.replace(spec, name=sized_name(spec.name, f))
+                  for spec in graph_specs(model, f, {**meta, "frames": str(f)})]
     export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, model))
     manifest = {**meta, "n_codebooks": 1, **report}
     report.update(finish_export(out_dir, models, None, manifest, build, probe(manifest, specs, runtime)))
@@ -148,15 +159,19 @@ def probe(manifest: dict, specs: list[GraphSpec] = (), runtime: type[NeuCodecCod
     """How a build runs the graphs: a clip of the graphs' length (at the input rate) encoded,
     its codes decoded."""
     geo, sr = manifest["geometry"], int(manifest["input_rate"])
-    limit = geo["input_samples"]
+    limit, hop, extra = geo["input_samples"], int(manifest["input_frame_size"]), int(manifest["acoustic_extra"])
+    buckets = geo.get("buckets", [])
+    # Each bucket's encoder on the longest clip it holds (the runtime picks it by length).
+    limits = {"encoder": limit, **{sized_name("encoder", f): (f - 1 + extra) * hop for f in buckets}}
 
     def encode(codec, name: str, clip: np.ndarray) -> np.ndarray:
-        return codec.encode(clip[:, :limit], sr).data
+        return codec.encode(clip[:, :limits[name]], sr).data
 
     def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
         return codec.decode(codes)[0]
 
-    return Probe(open=runtime, encode=encode, decode=decode, pairs={"encoder": "decoder"},
+    pairs = {"encoder": "decoder", **{sized_name("encoder", f): sized_name("decoder", f) for f in buckets}}
+    return Probe(open=runtime, encode=encode, decode=decode, pairs=pairs,
                  sample_rate=sr, clip_samples=limit, specs={s.name: s for s in specs})
 
 
@@ -165,15 +180,33 @@ LEN_NEEDED = ("the samples (at 24 kHz) of the fixed graphs: the longest clip the
               "exactly (shorter ones are masked, longer ones go through cross-faded windows)")
 
 
+def parse_buckets(text: str | None) -> tuple[int, ...]:
+    """`--buckets 48000,96000` -> (48000, 96000)."""
+    if not text:
+        return ()
+    try:
+        sizes = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise ExportError(f"--buckets takes lengths in samples separated by commas (48000,96000), got {text!r}") from None
+    if min(sizes) < 1:
+        raise ExportError(f"--buckets must be positive lengths, got {text!r}")
+    return sizes
+
+
 def export(model: NeuCodec, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
-    """`codec-export neucodec`: the encoder and decoder for `--len`."""
+    """`codec-export neucodec`: the encoder and decoder for `--len` (and `--buckets`)."""
     if length is None:
         raise ExportError(f"pass --len N: {LEN_NEEDED}")
-    return export_neucodec(model, out_dir, length, **common)
+    return export_neucodec(model, out_dir, length, buckets=parse_buckets(options.get("buckets")), **common)
 
 
 def describe(report: dict) -> list[str]:
     geo = report["geometry"]
-    return [(f"  fixed graphs  : up to {geo['frames']} frames ({geo['samples'] / geo['sample_rate']:.2f} s): "
-             f"{geo['input_samples']} samples at {geo['input_rate']} Hz -> codes -> {geo['samples']} samples "
-             f"at {geo['sample_rate']} Hz; shorter clips masked, longer ones windowed")]
+    seconds = geo["samples"] / geo["frames"] / geo["sample_rate"]  # a frame
+    lines = [(f"  fixed graphs  : up to {geo['frames']} frames ({geo['frames'] * seconds:.2f} s): "
+              f"{geo['input_samples']} samples at {geo['input_rate']} Hz -> codes -> {geo['samples']} samples "
+              f"at {geo['sample_rate']} Hz; shorter clips masked, longer ones windowed")]
+    if geo.get("buckets"):
+        lines.append("  buckets       : " + ", ".join(f"{f} frames ({f * seconds:.2f} s)" for f in geo["buckets"]) +
+                     "; a clip runs through the shortest that holds it")
+    return lines

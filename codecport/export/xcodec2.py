@@ -24,7 +24,8 @@ def export(model: NeuCodec, out_dir: Path, length: int | None, *, options: dict,
     """`codec-export xcodec2`: the encoder and decoder for `--len`."""
     if length is None:
         raise ExportError(f"pass --len N: {LEN_NEEDED}")
-    return neucodec.export_neucodec(model, out_dir, length, runtime=XCodec2Codec, **common)
+    return neucodec.export_neucodec(model, out_dir, length, runtime=XCodec2Codec,
+                                    buckets=neucodec.parse_buckets(options.get("buckets")), **common)
 
 
 def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:

@@ -25,6 +25,7 @@ from .providers import codecport_option, cpu_cores, intra_op_threads, parallel_w
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB; a bigger one is not ours
 _BATCHED = re.compile(r"^(?P<base>.+)_b(?P<batch>[1-9][0-9]{0,3})$")
+_SIZED = re.compile(r"^(?P<base>.+)_f(?P<frames>[1-9][0-9]{0,8})$")
 
 
 def batched_name(name: str, batch: int) -> str:
@@ -36,6 +37,17 @@ def split_batched(stem: str) -> tuple[str, int]:
     """(graph name, batch) of a file stem: `encoder_b8` -> ("encoder", 8), `encoder` -> ("encoder", 1)."""
     m = _BATCHED.match(stem)
     return (m["base"], int(m["batch"])) if m else (stem, 1)
+
+
+def sized_name(name: str, frames: int) -> str:
+    """File stem of graph `name` exported again for `frames` frames, a shorter bucket (`encoder_f50`)."""
+    return f"{name}_f{frames}"
+
+
+def split_sized(stem: str) -> tuple[str, int | None]:
+    """(graph name, frames) of a file stem: `encoder_f50` -> ("encoder", 50), `encoder` -> ("encoder", None)."""
+    m = _SIZED.match(stem)
+    return (m["base"], int(m["frames"])) if m else (stem, None)
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -62,8 +74,10 @@ class GraphFolder:
     Subclasses declare `name`/`label` (the codec), `graphs` (file stem -> (role, mode)),
     `old_names` (file stems older versions wrote for a graph), `sliding` (graphs run over long
     signals one window at a time; `map_windows` runs `parallel` of those calls at once, each
-    session on its share of the cores) and `batchable` (graphs `codec-export --batch B` also
-    writes with batch dimension B, as `<name>_b<B>`; `batches` says which the folder holds).
+    session on its share of the cores), `batchable` (graphs `codec-export --batch B` also
+    writes with batch dimension B, as `<name>_b<B>`; `batches` says which the folder holds) and
+    `sized` (fixed-length graphs an export may also write for fewer frames, as `<name>_f<F>`:
+    `sizes` says which the folder holds; they are in `present`).
 
     `options` are the provider's (see `provider_options`) plus `CODECPORT_OPTIONS`, e.g.
     `{"io_binding": "0"}` to stream through numpy state instead of IO binding.
@@ -75,6 +89,7 @@ class GraphFolder:
     old_names: ClassVar[dict[str, str]] = {}
     sliding: tuple[str, ...] = ()
     batchable: tuple[str, ...] = ()
+    sized: tuple[str, ...] = ()
     shared: tuple[str, ...] = ("codec", "export_id", "preset", "sample_rate", "frame_size",
                                "weights_sha256", "quantizer", "n_codebooks", "codebook_size")
 
@@ -104,6 +119,15 @@ class GraphFolder:
                     self.files[p.stem] = p
                     self.batches.setdefault(g, []).append(b)
             self.batches.get(g, []).sort()
+        self.sizes: dict[str, list[int]] = {}  # graph -> frames of its shorter copies
+        for g in self.sized:
+            for p in sorted(self.dir.glob(f"{g}_f*.onnx")) + sorted(self.dir.glob(f"{g}_f*.ort")):
+                base, frames = split_sized(p.stem)
+                if base == g and p.stem not in self.files:
+                    self.files[p.stem] = p
+                    self.present.append(p.stem)
+                    self.sizes.setdefault(g, []).append(frames)
+            self.sizes.get(g, []).sort()
         if not self.present:
             raise ModelFileError(f"{self.dir}: holds no {self.label} graphs; run codec-export "
                                  f"{self.name} -o {self.dir}")
@@ -171,6 +195,10 @@ class GraphFolder:
                                      f"{g.meta.get(bad[0])} vs {ref.meta.get(bad[0])}); "
                                      "re-export the folder")
         base, batch = split_batched(name)
+        base, frames = split_sized(base)
+        if frames is not None and g.meta.get("frames") != str(frames):
+            raise ModelFileError(f"{g.path}: holds {g.meta.get('frames')} frames, its name says {frames}; "
+                                 "re-export the folder")
         role, mode = self.graphs[base]
         for key, want in (("role", role), ("mode", mode), ("batch", str(batch))):
             if g.meta.get(key, "1" if key == "batch" else None) != want:

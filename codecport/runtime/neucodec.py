@@ -24,6 +24,7 @@ from .audio import Counted
 from .codec import Codec
 from .codes import Codes
 from .fbank import FEATURES, Fbank
+from .folder import sized_name
 from .fsq import Fsq
 from .graph import Graph
 from .plan import crossfade, crossfaded
@@ -43,8 +44,9 @@ class NeuCodecCodec(Codec):
     name, label = "neucodec", "NeuCodec"
     graphs: ClassVar = {"encoder": ("encoder", "fixed"), "decoder": ("decoder", "fixed")}
     modes = ("fixed", "windowed")
+    sized = ("encoder", "decoder")  # `--buckets`: shorter graphs beside the main pair
     streams = ("decoder",)  # through the windowed mode's windows (NeuCodecWindowStream)
-    shared = (*Codec.shared, "input_rate", "input_frame_size", "levels", "frames", "fbank_pad", "acoustic_extra")
+    shared = (*Codec.shared, "input_rate", "input_frame_size", "levels", "fbank_pad", "acoustic_extra")
     in_graph_quantizer = False
 
     def __init__(self, *args, **kwargs):
@@ -72,6 +74,12 @@ class NeuCodecCodec(Codec):
         if frames < 2 or g.shapes() != want:
             raise ModelFileError(f"{g.path}: its inputs/outputs are {g.shapes()}, its metadata says "
                                  f"{want}; the file is damaged, re-export the folder")
+
+    def _bucket(self, side: str, frames: int) -> tuple[str, int]:
+        """(graph, its frames) of `side` for a clip of `frames` frames: the shortest that holds
+        it, a bucket of `--buckets` or the main graph."""
+        fit = [f for f in self.sizes.get(side, []) if frames <= f < self.frames]
+        return (sized_name(side, fit[0]), fit[0]) if fit else (side, self.frames)
 
     @property
     def overlap(self) -> int:
@@ -143,15 +151,17 @@ class NeuCodecCodec(Codec):
 
     def _encode_window(self, audio: np.ndarray, lo: int, hi: int, rows: list[list[np.ndarray]]) -> None:
         """Codes `lo:hi` of `audio` `[channels, n]` (at most a window) encoded as a clip alone."""
-        g, fbank, hop = self.graph("encoder"), Fbank(), self.input_frame
+        fbank, hop = Fbank(), self.input_frame
         frames = self._frames_of(audio.shape[1])
+        name, size = self._bucket("encoder", frames)
+        g = self.graph(name)
         for c, x in enumerate(audio):
-            padded = np.zeros((1, 1, (self.frames + self.extra) * hop), np.float32)
+            padded = np.zeros((1, 1, (size + self.extra) * hop), np.float32)
             padded[0, 0, :x.size] = x  # the official pad, then the window's
             clip = padded[0, 0, :(frames + self.extra) * hop]
-            feats = np.zeros((1, self.frames, FEATURES), np.float32)
+            feats = np.zeros((1, size, FEATURES), np.float32)
             feats[0, :frames] = fbank.features(np.pad(clip, self.fbank_pad))
-            latent = g.run({"audio": padded, "features": feats, "mask": clip_mask(self.frames, frames)})[0]
+            latent = g.run({"audio": padded, "features": feats, "mask": clip_mask(size, frames)})[0]
             rows[c].append(self.rvq.indices(latent[0, lo:hi]))
 
     # ---- decoding ----------------------------------------------------------------------
@@ -177,12 +187,13 @@ class NeuCodecCodec(Codec):
 
     def _decode_window(self, a: np.ndarray) -> np.ndarray:
         """Audio `[channels, frames * frame_size]` of codes `[channels, 1, frames]` (at most a window)."""
-        g, frames = self.graph("decoder"), a.shape[-1]
-        out = []
+        frames = a.shape[-1]
+        name, size = self._bucket("decoder", frames)
+        g, out = self.graph(name), []
         for row in a[:, 0]:
-            levels = np.zeros((1, self.frames, self.rvq.dim), np.float32)
+            levels = np.zeros((1, size, self.rvq.dim), np.float32)
             levels[0, :frames] = self.rvq.codes(row)
-            out.append(g.run({"levels": levels, "mask": clip_mask(self.frames, frames)})[0][0, 0, :frames * self.frame_size])
+            out.append(g.run({"levels": levels, "mask": clip_mask(size, frames)})[0][0, 0, :frames * self.frame_size])
         return np.stack(out)
 
 
