@@ -1,0 +1,206 @@
+"""`codec-run tokenize` on the local engine, the job itself: resuming after SIGKILL and after a
+killed worker, changed and truncated inputs, codes of another model refused, folders and links
+told apart, the output folder claimed only once it holds rows. (test_tokenize.py: the codes.)
+Apart from test_tokenize.py so that the test processes share the work evenly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from tokenize_support import (
+    BIN,
+    assert_codes,
+    children,
+    kill_when,
+    make_corpus,
+    reference,
+    rows,
+    tokenize,
+)
+
+from codecport import registry
+
+CODECS = registry.names()
+# The tests of the job itself (resuming, kills, folders, refusals) run on the smoke export that
+# tokenizes fastest: what they check is the same code for every codec, and DAC's 10 s graphs made
+# them three times slower.
+JOB = "snac"
+
+
+def test_resume_skips_done_redoes_changed_and_replaces_truncated(tmp_path, smoke_exports):
+    folder = smoke_exports[JOB]
+    corpus = tmp_path / "corpus"
+    files = make_corpus(corpus, 10)
+    out = tmp_path / "out"
+    tokenize(corpus, "-m", folder, "-o", out, "--shard-rows", "1")
+    first = rows(out)
+    proc = tokenize(corpus, "-m", folder, "-o", out)
+    assert "0 files tokenized" in proc.stdout and f"{len(files)} already done" in proc.stdout
+    # A changed input is tokenized again, and its old row goes.
+    changed = files[1]
+    st = changed.stat()
+    os.utime(changed, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    # A shard a killed copy left truncated, and a temporary file of a killed write.
+    shards = sorted(out.glob("part-*.parquet"))
+    victim = next(s for s in shards if changed.name not in str(pq.read_table(s).column("path")))
+    lost = pq.read_table(victim).column("id").to_pylist()
+    victim.write_bytes(victim.read_bytes()[:100])
+    (out / ".part-x.parquet.abc.part").write_bytes(b"half")
+    proc = tokenize(corpus, "-m", folder, "-o", out)
+    assert f"{1 + len(lost)} files tokenized" in proc.stdout, proc.stdout
+    again = rows(out)
+    assert set(again) == set(first)
+    for ident, row in first.items():
+        assert np.array_equal(np.array(again[ident]["codes"]), np.array(row["codes"]))
+    assert not victim.exists() and not list(out.glob(".*.part"))
+
+
+def test_codes_of_another_model_are_refused(tmp_path, smoke_exports):
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, 2)
+    out = tmp_path / "out"
+    a, b = (smoke_exports[n] for n in CODECS[:2])
+    tokenize(corpus, "-m", a, "-o", out)
+    proc = tokenize(corpus, "-m", b, "-o", out, check=False)
+    assert proc.returncode == 1 and "another model" in proc.stderr and "Traceback" not in proc.stderr
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    proc = tokenize(corpus, "-m", a, "-o", tmp_path / "mine", check=False)
+    assert proc.returncode == 1 and "not a codecport tokenize output" in proc.stderr
+
+
+def _start(args, **kw) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "codec-run"), "tokenize", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+
+
+def test_sigkill_midway_then_rerun_gives_every_input_once(tmp_path, smoke_exports):
+    folder = smoke_exports[JOB]
+    corpus = tmp_path / "corpus"
+    files = make_corpus(corpus, 32, seed=3)
+    out = tmp_path / "out"
+    proc = _start([corpus, "-m", folder, "-o", out, "--workers", "1", "--shard-rows", "1"])
+    kill_when(proc, lambda: len(list(out.glob("part-*.parquet"))) >= 1)
+    partial = rows(out)
+    assert 0 < len(partial) < len(files)
+    tokenize(corpus, "-m", folder, "-o", out)
+    # A clean run's codes are `encode`'s file by file (test_codes_equal_encode_at_batch_1_and_4).
+    want = reference(folder, {p.relative_to(corpus).as_posix(): p for p in files})
+    assert_codes(rows(out), want)
+    for ident, row in partial.items():  # the rows written before the kill were kept
+        assert np.array_equal(np.array(row["codes"]), want[ident])
+
+
+def test_a_killed_worker_is_replaced_and_nothing_is_lost(tmp_path, smoke_exports):
+    folder = smoke_exports[JOB]
+    corpus = tmp_path / "corpus"
+    # Clips up to 4 s: the job must outlast the kill (SNAC's tiny export does 32 short clips in 6 s).
+    files = make_corpus(corpus, 32, seed=4, max_s=4.0)
+    out = tmp_path / "out"
+    proc = _start([corpus, "-m", folder, "-o", out, "--workers", "2", "--shard-rows", "1", "-v"])
+    t0 = time.monotonic()
+    while not list(out.glob("part-*.parquet")):
+        assert proc.poll() is None and time.monotonic() - t0 < 120
+        time.sleep(0.02)
+    workers = [p for p in children(proc.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert workers
+    os.kill(workers[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "worker died" in err
+    got = rows(out)
+    want = reference(folder, {p.relative_to(corpus).as_posix(): p for p in files})
+    assert_codes(got, want)
+
+
+def test_folders_with_the_same_file_names_are_told_apart_and_resumed(tmp_path, smoke_exports):
+    """`tokenize train/ test/` where both hold the same names: ids are each file's place under
+    the folder holding both, so they cannot collide; a rerun does nothing; a folder tokenized
+    alone first (its ids its own names) is not done again when both are given, only renamed."""
+    folder = smoke_exports[JOB]
+    train = make_corpus(tmp_path / "train", 3)
+    test = make_corpus(tmp_path / "test", 3, seed=1)
+    assert [p.relative_to(tmp_path / "train") for p in train] == [p.relative_to(tmp_path / "test") for p in test]
+    out = tmp_path / "out"
+    tokenize("train", "-m", folder, "-o", out, cwd=tmp_path)
+    assert set(rows(out)) == {p.relative_to(tmp_path / "train").as_posix() for p in train}
+    proc = tokenize("train", "test", "-m", folder, "-o", out, cwd=tmp_path)
+    assert "3 files tokenized" in proc.stdout and "3 already done" in proc.stdout, proc.stdout
+    got = rows(out)
+    assert set(got) == {p.relative_to(tmp_path).as_posix() for p in [*train, *test]}
+    want = reference(folder, {p.relative_to(tmp_path).as_posix(): p for p in [*train, *test]})
+    for ident, codes in want.items():
+        assert np.array_equal(np.array(got[ident]["codes"]), codes), ident
+    proc = tokenize("train", "test", "-m", folder, "-o", out, cwd=tmp_path)
+    assert "0 files tokenized" in proc.stdout and "6 already done" in proc.stdout
+
+
+def test_a_worker_that_cannot_open_the_model_ends_the_job_with_its_cause(tmp_path, smoke_exports):
+    """Through the API, where nothing checks the provider first (the CLI does): the workers,
+    asked for one this onnxruntime lacks, cannot open the model. The job ends at once with that
+    cause, not as workers that died over and over."""
+    from codecport.errors import ProviderError
+    from codecport.tokenize.driver import tokenize as run
+
+    make_corpus(tmp_path / "corpus", 2)
+    with pytest.raises(ProviderError, match="CUDAExecutionProvider is not available"):
+        run([str(tmp_path / "corpus")], smoke_exports[JOB], tmp_path / "out", provider="cuda", workers=1)
+
+
+def test_a_run_that_wrote_no_row_claims_no_folder(tmp_path, smoke_exports):
+    """A wrong input path is refused before the output folder is made; a run that wrote no row
+    (its inputs held nothing) does not keep the folder for its model."""
+    from codecport.tokenize.corpus import InputError
+    from codecport.tokenize.driver import tokenize as run
+
+    a, b = (smoke_exports[n] for n in CODECS[:2])
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="no such file or folder"):
+        run([str(tmp_path / "typo")], a, out)
+    assert not out.exists()
+    (tmp_path / "empty").mkdir()
+    assert run([str(tmp_path / "empty")], a, out).files == 0
+    make_corpus(tmp_path / "corpus", 1)
+    assert run([str(tmp_path / "corpus")], b, out).done == 1
+    assert {r["codec"] for r in rows(out).values()} == {CODECS[1]}
+    with pytest.raises(registry.CodecportError, match="holds codes of another model"):
+        run([str(tmp_path / "corpus")], a, out)  # now it holds codes: they are never mixed
+
+
+def test_a_link_keeps_its_own_id(tmp_path):
+    """A Hugging Face snapshot: its files are links into a blobs folder outside it. A link's id is
+    its own place (the target's name is a hash), given as a folder or as a pattern."""
+    from codecport.tokenize.corpus import read_inputs
+
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "9f86d081").write_bytes(b"RIFF")
+    (tmp_path / "snapshot" / "data").mkdir(parents=True)
+    (tmp_path / "snapshot" / "data" / "a.wav").symlink_to(tmp_path / "blobs" / "9f86d081")
+    for given in ("snapshot", "snapshot/**/*.wav"):
+        items = read_inputs([str(tmp_path / given)])
+        assert [i.id for i in items] == ["data/a.wav"], given
+        assert items[0].path == str(tmp_path / "blobs" / "9f86d081")
+
+
+def test_the_folder_is_checked_for_its_model_once_locked(tmp_path, smoke_exports):
+    """A job that checked an empty folder, then waited while another job for another model
+    began it, is refused when it takes the lock, before it writes a row."""
+    from codecport.tokenize.output import OutputDir
+
+    corpus = tmp_path / "corpus"
+    make_corpus(corpus, 2)
+    out = tmp_path / "out"
+    a, b = (smoke_exports[n] for n in CODECS[:2])
+    late = registry.codec_of_folder(b).runtime(b, sessions=False)
+    waiting = OutputDir(out, late, late.codebooks(None))  # the folder is empty: no objection yet
+    tokenize(corpus, "-m", a, "-o", out)
+    with pytest.raises(registry.CodecportError, match="holds codes of another model"), waiting.lock():
+        pass
+    assert {r["codec"] for r in rows(out).values()} == {CODECS[0]}
