@@ -28,9 +28,7 @@ from tokenize_support import (
     tokenize,
 )
 
-from codecport import registry
-
-CODECS = registry.names()
+WINDOWED = "snac"  # the two-node cluster's codec: its long clips go through batched windows
 RAY = str(BIN / "ray")
 # No usage report, no dashboard; the nodes' logs stay in Ray's own temp folder.
 ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
@@ -58,7 +56,7 @@ def _start(args, env=None) -> subprocess.Popen:
 
 
 def test_private_cluster_sigkilled_midway_then_resumed(tmp_path, smoke_exports):
-    # Mimi here and DAC on the two-node cluster: both kinds of batch on Ray (DAC's windows;
+    # Mimi here and SNAC on the two-node cluster: both kinds of batch on Ray (SNAC's windows;
     # Mimi's padded clips and its streamed long ones). test_tokenize runs every codec, SNAC's
     # codes of several time scales included: the driver writes the rows for both engines.
     folder = smoke_exports["mimi"]
@@ -121,7 +119,7 @@ def cluster():
 
 def test_two_node_cluster_codes_equal_encode(tmp_path, smoke_exports, cluster):
     address, auth = cluster
-    folder = smoke_exports[CODECS[0]]
+    folder = smoke_exports[WINDOWED]
     corpus = tmp_path / "corpus"
     files = make_corpus(corpus, 16, seed=5)
     out = tmp_path / "out"
@@ -135,9 +133,9 @@ def test_two_node_cluster_codes_equal_encode(tmp_path, smoke_exports, cluster):
 
 def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path, smoke_exports, cluster):
     address, auth = cluster
-    folder = smoke_exports[CODECS[0]]
+    folder = smoke_exports[WINDOWED]
     corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 24, seed=7)
+    files = make_corpus(corpus, 24, seed=7, max_s=4.0)  # long enough to outlast the kill
     out = tmp_path / "out"
     proc = _start([corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address,
                    "--workers", "1", "--shard-rows", "1"], env=auth)
