@@ -167,7 +167,8 @@ class NeuCodecCodec(Codec):
     # ---- decoding ----------------------------------------------------------------------
     def decoder_stream(self, io_binding: bool | None = None) -> NeuCodecWindowStream:
         """Codes a frame at a time (as an LLM emits them) in, audio out through the windowed
-        mode's windows: the audio `decode` gives for the whole sequence (`NeuCodecWindowStream`)."""
+        mode's windows: the audio `decode` gives for the whole sequence (`NeuCodecWindowStream`).
+        `io_binding` is taken as every codec's streams take it; whole windows keep no state on a device."""
         return NeuCodecWindowStream(self)
 
     def raw_pieces(self, codes: Codes, mode: str | None, progress: bool):
