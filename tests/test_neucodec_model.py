@@ -88,22 +88,12 @@ def official_whole():
     """The official NeuCodec, built offline: w2v-BERT 2.0 from a config (its 1024 width and the
     16 layers whose last hidden state NeuCodec reads; a narrow feed-forward keeps it small) and
     transformers' feature extractor, on shared random weights with ours, semantic model included."""
-    import contextlib
-
-    from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertConfig, Wav2Vec2BertModel
-
+    from codecport.bench.neucodec import offline
     from codecport.models.checkpoint import fold_weight_norm, unfold_weight_norm
 
     nc = official_neucodec()
-    w2v = Wav2Vec2BertConfig(hidden_size=1024, num_hidden_layers=16, num_attention_heads=16, intermediate_size=128,
-                             output_hidden_states=True)
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(pytest.MonkeyPatch.context()).setattr(
-            nc.model.Wav2Vec2BertModel, "from_pretrained", classmethod(lambda cls, *a, **k: Wav2Vec2BertModel(w2v)))
-        stack.enter_context(pytest.MonkeyPatch.context()).setattr(
-            nc.model.AutoFeatureExtractor, "from_pretrained", staticmethod(lambda *a, **k: SeamlessM4TFeatureExtractor()))
-        torch.manual_seed(0)
-        official = nc.NeuCodec(24000, 480).eval()
+    torch.manual_seed(0)
+    official = offline(nc.model, lambda: nc.NeuCodec(24000, 480), semantic_layers=16, intermediate=128)
     cfg = PRESETS["neucodec"]
     ours = NeuCodec(dataclasses.replace(cfg, semantic=dataclasses.replace(cfg.semantic, intermediate=128))).eval()
     sd = fold_weight_norm({k: v for k, v in official.state_dict().items() if not ours.unused(k)})
@@ -140,6 +130,19 @@ def _prepared(audio: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return padded, torch.from_numpy(Fbank().features(padded[0, 0].numpy()))[None]
 
 
+def masked_window(prepared, short: np.ndarray, long: np.ndarray):
+    """(audio, features, mask, frames): `short`'s padded audio and features at the start of
+    `long`'s, the rest of the window `long`'s, the mask marking `short`'s `frames`."""
+    padded, feats = prepared(short)
+    frames = feats.shape[1]
+    audio, window_feats = prepared(long)
+    audio[..., :padded.shape[-1]] = padded
+    window_feats[:, :frames] = feats
+    mask = torch.zeros(1, 1, window_feats.shape[1])
+    mask[..., :frames] = 1.0
+    return audio, window_feats, mask, frames
+
+
 def test_official_parity_encode_code(official_whole):
     """fbank in numpy (runtime/fbank.py) -> ours (w2v-BERT's layers included) -> FSQ in numpy
     (runtime/fsq.py): the official `encode_code`'s codes, every one, on a clip alone and on a
@@ -156,13 +159,7 @@ def test_official_parity_encode_code(official_whole):
             assert len(np.unique(want)) > 10  # codes that vary
             np.testing.assert_array_equal(got[:, None], want.numpy())
         # The short clip in the long clip's window, the rest of the window other audio.
-        padded, feats = _prepared(short)
-        frames = feats.shape[1]
-        window_audio, window_feats = _prepared(long)
-        window_audio[..., :padded.shape[-1]] = padded
-        window_feats[:, :frames] = feats
-        mask = torch.zeros(1, 1, window_feats.shape[1])
-        mask[..., :frames] = 1.0
-        got = fsq.indices(ours.encode_latent(window_audio, window_feats, mask).numpy())
+        *window, frames = masked_window(_prepared, short, long)
+        got = fsq.indices(ours.encode_latent(*window).numpy())
     want = official.encode_code(torch.from_numpy(short)[None]).numpy()
     np.testing.assert_array_equal(got[:, None, :frames], want)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import noise
+from test_neucodec_model import masked_window
 
 from codecport.bench.xcodec2 import build_official, import_official
 from codecport.models.checkpoint import fold_weight_norm, unfold_weight_norm
@@ -71,14 +72,8 @@ def test_official_parity_encode_code(pair):
             assert len(np.unique(want)) > 10  # codes that vary
             np.testing.assert_array_equal(got[:, None], want.numpy())
         # The short clip in the long clip's window (the mask), the rest other audio.
-        padded, feats = _prepared(short)
-        frames = feats.shape[1]
-        window_audio, window_feats = _prepared(long)
-        window_audio[..., :padded.shape[-1]] = padded
-        window_feats[:, :frames] = feats
-        mask = torch.zeros(1, 1, window_feats.shape[1])
-        mask[..., :frames] = 1.0
-        got = fsq.indices(ours.encode_latent(window_audio, window_feats, mask).numpy())
+        *window, frames = masked_window(_prepared, short, long)
+        got = fsq.indices(ours.encode_latent(*window).numpy())
         want = official.encode_code(torch.from_numpy(short)).numpy()
     np.testing.assert_array_equal(got[:, None, :frames], want)
 

@@ -64,19 +64,26 @@ def import_official():
     return nc
 
 
-def build_official(nc, semantic_layers: int = 24):
-    """The official `NeuCodec(24000, 480)`, built without the network: its `from_pretrained`
-    calls for w2v-BERT 2.0 and its feature extractor get the released config (24 layers, as the
-    official encode runs them all to read the 16th) and transformers' extractor."""
+def offline(module, build, semantic_layers: int = 24, intermediate: int | None = None):
+    """`build()` of an official model (NeuCodec's, XCodec2's) without the network: the
+    `from_pretrained` calls `module` makes for w2v-BERT 2.0 and its feature extractor get the
+    released config (24 layers, as the official encode runs them all to read the 16th;
+    `intermediate` narrows the feed-forward for tests) and transformers' extractor."""
     from unittest import mock
 
     from transformers import SeamlessM4TFeatureExtractor, Wav2Vec2BertConfig, Wav2Vec2BertModel
 
-    w2v = Wav2Vec2BertConfig(num_hidden_layers=semantic_layers, output_hidden_states=True)
-    with mock.patch.object(nc.model.Wav2Vec2BertModel, "from_pretrained", lambda *a, **k: Wav2Vec2BertModel(w2v)), \
-            mock.patch.object(nc.model.AutoFeatureExtractor, "from_pretrained",
+    w2v = Wav2Vec2BertConfig(num_hidden_layers=semantic_layers, output_hidden_states=True,
+                             **({"intermediate_size": intermediate} if intermediate else {}))
+    with mock.patch.object(module.Wav2Vec2BertModel, "from_pretrained", lambda *a, **k: Wav2Vec2BertModel(w2v)), \
+            mock.patch.object(module.AutoFeatureExtractor, "from_pretrained",
                               lambda *a, **k: SeamlessM4TFeatureExtractor()):
-        return nc.NeuCodec(24000, 480).eval()
+        return build().eval()
+
+
+def build_official(nc, semantic_layers: int = 24):
+    """The official `NeuCodec(24000, 480)`, built offline."""
+    return offline(nc.model, lambda: nc.NeuCodec(24000, 480), semantic_layers)
 
 
 def run_official(job: dict) -> dict:
@@ -126,19 +133,23 @@ def clip_samples(cfg, seconds: float) -> int:
     return max(2, round(seconds * cfg.sample_rate / cfg.hop)) * cfg.hop
 
 
-# Where the time of our graphs goes: torch module paths, which the ONNX nodes keep in their names.
-PARTS = {"the ISTFT": ("decoder", "head.istft"), "the semantic model (w2v-BERT)": ("encoder", "semantic_model"),
-         "the semantic encoder": ("encoder", "SemanticEncoder_module"),
-         "the acoustic encoder": ("encoder", "CodecEnc")}
+def family_facts(package: str, released: str, run) -> BenchFacts:
+    """The bench facts of a codec on NeuCodec's model, its official `package` run by `run` on
+    the `released` config only (the official sizes are fixed)."""
+    return BenchFacts(
+        # The released models are about 630 M parameters; the demo's export stays small.
+        demo_preset="tiny", demo_seconds=1.0, clip_samples=clip_samples,
+        torch_encode=torch_encode, torch_codes=torch_codes,
+        official=Official(package, package, "pip install --no-deps -r scripts/official-neucodec.txt (its own "
+                                            "pins would replace codecport's torch)"),
+        contenders={"official": run},
+        skip=lambda contender, preset: "the released config only (the official sizes are fixed)"
+        if contender == "official" and preset != released else None,
+        # Where the time of our graphs goes: torch module paths, which the ONNX nodes keep in their names.
+        parts={"the ISTFT": ("decoder", "head.istft"), "the semantic model (w2v-BERT)": ("encoder", "semantic_model"),
+               "the semantic encoder": ("encoder", "SemanticEncoder_module"),
+               "the acoustic encoder": ("encoder", "CodecEnc")},
+    )
 
-FACTS = BenchFacts(
-    # The released model is 630 M parameters; the demo's export stays small.
-    demo_preset="tiny", demo_seconds=1.0, clip_samples=clip_samples,
-    torch_encode=torch_encode, torch_codes=torch_codes,
-    official=Official("neucodec", "neucodec", "pip install --no-deps -r scripts/official-neucodec.txt (its own "
-                                              "pins would replace codecport's torch)"),
-    contenders={"official": run_official},
-    skip=lambda contender, preset: "the released config only (the official sizes are fixed)"
-    if contender == "official" and preset != RELEASED else None,
-    parts=PARTS,
-)
+
+FACTS = family_facts("neucodec", RELEASED, run_official)

@@ -50,7 +50,7 @@ def run_onnx(job: dict) -> dict:
     out = {}
     if facts.long and job.get("long"):
         out = _long(codec, facts.long, job)
-    if any(f"{side}_step" in codec.graphs for side in codec.streams):  # streams of step graphs
+    if codec.stepped:
         out["streaming"] = stream_bench(codec, job["steps"])
     if facts.parts:  # one profile a graph, for the parts in it
         out["parts"] = {}

@@ -60,7 +60,7 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
         raise CodecportError(f"codec-serve needs aiohttp ({e}); pip install 'codecport[serve]'") from None
     spec = registry.codec_of_folder(model_dir)
     codec = spec.runtime(model_dir, provider, fallback, options)
-    if not any(f"{side}_step" in codec.graphs for side in codec.streams):
+    if not codec.stepped:
         stepped = " or ".join(f"codec-export {c.name}" for c in registry.codecs() if c.has_step_graphs)
         raise CodecportError(f"{model_dir}: {spec.label} has no step graphs to serve; serve a folder "
                              f"written by {stepped}")

@@ -272,6 +272,12 @@ class Codec(GraphFolder):
                 yield p * gain
 
     # ---- streaming (stream.py) -------------------------------------------------------------
+    @property
+    def stepped(self) -> tuple[str, ...]:
+        """The sides whose stream runs step graphs (`<side>_step`), which slot pools batch;
+        NeuCodec's decoder stream runs whole windows instead."""
+        return tuple(side for side in self.streams if f"{side}_step" in self.graphs)
+
     def no_stream(self, side: str) -> CodecportError:
         have = " and ".join(self.streams)
         why = f"it streams only its {have} side" if have else \

@@ -210,7 +210,7 @@ class SlotPool:
     def __init__(self, codec, side: str, size: int, batched: bool = True, **settings):
         if side not in codec.streams:
             raise codec.no_stream(side)
-        if f"{side}_step" not in codec.graphs:
+        if side not in codec.stepped:
             raise CodecportError(f"{codec.label}'s {side} stream runs whole windows, not steps: slot pools (and "
                                  "codec-serve) step codecs with step graphs; stream it alone (Codec.decoder_stream)")
         if not 1 <= size <= 4096:
