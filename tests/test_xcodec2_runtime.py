@@ -11,7 +11,7 @@ import torch
 from conftest import noise
 
 import codecport
-from codecport.bench.xcodec2 import torch_codes
+from codecport.bench.neucodec import torch_codes
 from codecport.models.xcodec2 import MODEL, init_random
 from codecport.models.xcodec2_config import PRESETS
 
