@@ -180,9 +180,10 @@ def trial(url: str, spec, n: int, seconds: float, seed: int, period: float) -> d
 
 # ---- the soak ----------------------------------------------------------------------------------
 async def soak_run(url: str, pid: int, spec, n: int, minutes: float, seed: int, period: float) -> dict:
-    """N lanes of clients, one after another in each, for `minutes`: mostly well-behaved ones
-    (a dozen kept for `check_streams`), some that disconnect mid-stream, send garbage, or never
-    read; the server's RSS sampled as it goes and its /health read at the end."""
+    """N lanes of clients of 2 to 12 s (none longer than the soak), one after another in each,
+    for `minutes`: mostly well-behaved ones (a dozen kept for `check_streams`), some that
+    disconnect mid-stream, send garbage, or never read; the server's RSS sampled as it goes and
+    its /health read at the end."""
     import aiohttp
 
     deadline = time.monotonic() + 60 * minutes
@@ -199,7 +200,10 @@ async def soak_run(url: str, pid: int, spec, n: int, minutes: float, seed: int, 
                 kind = rng.choice(["good", "disconnect", "garbage", "slow"], p=[0.7, 0.1, 0.1, 0.1])
                 counts[kind] += 1
                 seed += 1
-                frames = int(rng.integers(round(2 / period), round(12 / period)))
+                # (a soak shorter than a client would otherwise end long after its time)
+                longest = min(12.0, 60 * minutes)
+                shortest = round(min(2.0, longest / 2) / period)
+                frames = int(rng.integers(max(1, shortest), max(2, shortest + 1, round(longest / period))))
                 s = await run_client(url, spec, frames, seed, session, delay=float(rng.uniform(0, period)),
                                      misbehave=None if kind == "good" else kind, keep=kind == "good")
                 if kind == "good":

@@ -13,8 +13,9 @@ streams before any at 2N), then bisects, configurations taking turns, so a slow 
 machine falls on all of them. A configuration holds N streams when the p99 frame latency stays
 under one frame period and every stream ends complete.
 
-The bound: the streams the fixed full-clip graphs could sustain for the same work (1 / their
-real-time factor: encode + decode of a clip, or its decode), measured between the ramps.
+The bound: the streams the fixed full-clip graphs (`--len` s a call) could sustain for the same
+work (1 / their real-time factor: encode + decode of a clip, or its decode), measured between
+the ramps.
 
 `--soak MINUTES`: the best configuration at its held load for that long, with random disconnects,
 garbage frames and slow readers mixed in: the others' output is checked against single streams,
@@ -24,7 +25,9 @@ the server's RSS is sampled, and every slot must be free at the end.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,11 +41,12 @@ import numpy as np
 
 from .. import registry
 from ..export.targets import PRECISIONS
+from ..version import __version__
 from .load import check_streams, duplex_of, open_folder, soak_run, trial
 from .measure import run_report
 
 WARMUP_SECONDS = 3.0  # a trial per server before any is measured (no longer than a trial)
-from .prepare import build_folder, fail, prepare, preset_of
+from .prepare import build_folder, export_source_hash, fail, prepare, preset_of
 
 
 @dataclass
@@ -111,17 +115,29 @@ def fixed_bound(spec, folder: Path, seconds: float, seed: int, provider: str) ->
 
 
 # ---- the command -------------------------------------------------------------------------------
+def ensure_export(spec, preset: str, clip: float, seed: int, slots: int, base: Path) -> None:
+    """The export in `base` (slot graphs of `slots` streams, none for 0), made once for its
+    preset, fixed-graph length, seed and export code, and kept for the next run (`--dir`)."""
+    stamp = base / "stamp.json"
+    key = {"codec": spec.name, "preset": preset, "len": clip, "seed": seed, "slots": slots,
+           "codecport": __version__, "source": export_source_hash()}
+    if stamp.is_file() and json.loads(stamp.read_text()) == key:
+        return
+    click.echo(f"exporting {spec.label} {preset} (random weights){f' with --slots {slots}' if slots else ''} ...")
+    for old in base.glob("model-*"):  # builds of the previous export: the same seed gives the same id
+        shutil.rmtree(old)
+    prepare(spec, preset, clip, 1, seed, base, **({"slots": slots} if slots else {}))
+    stamp.write_text(json.dumps(key))
+
+
 def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str, ...], seconds: float,
-                max_streams: int, soak: float, provider: str, seed: int, work: Path) -> dict:
+                max_streams: int, soak: float, provider: str, seed: int, work: Path, clip: float = 2.0) -> dict:
+    """The whole run in `work`; `clip`: seconds per call of the fixed graphs, the bound's clip."""
     batched = sorted({b for b in slots if b > 1})
-    clip = 2.0  # the fixed graphs' length: the bound's clip
     bases = {}
     for b in batched or [0]:
-        base = work / f"slots{b}"
-        if not (base / "model" / "manifest.json").is_file():
-            click.echo(f"exporting {spec.label} {preset} (random weights){f' with --slots {b}' if b else ''} ...")
-            prepare(spec, preset, clip, 1, seed, base, **({"slots": b} if b else {}))
-        bases[b] = base
+        bases[b] = work / f"slots{b}"
+        ensure_export(spec, preset, clip, seed, b, bases[b])
     folders = {}
     for b, base in bases.items():
         for p in precisions:
@@ -250,6 +266,8 @@ SERVABLE = [s.name for s in registry.codecs() if s.has_step_graphs]
 @click.option("--precision", "precisions", multiple=True, type=click.Choice(PRECISIONS), default=["fp32", "int8"],
               help="Precisions (repeatable).")
 @click.option("--seconds", type=click.FloatRange(min=0.2), default=8.0, help="Seconds of each trial.")
+@click.option("--len", "clip", type=click.FloatRange(min=0.1), default=2.0,
+              help="Seconds per call of the fixed graphs, whose real-time factor gives the bound.")
 @click.option("--max-streams", type=click.IntRange(1, 1024), default=64, help="The ramp's ceiling.")
 @click.option("--soak", type=click.FloatRange(min=0), default=0.0,
               help="Minutes of the soak at the best configuration's held load (0: none).")
@@ -258,7 +276,7 @@ SERVABLE = [s.name for s in registry.codecs() if s.has_step_graphs]
 @click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
               help="Keep the exports here and reuse them [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
-def serve_cmd(codec, preset, slots, precisions, seconds, max_streams, soak, provider, seed, work, json_out):
+def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak, provider, seed, work, json_out):
     """Real-time streams `codec-serve` holds for CODEC, per --slots and --precision, on loopback."""
     try:
         import aiohttp  # noqa: F401
@@ -268,5 +286,5 @@ def serve_cmd(codec, preset, slots, precisions, seconds, max_streams, soak, prov
     spec = registry.get(codec)
     preset = preset_of(spec, preset, None)
     run_report(work, "codec-bench-serve-", lambda w: bench_serve(
-        spec, preset, tuple(slots), tuple(precisions), seconds, max_streams, soak, provider, seed, w),
+        spec, preset, tuple(slots), tuple(precisions), seconds, max_streams, soak, provider, seed, w, clip),
         lines, json_out)
