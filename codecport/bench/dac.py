@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..atomic import atomic_path
 from .facts import BenchFacts, LongAudio, Official
-from .measure import clip, summary, timings
+from .measure import clip, summary, timed, timings
 
 
 def clip_samples(cfg, seconds: float) -> int:
@@ -49,8 +49,8 @@ def torch_long(model, job: dict, meta: dict) -> dict:
     windows = [x[..., i:i + window] for i in range(0, n, step)]
     model.set_padding(False)
     try:
-        codes = torch.cat([model.encode(w) for w in windows], -1)
-        enc = timings(lambda: [model.encode(w) for w in windows], runs, warmup=0)  # warmed up by the above
+        parts, enc = timed(lambda: [model.encode(w) for w in windows], runs)
+        codes = torch.cat(parts, -1)
         dec = timings(lambda: [model.decode(codes[..., i:i + chunk])
                                for i in range(0, codes.shape[-1], chunk)], runs)
     finally:

@@ -46,8 +46,7 @@ def closeness(ref: np.ndarray, got: np.ndarray) -> dict:
 
 
 def timings(fn: Callable[[], object], runs: int, warmup: int = 1) -> list[float]:
-    """Seconds per call of `fn`, `runs` times after `warmup` untimed calls (0 where the caller's
-    own call of it, for its result, was the warm-up)."""
+    """Seconds per call of `fn`, `runs` times after `warmup` untimed calls."""
     for _ in range(warmup):
         fn()
     out = []
@@ -56,6 +55,13 @@ def timings(fn: Callable[[], object], runs: int, warmup: int = 1) -> list[float]
         fn()
         out.append(time.perf_counter() - t0)
     return out
+
+
+def timed(fn: Callable[[], object], runs: int) -> tuple[object, list[float]]:
+    """What a first call of `fn` gives (the result a contender reports, and the warm-up of its
+    timings), and the seconds of `runs` calls after it."""
+    first = fn()
+    return first, timings(fn, runs, warmup=0)
 
 
 def summary(seconds: list[float], audio_seconds: float) -> dict:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..runtime.mimi import MOSHI_CODEBOOKS
 from .facts import BenchFacts, Official
-from .measure import clip, summary, timings
+from .measure import clip, summary, timed, timings
 
 
 def skip(contender: str, preset: str) -> str | None:
@@ -62,8 +62,7 @@ def run_rustymimi(job: dict) -> dict:
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
     tok = rustymimi.Tokenizer(str(Path(job["dir"]) / "weights.safetensors"), num_codebooks=MOSHI_CODEBOOKS)
     x = clip(int(meta["geometry"]["samples"]))[None]
-    codes = tok.encode(x)
-    enc = timings(lambda: tok.encode(x), job["runs"], warmup=0)  # warmed up by the above
+    codes, enc = timed(lambda: tok.encode(x), job["runs"])
     dec = timings(lambda: tok.decode(codes), job["runs"])
     tok.reset()
     return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
@@ -95,8 +94,7 @@ def run_moshi(job: dict) -> dict:
     meta = json.loads((folder / "model" / "manifest.json").read_text())
     x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
     with torch.no_grad():
-        codes = model.encode(x)
-        enc = timings(lambda: model.encode(x), job["runs"], warmup=0)  # warmed up by the above
+        codes, enc = timed(lambda: model.encode(x), job["runs"])
         dec = timings(lambda: model.decode(codes), job["runs"])
         # As the Moshi server runs it: inside one `mimi.streaming(1)`, each call takes the next
         # frames and returns their codes or audio.

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from .facts import BenchFacts, Official
-from .measure import clip, flat_codes, summary, timings
+from .measure import clip, flat_codes, summary, timed, timings
 
 RELEASED = "neucodec"  # the official package builds this config only (its sizes are fixed)
 
@@ -120,8 +120,7 @@ def run_package(job: dict, official, package: str, shape, to_official=lambda sd:
     geo = json.loads((folder / "model" / "manifest.json").read_text())["geometry"]
     x = shape(torch.from_numpy(clip(int(geo["input_samples"])))[:, None])
     with torch.inference_mode():
-        codes = official.encode_code(x)
-        enc = timings(lambda: official.encode_code(x), job["runs"], warmup=0)  # warmed up by the above
+        codes, enc = timed(lambda: official.encode_code(x), job["runs"])
         dec = timings(lambda: official.decode_code(codes), job["runs"])
     return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "threads": torch.get_num_threads(), "version": version(package),

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -59,6 +61,20 @@ def export_source_hash() -> str:
     for path in sorted([*(root / "models").glob("*.py"), *(root / "export").glob("*.py")]):
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def stamped(work: Path, key: dict, make: Callable[[], object], builds: str = "model-*") -> None:
+    """`make()` the export kept in `work` unless `work/stamp.json` holds `key` (what it was made
+    from), then stamp it. Builds of the previous export (`builds` in `work`) go first: the same
+    seed gives the same export id, so they could not be told from builds of the new one."""
+    stamp = work / "stamp.json"
+    if stamp.is_file() and json.loads(stamp.read_text()) == key:
+        return
+    for old in work.glob(builds):
+        shutil.rmtree(old)
+    make()
+    work.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(json.dumps(key))
 
 
 def build_folder(spec, work: Path, precision: str) -> Path:

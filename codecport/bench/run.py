@@ -7,7 +7,6 @@ import importlib.util
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ import click
 from ..errors import CodecportError
 from ..version import __version__
 from .measure import gemm_peak, graph_flops, pool
-from .prepare import build_folder, export_source_hash, prepare
+from .prepare import build_folder, export_source_hash, prepare, stamped
 from .report import code_agreement, directions, speedups
 
 # Contenders that are not installed here are listed, skipped, with the reason. A codec's own
@@ -64,17 +63,14 @@ class Options:
 def ensure_model(spec, o: Options, work: Path) -> dict:
     """The bench's export in `work` (made once per preset, length, step frames and export code);
     returns its manifest."""
-    stamp = work / "stamp.json"
     key = {"codec": spec.name, "preset": o.preset, "seconds": o.seconds, "codecport": __version__,
            "source": export_source_hash(), **({"frames": o.frames} if spec.has_step_graphs else {})}
-    if not stamp.is_file() or json.loads(stamp.read_text()) != key:
+
+    def make() -> None:
         click.echo(f"exporting {spec.name} {o.preset} for {o.seconds:g} s of audio (random weights) ...")
-        # Builds of the previous export go too: the same seed gives the same export id, so
-        # `build_folder` could not tell them from builds of this one.
-        for old in work.glob("model-*"):
-            shutil.rmtree(old)
         prepare(spec, o.preset, o.seconds, o.frames, 0, work)
-        stamp.write_text(json.dumps(key))
+
+    stamped(work, key, make)
     return json.loads((work / "model" / "manifest.json").read_text())
 
 

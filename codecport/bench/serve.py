@@ -25,9 +25,7 @@ the server's RSS is sampled, and every slot must be free at the end.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +44,7 @@ from .load import check_streams, duplex_of, open_folder, soak_run, trial
 from .measure import run_report
 
 WARMUP_SECONDS = 3.0  # a trial per server before any is measured (no longer than a trial)
-from .prepare import build_folder, export_source_hash, fail, prepare, preset_of
+from .prepare import build_folder, export_source_hash, fail, prepare, preset_of, stamped
 
 
 @dataclass
@@ -118,16 +116,14 @@ def fixed_bound(spec, folder: Path, seconds: float, seed: int, provider: str) ->
 def ensure_export(spec, preset: str, clip: float, seed: int, slots: int, base: Path) -> None:
     """The export in `base` (slot graphs of `slots` streams, none for 0), made once for its
     preset, fixed-graph length, seed and export code, and kept for the next run (`--dir`)."""
-    stamp = base / "stamp.json"
     key = {"codec": spec.name, "preset": preset, "len": clip, "seed": seed, "slots": slots,
            "codecport": __version__, "source": export_source_hash()}
-    if stamp.is_file() and json.loads(stamp.read_text()) == key:
-        return
-    click.echo(f"exporting {spec.label} {preset} (random weights){f' with --slots {slots}' if slots else ''} ...")
-    for old in base.glob("model-*"):  # builds of the previous export: the same seed gives the same id
-        shutil.rmtree(old)
-    prepare(spec, preset, clip, 1, seed, base, **({"slots": slots} if slots else {}))
-    stamp.write_text(json.dumps(key))
+
+    def make() -> None:
+        click.echo(f"exporting {spec.label} {preset} (random weights){f' with --slots {slots}' if slots else ''} ...")
+        prepare(spec, preset, clip, 1, seed, base, **({"slots": slots} if slots else {}))
+
+    stamped(base, key, make)
 
 
 def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str, ...], seconds: float,

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from .facts import BenchFacts, LongAudio, Official
-from .measure import clip, flat_codes, summary, timings
+from .measure import clip, flat_codes, summary, timed, timings
 
 
 def clip_samples(cfg, seconds: float) -> int:
@@ -33,8 +33,7 @@ def torch_long(model, job: dict, meta: dict) -> dict:
 
     n = long_samples(meta, job["long"])
     x = torch.from_numpy(clip(n))[:, None]
-    codes = model.encode(x)
-    enc = timings(lambda: model.encode(x), job["runs"], warmup=0)  # warmed up by the above
+    codes, enc = timed(lambda: model.encode(x), job["runs"])
     dec = timings(lambda: model.decode(codes), job["runs"])
     seconds = n / int(meta["sample_rate"])
     return {"encode-long": summary(enc, seconds), "decode-long": summary(dec, seconds)}
@@ -79,8 +78,7 @@ def run_official(job: dict) -> dict:
     meta = json.loads((folder / "model" / "manifest.json").read_text())
     x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
     with torch.inference_mode():
-        codes = model.encode(x)
-        enc = timings(lambda: model.encode(x), job["runs"], warmup=0)  # warmed up by the above
+        codes, enc = timed(lambda: model.encode(x), job["runs"])
         dec = timings(lambda: model.decode(codes), job["runs"])
         out = torch_long(model, job, meta) if job.get("long") else {}
     return {**out, "encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),

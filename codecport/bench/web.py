@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import time
 from pathlib import Path
 
@@ -59,7 +58,7 @@ def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], fram
     """precision -> web folder of `spec`'s bench preset (random weights), built once and reused
     while the export code and the settings are the same."""
     from ..export.builds import Build, build_of_folder
-    from .prepare import export_options, export_source_hash
+    from .prepare import export_options, export_source_hash, stamped
 
     facts, models = spec.bench, spec.module("model")
     preset = preset or facts.web_preset
@@ -71,17 +70,16 @@ def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], fram
     frames = frames if spec.has_step_graphs else 1
     key = {"preset": preset, "samples": samples, "codebooks": codebooks, "frames": frames,
            "source": export_source_hash()}
-    stamp, base = work / "stamp.json", work / "base"
-    if not stamp.is_file() or json.loads(stamp.read_text()) != key:
+    base = work / "base"
+
+    def make() -> None:
         click.echo(f"exporting {spec.name} {preset} for {seconds:g} s (random weights, quantizer in the graphs) ...")
-        for old in work.glob("web-*"):
-            shutil.rmtree(old)
         model = models.init_random(models.MODEL(cfg), 0).eval()
         spec.module("export").export(model, base, samples, options=export_options(spec, frames), preset=preset,
                                      weights="random-init seed 0", weights_sha256="none",
                                      in_graph_codebooks=codebooks)
-        work.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(json.dumps(key))
+
+    stamped(work, key, make, builds="web-*")
     out = {}
     for p in precisions:
         folder = work / f"web-{p}"

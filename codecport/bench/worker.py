@@ -30,6 +30,7 @@ from .measure import (
     peak_rss_mb,
     percentiles,
     summary,
+    timed,
     timings,
 )
 
@@ -44,8 +45,8 @@ def run_onnx(job: dict) -> dict:
     codec, facts = spec.runtime(folder, job["provider"]), spec.bench
     sr, mode = codec.input_rate, facts.fixed_mode  # the rate its encoder takes: no resampling timed
     x = clip(codec.graph("encoder").int("samples"))
-    codes = Codes(codec.encode(x, sr, mode=mode).arrays)  # bare: no resampling or loudness on the way back
-    enc = timings(lambda: codec.encode(x, sr, mode=mode), runs, warmup=0)  # the call above was its warm-up
+    first, enc = timed(lambda: codec.encode(x, sr, mode=mode), runs)  # bare: no resampling or loudness on the way back
+    codes = Codes(first.arrays)
     dec = timings(lambda: codec.decode(codes, mode=mode), runs)
     out = {}
     if facts.long and job.get("long"):
@@ -69,8 +70,8 @@ def _long(codec, long, job: dict) -> dict:
     manifest = json.loads((codec.dir / "manifest.json").read_text())
     n = long.samples(manifest, job["long"])
     x, sr = clip(n), codec.input_rate
-    codes = Codes(codec.encode(x, sr, mode=long.mode).arrays)
-    enc = timings(lambda: codec.encode(x, sr, mode=long.mode), job["runs"], warmup=0)  # warmed up by the above
+    first, enc = timed(lambda: codec.encode(x, sr, mode=long.mode), job["runs"])
+    codes = Codes(first.arrays)
     dec = timings(lambda: codec.decode(codes, mode=long.mode), job["runs"])
     seconds = n / sr
     return {"encode-long": summary(enc, seconds), "decode-long": summary(dec, seconds),
@@ -144,8 +145,7 @@ def run_torch(job: dict) -> dict:
     k = spec.runtime.default_codebooks  # as the ONNX contender: all (DAC), Moshi's 8 (Mimi)
     k = None if k is None else min(k, model.cfg.n_codebooks)
     with torch.inference_mode():
-        codes = facts.torch_encode(model, x, k)
-        enc = timings(lambda: facts.torch_encode(model, x, k), runs, warmup=0)  # warmed up by the above
+        codes, enc = timed(lambda: facts.torch_encode(model, x, k), runs)
         dec = timings(lambda: model.decode(codes), runs)
         out = facts.torch_long(model, job, meta) if facts.long and job.get("long") else {}
         arrays = facts.torch_codes(model, x, k)
@@ -164,8 +164,7 @@ def run_transformers(job: dict) -> dict:
     x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
     encode, decode = registry.get(job["codec"]).bench.transformers_model(conf)
     with torch.inference_mode():
-        codes = encode(x)
-        enc = timings(lambda: encode(x), job["runs"], warmup=0)  # warmed up by the above
+        codes, enc = timed(lambda: encode(x), job["runs"])
         dec = timings(lambda: decode(codes), job["runs"])
     return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "version": transformers.__version__}
