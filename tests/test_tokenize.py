@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
 
 import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from cli_support import invoke
 from conftest import SMOKE_BATCH
 from tokenize_support import (
-    BIN,
     add_bad_files,
     assert_codes,
     make_corpus,
@@ -34,17 +33,25 @@ BATCHED = [n for n in CODECS if registry.get(n).runtime.batchable]  # with encod
 # tokenizes fastest: what they check is the same code for every codec, and DAC's 10 s graphs made
 # them three times slower.
 JOB = "snac"
+# The per-codec corpus's clips run up to 1.2 s (past every smoke export's fixed graphs but DAC's
+# 2 s ones). Mimi's up to 0.5 s: past its 0.1 s graphs it streams a frame (1 ms at the tiny
+# preset) a call, about 1.3 CPU-s an audio second on each of the test's three passes; 0.5 s still
+# runs past its attention's 250-frame context.
+LONGEST = {"mimi": 0.5}
 
 
 @pytest.mark.parametrize("name", CODECS)
 def test_codes_equal_encode_at_batch_1_and_4(tmp_path, smoke_exports, name):
     folder = smoke_exports[name]
     corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 6)  # every rate, stereo, FLAC, clips under a graph and past it
+    # Every rate, stereo, FLAC, clips under a graph and past it.
+    files = make_corpus(corpus, 6, max_s=LONGEST.get(name, 1.2))
     bad = add_bad_files(corpus)
     want = reference_levels(folder, {p.relative_to(corpus).as_posix(): p for p in files})
     out4 = tmp_path / "out4"
-    proc = tokenize(corpus, "-m", folder, "-o", out4)
+    # One worker: a second is a process and sessions of its own for 9 inputs (the pool of several
+    # is test_every_kind_of_input's and test_tokenize_job's).
+    proc = tokenize(corpus, "-m", folder, "-o", out4, "--workers", "1")
     assert f"{len(files)} files tokenized" in proc.stdout and f"{len(bad)} failed" in proc.stdout
     got = rows(out4)
     assert_codes(got, want)
@@ -70,12 +77,12 @@ def test_a_row_equals_the_codes_codec_run_encode_writes(tmp_path, smoke_exports)
     name = CODECS[0]  # one codebook scale: its codes fit a .npy
     corpus = tmp_path / "corpus"
     files = make_corpus(corpus, 3)
-    tokenize(corpus, "-m", smoke_exports[name], "-o", tmp_path / "out")
+    tokenize(corpus, "-m", smoke_exports[name], "-o", tmp_path / "out", "--workers", "1")
     got = rows(tmp_path / "out")
-    for path in files:
+    for path in files:  # `codec-run encode` in this process: the file it writes is what is compared
         npy = tmp_path / "x.npy"
-        subprocess.run([str(BIN / "codec-run"), "encode", str(path), "-m", str(smoke_exports[name]),
-                        "-o", str(npy)], check=True, capture_output=True)
+        proc = invoke("codec-run", "encode", path, "-m", smoke_exports[name], "-o", npy)
+        assert proc.returncode == 0, proc.stderr
         assert np.array_equal(np.array(got[path.relative_to(corpus).as_posix()]["codes"]), np.load(npy))
 
 
@@ -111,8 +118,10 @@ def test_every_kind_of_input(tmp_path, smoke_exports):
     assert got["hf-0"]["path"].endswith("train-00000-of-00001.parquet#0")
 
 
-def test_bad_inputs_of_the_job_are_one_line(tmp_path, smoke_exports):
+def test_bad_inputs_of_the_job_are_one_line(tmp_path, smoke_exports, monkeypatch):
+    # The command's contract (exit code, one line on stderr): in this process (cli_support).
     folder = smoke_exports[CODECS[0]]  # its batched encoder takes 4 rows: --batch 8 is refused
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "a.wav").write_bytes(b"")
     (tmp_path / "dup.txt").write_text("a.wav\na.wav\n")
     (tmp_path / "nopath.csv").write_text("file\nx.wav\n")
@@ -120,17 +129,19 @@ def test_bad_inputs_of_the_job_are_one_line(tmp_path, smoke_exports):
     cases = {"nothing/here": "no such file", "nomatch/*.wav": "matches no file",
              "dup.txt": "comes twice", "nopath.csv": "no 'path' column", "bad.jsonl": "not a JSON object"}
     for arg, words in cases.items():
-        proc = tokenize(arg, "-m", folder, "-o", tmp_path / "out", check=False, cwd=tmp_path)
+        proc = invoke("codec-run", "tokenize", arg, "-m", folder, "-o", tmp_path / "out")
         assert proc.returncode == 1 and words in proc.stderr, (arg, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
-    proc = tokenize("a.wav", "-m", folder, "-o", tmp_path / "o2", "--batch", "8", check=False, cwd=tmp_path)
+        assert not (tmp_path / "out").exists()
+    proc = invoke("codec-run", "tokenize", "a.wav", "-m", folder, "-o", tmp_path / "o2", "--batch", "8")
     assert proc.returncode == 1 and "--batch 8" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_export_batch_is_checked_before_exporting(tmp_path):
-    proc = subprocess.run([str(BIN / "codec-export"), JOB, "--preset", "tiny", "--random-init",
-                           "--len", "4000", "--batch", "4", "--precision", "fp16", "-o", str(tmp_path / "x")],
-                          check=False, capture_output=True, text=True, timeout=120)
+    # The command's contract, in this process (cli_support): a process of its own spent its time
+    # importing torch.
+    proc = invoke("codec-export", JOB, "--preset", "tiny", "--random-init", "--len", "4000", "--batch", "4",
+                  "--precision", "fp16", "-o", tmp_path / "x")
     assert proc.returncode == 1 and "--batch" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "x").exists()
 

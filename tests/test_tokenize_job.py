@@ -32,6 +32,10 @@ CODECS = registry.names()
 # tokenizes fastest: what they check is the same code for every codec, and DAC's 10 s graphs made
 # them three times slower.
 JOB = "snac"
+OTHER = next(n for n in CODECS if n != JOB)  # a model whose codes the job's are not
+# One worker process where how many does not matter: each more is a process and its sessions, for
+# a handful of files (several run in the killed-worker test).
+ONE = ("--workers", "1")
 
 
 def test_resume_skips_done_redoes_changed_and_replaces_truncated(tmp_path, smoke_exports):
@@ -39,7 +43,7 @@ def test_resume_skips_done_redoes_changed_and_replaces_truncated(tmp_path, smoke
     corpus = tmp_path / "corpus"
     files = make_corpus(corpus, 10)
     out = tmp_path / "out"
-    tokenize(corpus, "-m", folder, "-o", out, "--shard-rows", "1")
+    tokenize(corpus, "-m", folder, "-o", out, "--shard-rows", "1", *ONE)
     first = rows(out)
     proc = tokenize(corpus, "-m", folder, "-o", out)
     assert "0 files tokenized" in proc.stdout and f"{len(files)} already done" in proc.stdout
@@ -53,7 +57,7 @@ def test_resume_skips_done_redoes_changed_and_replaces_truncated(tmp_path, smoke
     lost = pq.read_table(victim).column("id").to_pylist()
     victim.write_bytes(victim.read_bytes()[:100])
     (out / ".part-x.parquet.abc.part").write_bytes(b"half")
-    proc = tokenize(corpus, "-m", folder, "-o", out)
+    proc = tokenize(corpus, "-m", folder, "-o", out, *ONE)
     assert f"{1 + len(lost)} files tokenized" in proc.stdout, proc.stdout
     again = rows(out)
     assert set(again) == set(first)
@@ -66,8 +70,8 @@ def test_codes_of_another_model_are_refused(tmp_path, smoke_exports):
     corpus = tmp_path / "corpus"
     make_corpus(corpus, 2)
     out = tmp_path / "out"
-    a, b = (smoke_exports[n] for n in CODECS[:2])
-    tokenize(corpus, "-m", a, "-o", out)
+    a, b = (smoke_exports[n] for n in (JOB, OTHER))  # b is refused before any encoding
+    tokenize(corpus, "-m", a, "-o", out, *ONE)
     proc = tokenize(corpus, "-m", b, "-o", out, check=False)
     assert proc.returncode == 1 and "another model" in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "mine").mkdir()
@@ -90,7 +94,7 @@ def test_sigkill_midway_then_rerun_gives_every_input_once(tmp_path, smoke_export
     kill_when(proc, lambda: len(list(out.glob("part-*.parquet"))) >= 1)
     partial = rows(out)
     assert 0 < len(partial) < len(files)
-    tokenize(corpus, "-m", folder, "-o", out)
+    tokenize(corpus, "-m", folder, "-o", out, *ONE)
     # A clean run's codes are `encode`'s file by file (test_codes_equal_encode_at_batch_1_and_4).
     want = reference(folder, {p.relative_to(corpus).as_posix(): p for p in files})
     assert_codes(rows(out), want)
@@ -129,9 +133,9 @@ def test_folders_with_the_same_file_names_are_told_apart_and_resumed(tmp_path, s
     test = make_corpus(tmp_path / "test", 3, seed=1)
     assert [p.relative_to(tmp_path / "train") for p in train] == [p.relative_to(tmp_path / "test") for p in test]
     out = tmp_path / "out"
-    tokenize("train", "-m", folder, "-o", out, cwd=tmp_path)
+    tokenize("train", "-m", folder, "-o", out, *ONE, cwd=tmp_path)
     assert set(rows(out)) == {p.relative_to(tmp_path / "train").as_posix() for p in train}
-    proc = tokenize("train", "test", "-m", folder, "-o", out, cwd=tmp_path)
+    proc = tokenize("train", "test", "-m", folder, "-o", out, *ONE, cwd=tmp_path)
     assert "3 files tokenized" in proc.stdout and "3 already done" in proc.stdout, proc.stdout
     got = rows(out)
     assert set(got) == {p.relative_to(tmp_path).as_posix() for p in [*train, *test]}
@@ -197,10 +201,10 @@ def test_the_folder_is_checked_for_its_model_once_locked(tmp_path, smoke_exports
     corpus = tmp_path / "corpus"
     make_corpus(corpus, 2)
     out = tmp_path / "out"
-    a, b = (smoke_exports[n] for n in CODECS[:2])
+    a, b = (smoke_exports[n] for n in (JOB, OTHER))  # b is refused before any encoding
     late = registry.codec_of_folder(b).runtime(b, sessions=False)
     waiting = OutputDir(out, late, late.codebooks(None))  # the folder is empty: no objection yet
-    tokenize(corpus, "-m", a, "-o", out)
+    tokenize(corpus, "-m", a, "-o", out, *ONE)
     with pytest.raises(registry.CodecportError, match="holds codes of another model"), waiting.lock():
         pass
-    assert {r["codec"] for r in rows(out).values()} == {CODECS[0]}
+    assert {r["codec"] for r in rows(out).values()} == {JOB}

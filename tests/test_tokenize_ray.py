@@ -1,21 +1,32 @@
 """`codec-run tokenize --engine ray`: a private local cluster whose job is SIGKILLed midway and
 resumed, and a real two-node cluster started on 127.0.0.1 (one CPU each), attached to with
 --address, on which an actor is killed midway. Codes must equal `encode` file by file, every
-input once, and no Ray daemon may outlive its cluster."""
+input once, and no Ray daemon may outlive its cluster.
+
+Every Ray job start costs tens of seconds on two cores (a private cluster's daemons, or a driver
+attached to the cluster, and its actors' sessions), so each job here checks all it can: three
+job starts and one cluster in all.
+
+Each driver and node is started in a session of its own (start_new_session): Ray's daemons and
+workers stay in the session of the process that started them, so the processes a check looks at
+are this test's, whatever other Ray clusters the machine runs (another test run, a bench)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import soundfile as sf
 from tokenize_support import (
     BIN,
     add_bad_files,
@@ -36,17 +47,27 @@ ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
 pytestmark = pytest.mark.ray
 
 
-def _ray_processes() -> set[int]:
-    """Ray's daemons (raylet, gcs_server) running now."""
-    out = set()
-    for cmd in Path("/proc").glob("[0-9]*/cmdline"):
+def _processes(sessions: set[int]) -> dict[int, bytes]:
+    """pid -> command line of the live processes (zombies left out) of the Linux `sessions`."""
+    out = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            text = cmd.read_bytes()
-        except OSError:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) in sessions and fields[0] != "Z":
+                out[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
             continue
-        if b"raylet" in text or b"gcs_server" in text:
-            out.add(int(cmd.parent.name))
     return out
+
+
+def _ray_daemons(sessions: set[int]) -> set[int]:
+    """Ray's daemons (raylet, gcs_server) of `sessions` running now."""
+    return {pid for pid, cmd in _processes(sessions).items() if b"raylet" in cmd or b"gcs_server" in cmd}
+
+
+def _actors(sessions: set[int]) -> set[int]:
+    """The processes of Ray Data's map actors (`ray::MapWorker(...)`) of `sessions` running now."""
+    return {pid for pid, cmd in _processes(sessions).items() if b"MapWorker" in cmd}
 
 
 def _start(args, env=None) -> subprocess.Popen:
@@ -55,34 +76,64 @@ def _start(args, env=None) -> subprocess.Popen:
                             env={**os.environ, **ENV, **(env or {})})
 
 
+def _wait(proc: subprocess.Popen, timeout: float = 600) -> tuple[str, str]:
+    """stdout and stderr of a `_start`ed run once it ends; past `timeout`, its process group is
+    SIGKILLed first (it fails its test then, on its return code)."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()
+
+
 def test_private_cluster_sigkilled_midway_then_resumed(tmp_path, smoke_exports):
     # Mimi here and SNAC on the two-node cluster: both kinds of batch on Ray (SNAC's windows;
     # Mimi's padded clips and its streamed long ones). test_tokenize runs every codec, SNAC's
     # codes of several time scales included: the driver writes the rows for both engines.
     folder = smoke_exports["mimi"]
     corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 20, seed=6, max_s=0.5)
+    # Three tasks of 8 on one actor (20 clips and the 3 bad ones, which sort first). Ray Data hands
+    # a task's rows on once the next task's are ready too, so the first rows are written when the
+    # second task ends, and the kill must come while the third runs: its last clip, a 1.5 s one
+    # (Mimi streams it, a frame a call), keeps it running a second or more. The other clips are
+    # short (half of them under the fixed graphs, padded into batches; the rest streamed).
+    files = make_corpus(corpus, 19, seed=6, max_s=0.2, short_every=2)
+    files.append(corpus / "spk2" / "long.wav")  # sorts last
+    t = np.arange(int(1.5 * 24000)) / 24000
+    sf.write(files[-1], (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 24000)
     bad = add_bad_files(corpus)
     out = tmp_path / "out"
-    before = _ray_processes()
     proc = _start([corpus, "-m", folder, "-o", out, "--engine", "ray", "--workers", "1", "--shard-rows", "1"])
-    kill_when(proc, lambda: len(list(out.glob("part-*.parquet"))) >= 1)
+    cluster: set[int] = set()  # its daemons, seen just before the kill
+
+    def written() -> bool:
+        if not list(out.glob("part-*.parquet")):
+            return False
+        cluster.update(_ray_daemons({proc.pid}))
+        return True
+
+    kill_when(proc, written)
+    assert cluster, "the job's private cluster was not seen in its session"
     partial = rows(out)
     assert 0 < len(partial) < len(files)
     deadline = time.monotonic() + 30  # the killed driver's private cluster goes with it
-    while _ray_processes() - before and time.monotonic() < deadline:
+    while _ray_daemons({proc.pid}) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _ray_processes() - before, "the killed job's cluster is still running"
-    proc = tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--workers", "2", env=ENV)
-    assert f"{len(files) - len(partial)} files tokenized" in proc.stdout and f"{len(bad)} failed" in proc.stdout
-    assert "core_worker" not in proc.stderr and "WARNING" not in proc.stderr, proc.stderr
+    assert not _ray_daemons({proc.pid}), "the killed job's cluster is still running"
+    # Resumed on one actor: a second one would cost a process and its sessions, and tests nothing
+    # the two-node job's two actors do not.
+    proc = _start([corpus, "-m", folder, "-o", out, "--engine", "ray", "--workers", "1"])
+    stdout, stderr = _wait(proc)
+    assert proc.returncode == 0 and "Traceback" not in stderr, stdout + stderr
+    assert f"{len(files) - len(partial)} files tokenized" in stdout and f"{len(bad)} failed" in stdout
+    assert "core_worker" not in stderr and "WARNING" not in stderr, stderr
     want = reference_levels(folder, {p.relative_to(corpus).as_posix(): p for p in files})
     assert_codes(rows(out), want)
     for ident in partial:  # the rows written before the kill were kept, not redone
         assert np.array_equal(np.array(partial[ident]["codes"]), want[ident][0])
     errors = pq.read_table(out / "__errors__" / "errors.parquet").column("id").to_pylist()
     assert set(errors) == set(bad)
-    assert _ray_processes() <= before, "the private cluster outlived the job"
+    assert not _ray_daemons({proc.pid}), "the private cluster outlived the job"
 
 
 def _free_port() -> int:
@@ -91,70 +142,100 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _kill(sessions: set[int]) -> None:
+    """SIGKILL every process of `sessions` (the nodes' daemons and workers) until none is left."""
+    deadline = time.monotonic() + 30
+    while (left := _processes(sessions)) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    """Two Ray nodes on 127.0.0.1, one CPU each: (address, env), stopped at the end, pass or fail."""
+    """Two Ray nodes on 127.0.0.1, one CPU each: (address, env, the nodes' sessions), stopped at
+    the end, pass or fail."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
     # The nodes and the jobs share a token (Ray's token auth, which `ray start` turns on).
     auth = {**ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     env = {**os.environ, **auth}
     common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
+    sessions: set[int] = set()  # a node's processes stay in the session of its `ray start`
     try:
-        subprocess.run([RAY, "start", "--head", "--port", str(port), "--include-dashboard", "false", *common],
-                       check=True, capture_output=True, timeout=120, env=env)
-        subprocess.run([RAY, "start", "--address", address, *common], check=True, capture_output=True,
-                       timeout=120, env=env)
-        deadline, status = time.monotonic() + 60, ""
-        while "/2.0 CPU" not in status:  # both nodes registered: the cluster has two CPUs
-            assert time.monotonic() < deadline, status
-            time.sleep(1)
+        for node in (["--head", "--port", str(port), "--include-dashboard", "false"], ["--address", address]):
+            start = subprocess.Popen([RAY, "start", *node, *common], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+            sessions.add(start.pid)
+            stdout, stderr = start.communicate(timeout=120)
+            assert start.returncode == 0, stdout + stderr
+        deadline = time.monotonic() + 60
+        while True:  # both nodes registered: the cluster has two CPUs (at once, as a rule)
             status = subprocess.run([RAY, "status", "--address", address], check=False,
                                     capture_output=True, text=True, timeout=60, env=env).stdout
-        yield address, auth
-    finally:
-        subprocess.run([RAY, "stop", "--force"], check=False, capture_output=True, timeout=120, env=env)
-    assert not _ray_processes(), "ray stop left daemons running"
+            if "/2.0 CPU" in status:
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(1)
+        assert len(_ray_daemons(sessions)) == 3, _processes(sessions)  # a GCS and two raylets
+        yield address, auth, sessions
+    finally:  # what `ray stop --force` does, to these nodes only
+        _kill(sessions)
+    assert not _processes(sessions), "the cluster's processes outlived it"
 
 
-def test_two_node_cluster_codes_equal_encode(tmp_path, smoke_exports, cluster):
-    address, auth = cluster
+def _cpu_ticks(pid: int) -> int:
+    """CPU time (user + system, in clock ticks) of a process so far; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def test_two_node_cluster_an_actor_killed_midway_codes_equal_encode(tmp_path, smoke_exports, cluster):
+    """One job on both nodes (--workers 2: an actor of one CPU on each), one of its actors
+    SIGKILLed once the first rows are written. Ray Data replaces it and runs its tasks again: the
+    job succeeds, every file once with `encode`'s codes, and a rerun finds them all done."""
+    address, auth, nodes = cluster
     folder = smoke_exports[WINDOWED]
     corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 16, seed=5)
-    out = tmp_path / "out"
-    proc = tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address,
-                    "--workers", "2", env=auth)
-    assert f"{len(files)} files tokenized" in proc.stdout
-    assert_codes(rows(out), reference(folder, {p.relative_to(corpus).as_posix(): p for p in files}))
-    proc = tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address, env=auth)
-    assert f"{len(files)} already done" in proc.stdout
-
-
-def test_a_killed_actor_is_replaced_and_nothing_is_lost(tmp_path, smoke_exports, cluster):
-    address, auth = cluster
-    folder = smoke_exports[WINDOWED]
-    corpus = tmp_path / "corpus"
-    files = make_corpus(corpus, 24, seed=7, max_s=4.0)  # long enough to outlast the kill
+    # Six tasks of 8 for two actors, each holding up to two: when the first rows are written
+    # (after two tasks) four are left, so an actor killed then has more work than the task it runs.
+    files = make_corpus(corpus, 48, seed=7, max_s=1.0)
     out = tmp_path / "out"
     proc = _start([corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address,
-                   "--workers", "1", "--shard-rows", "1"], env=auth)
+                   "--workers", "2", "--shard-rows", "1"], env=auth)
     t0 = time.monotonic()
     while not list(out.glob("part-*.parquet")):
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() - t0 < 120
         time.sleep(0.02)
-    actors = [int(c.parent.name) for c in Path("/proc").glob("[0-9]*/cmdline") if b"MapWorker" in _read(c)]
-    assert actors, "no actor process found"
-    os.kill(actors[0], signal.SIGKILL)
-    _, err = proc.communicate(timeout=300)
+    # The actor killed is one that is encoding (its CPU time grows): the task it runs is then run
+    # again by its replacement, so the job cannot end without one. (An idle one is replaced too,
+    # but the job may end first.)
+    deadline, victim = time.monotonic() + 60, None
+    while victim is None:
+        assert proc.poll() is None and time.monotonic() < deadline, "no actor was seen encoding"
+        before = {pid: _cpu_ticks(pid) for pid in _actors(nodes)}
+        time.sleep(0.2)
+        busy = {pid: _cpu_ticks(pid) - ticks for pid, ticks in before.items()}
+        victim = max((pid for pid in busy if busy[pid] >= 3), key=busy.get, default=None)
+    first = _actors(nodes) | set(before)
+    os.kill(victim, signal.SIGKILL)
+    outputs: list = []  # the pipes drained while the actors are watched
+    reader = threading.Thread(target=lambda: outputs.append(_wait(proc, 300)))
+    reader.start()
+    seen = set(first)
+    while reader.is_alive():  # the replacement is a new process
+        seen |= _actors(nodes)
+        time.sleep(0.1)
+    stdout, err = outputs[0]
     assert proc.returncode == 0, err
-    got = rows(out)
-    assert_codes(got, reference(folder, {p.relative_to(corpus).as_posix(): p for p in files}))
-
-
-def _read(path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
+    assert seen - first, "no new actor replaced the killed one"
+    assert f"{len(files)} files tokenized" in stdout, stdout
+    assert_codes(rows(out), reference(folder, {p.relative_to(corpus).as_posix(): p for p in files}))
+    # Nothing to do: the driver says so without starting a Ray job (driver.py).
+    proc = tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address, env=auth)
+    assert f"{len(files)} already done" in proc.stdout and "0 files tokenized" in proc.stdout
