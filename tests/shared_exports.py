@@ -8,11 +8,12 @@ Tests read these folders; a test that changes one works on a copy (`copy_folder`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,51 @@ def source_key() -> str:
     return h.hexdigest()[:16]
 
 
+# ONNX Runtime's kernels on one thread (codecport's `threads` option), for the codecs a test opens
+# where the thread count is not what it checks: see `one_thread`.
+ONE_THREAD = {"threads": "1"}
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch's kernels on one thread while inside (the count before is put back). The suite runs
+    three workers on two cores: a second thread per worker wins no time there, and its spin-waits
+    cost CPU (a torch encode of the released Mimi's 11 s took 2.4 CPU-s on one thread, 5 to 6 on
+    two, and no less wall time). Same results: tolerances and exact codes hold either way."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+INITS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "xavier_uniform_",
+         "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_")
+
+
+@contextlib.contextmanager
+def skipped_init() -> Iterator[None]:
+    """torch modules built inside keep their weights uninitialised (torch.nn.init's functions do
+    nothing), for modules whose every weight is set next: a released size's init draws hundreds
+    of millions of random numbers that would be overwritten."""
+    from unittest import mock
+
+    import torch
+
+    with mock.patch.multiple(torch.nn.init, **{name: lambda tensor, *a, **k: tensor for name in INITS}):
+        yield
+
+
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """`one_thread` for a whole module (`pytestmark = pytest.mark.usefixtures(...)`)."""
+    with one_thread():
+        yield
+
+
 def shared(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path:
     """Folder `name`, built by `build(folder)` the first time any worker of this run asks."""
     if os.environ.get("CODECPORT_TEST_CACHE"):
@@ -43,7 +89,8 @@ def shared(tmp_path_factory, name: str, build: Callable[[Path], object]) -> Path
     with FileLock(str(root / f"{name}.lock")):
         if not done.is_file():
             shutil.rmtree(folder, ignore_errors=True)
-            build(folder)
+            with one_thread():
+                build(folder)
             done.write_text("")
     return folder
 

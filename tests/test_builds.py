@@ -11,8 +11,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import MIMI_TINY_FRAMES, MIMI_TINY_STEP, TINY_CHUNK, TINY_LEN, noise
+from conftest import MIMI_TINY_FRAMES, MIMI_TINY_STEP, TINY_CHUNK, noise
 from onnx import TensorProto, helper, numpy_helper
+from shared_exports import ONE_THREAD
 
 import codecport
 from codecport.errors import ExportError
@@ -38,6 +39,8 @@ COMBOS = [(t, p) for t, spec in TARGETS.items() for p in spec.precisions
 # mantissa; int8 is coarse on random weights, the bounds only catch a broken quantization.
 BOUNDS = {"fp32": (90.0, 99.9), "fp16": (40.0, 95.0), "int8": (15.0, 60.0)}
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 
 def _stage(monkeypatch, module, export, *args, **kwargs):
     """Run the real exporter, keeping what it hands the variant step (the validated fp32 graphs)."""
@@ -54,11 +57,20 @@ def _stage(monkeypatch, module, export, *args, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def dac_stage(tmp_path_factory, tiny_dac):
-    with pytest.MonkeyPatch.context() as mp:
-        return _stage(mp, export_dac_mod, export_dac_mod.export_dac, tiny_dac,
-                      tmp_path_factory.mktemp("dac_fp32"), TINY_LEN, TINY_CHUNK, preset="tiny",
-                      weights="random-init seed 0", weights_sha256="none")
+def dac_stage(tiny_export):
+    """What `export_dac(tiny_dac, out, TINY_LEN, TINY_CHUNK, ...)` hands the variant step, read back
+    (as `build_of_folder` reads a folder) from the shared export of that very call
+    (shared_exports.py: `tiny_export`) rather than traced again. DAC's builds need no torch module
+    (its .mlpackage conversion is test_coreml.py's)."""
+    from codecport.runtime.dac import DacCodec
+    from codecport.runtime.folder import read_manifest
+
+    manifest = read_manifest(tiny_export)
+    models = {name: onnx.load(str(tiny_export / file)) for name, file in manifest["files"].items()
+              if file.endswith(".onnx")}
+    manifest = {k: v for k, v in manifest.items() if k != "files"}
+    return {"models": models, "rvq": DacCodec(tiny_export).rvq.arrays(), "manifest": manifest,
+            "probe": export_dac_mod.probe(manifest)}
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +153,7 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
             assert any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out / "decoder.onnx")).graph.node)
 
     # The folder runs through the runtime as written.
-    folder = codecport.load(out)
+    folder = codecport.load(out, options=ONE_THREAD)
     long_mode = next(m for m in folder.modes if m != "fixed")
 
     def roundtrip(folder):
@@ -165,7 +177,7 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
         # ... and the runtime runs a folder of only .ort files to the same codes and audio.
         # (ORT optimizes an .onnx fully at load; the .ort keeps the converter's level, so
         # reduced-precision graphs may round differently.)
-        codes_ort, audio_ort = roundtrip(codecport.load(only_ort))
+        codes_ort, audio_ort = roundtrip(codecport.load(only_ort, options=ONE_THREAD))
         if precision == "fp32":
             np.testing.assert_array_equal(codes_ort, codes)
             np.testing.assert_allclose(audio_ort, audio, atol=1e-5)

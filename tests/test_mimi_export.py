@@ -10,6 +10,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from safetensors.torch import load_file
+from shared_exports import skipped_init
 
 from codecport import __version__
 from codecport.errors import ExportError, ValidationError
@@ -18,6 +20,8 @@ from codecport.export.mimi import export_mimi, rvq_of
 from codecport.models.mimi import PRESETS, MimiModel, init_random
 
 GRAPHS = ["encoder", "decoder", "encoder_step", "decoder_step"]
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def _io(vis) -> dict[str, tuple[tuple[int, ...], int]]:
@@ -62,8 +66,10 @@ def _zero_feeds(sess: ort.InferenceSession) -> dict[str, np.ndarray]:
 def preset_export(released_mimi):
     """The full "mimi" config (random weights), exported once a run for every test that needs
     it (shared_exports.py): --len 48000, one-frame step graphs."""
-    out = released_mimi[1]
-    model = init_random(MimiModel(PRESETS["mimi"]), seed=3).eval()  # the weights it was exported with
+    weights, out = released_mimi
+    with skipped_init():
+        model = MimiModel(PRESETS["mimi"]).eval()
+    model.load_state_dict(load_file(str(weights)))  # the weights it was exported with, every one
     report = json.loads((out / "manifest.json").read_text())  # the export's report is in it
     graphs = {name: _assert_portable(out / f"{name}.onnx") for name in GRAPHS}
     return model, out, report, graphs

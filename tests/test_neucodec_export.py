@@ -16,6 +16,8 @@ from codecport.export.check import check_graph
 from codecport.export.neucodec import frames_of
 from codecport.models.neucodec import PRESETS
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 
 def test_the_export_is_validated_and_described(smoke_exports):
     manifest = json.loads((smoke_exports["neucodec"] / "manifest.json").read_text())
@@ -64,15 +66,28 @@ def test_the_bench_times_the_parts_it_names(smoke_exports):
     assert 0 < dec["the ISTFT"]["share_pct"] < 100 and dec["the backbone"]["share_pct"] > 10
 
 
-def test_an_int8_build_carries_its_measured_deviation(smoke_exports, tmp_path):
-    """A build of an export folder (as codec-bench and codec-export make them): calibrated on the
-    masked graphs through the runtime, its deviation from fp32 measured and written."""
-    import codecport
+@pytest.fixture(scope="module")
+def bucket_export(tmp_path_factory):
+    """(`codec-export neucodec --preset tiny --random-init --len 4000 --buckets 1600`: the smoke
+    export's graphs and a 10-frame pair beside them, what it printed, its int8 build)."""
     from codecport import registry
     from codecport.export.builds import Build, build_of_folder
 
-    out = tmp_path / "int8"
-    build_of_folder(registry.get("neucodec"), smoke_exports["neucodec"], out, Build("cpu", "int8"))
+    tmp = tmp_path_factory.mktemp("buckets")
+    proc = invoke("codec-export", "neucodec", "--preset", "tiny", "--random-init", "--len", "4000",
+                  "--buckets", "1600", "-o", tmp / "b")
+    assert proc.returncode == 0, proc.stderr
+    build_of_folder(registry.get("neucodec"), tmp / "b", tmp / "int8", Build("cpu", "int8"))
+    return tmp / "b", proc, tmp / "int8"
+
+
+def test_an_int8_build_carries_its_measured_deviation(bucket_export):
+    """A build of an export folder (as codec-bench and codec-export make them): calibrated on the
+    masked graphs through the runtime, its deviation from fp32 measured and written. (The folder
+    is the bucketed export's below: its main pair is the smoke export's; one build serves both.)"""
+    import codecport
+
+    out = bucket_export[2]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["precision"] == "int8" and not (out / "rvq.npz").exists()
     dev = manifest["deviation"]
@@ -81,18 +96,13 @@ def test_an_int8_build_carries_its_measured_deviation(smoke_exports, tmp_path):
     assert codes.data.shape == (1, 1, 12)
 
 
-def test_buckets_run_a_clip_through_the_shortest_graphs_that_hold_it(smoke_exports, tmp_path):
+def test_buckets_run_a_clip_through_the_shortest_graphs_that_hold_it(smoke_exports, bucket_export, tmp_path):
     """`--buckets`: shorter graphs beside the main pair, each validated; a clip runs through the
     shortest that holds it, with the codes and (to rounding) the audio of the main graphs; a build
     measures every bucket's deviation."""
     import codecport
-    from codecport import registry
-    from codecport.export.builds import Build, build_of_folder
 
-    out = tmp_path / "b"
-    proc = invoke("codec-export", "neucodec", "--preset", "tiny", "--random-init", "--len", "4000",
-                  "--buckets", "1600", "-o", out)
-    assert proc.returncode == 0, proc.stderr
+    out, proc, int8 = bucket_export
     assert "buckets       : 10 frames (0.20 s)" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["geometry"]["buckets"] == [10]
@@ -107,8 +117,7 @@ def test_buckets_run_a_clip_through_the_shortest_graphs_that_hold_it(smoke_expor
         assert set(bucketed._graphs) - before <= {graph} and graph in bucketed._graphs, samples
         np.testing.assert_array_equal(codes.data, main.encode(x, 16000).data)
         np.testing.assert_allclose(bucketed.decode(codes.data)[0], main.decode(codes.data)[0], atol=1e-6)
-    build_of_folder(registry.get("neucodec"), out, tmp_path / "int8", Build("cpu", "int8"))
-    dev = json.loads((tmp_path / "int8" / "manifest.json").read_text())["deviation"]
+    dev = json.loads((int8 / "manifest.json").read_text())["deviation"]
     assert set(dev) == set(manifest["validation"]) and all(d["snr_db"] > 0 for d in dev.values())
     for buckets, match in (("4000", "shorter than --len"), ("800,x", "separated by commas"), ("0", "positive")):
         proc = invoke("codec-export", "neucodec", "--preset", "tiny", "--random-init", "--len", "4000",

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import noise
+from shared_exports import skipped_init
 from test_neucodec_model import masked_window
 
 from codecport.bench.xcodec2 import build_official, import_official
@@ -22,6 +23,8 @@ from codecport.models.xcodec2_weights import XCODEC2
 from codecport.runtime.fbank import Fbank
 from codecport.runtime.fsq import Fsq
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 
 @pytest.fixture(scope="module")
 def pair():
@@ -30,7 +33,8 @@ def pair():
     torch.manual_seed(0)
     official = build_official(import_official(), semantic_layers=16, intermediate=128)
     cfg = PRESETS["xcodec2"]
-    ours = MODEL(dataclasses.replace(cfg, semantic=dataclasses.replace(cfg.semantic, intermediate=128))).eval()
+    with skipped_init():  # every weight is the official's, loaded next
+        ours = MODEL(dataclasses.replace(cfg, semantic=dataclasses.replace(cfg.semantic, intermediate=128))).eval()
     # The official keys, every one (weight norm folded, SnakeBeta's `bias` read as its beta).
     sd = fold_weight_norm(XCODEC2.to_ours({k: v for k, v in official.state_dict().items()
                                            if not ours.unused(k)}))
@@ -66,15 +70,15 @@ def test_official_parity_encode_code(pair):
     long, short = noise(24000 + 123, seed=3), noise(9000, seed=4)
     with torch.no_grad():
         for audio in (long, short):
-            want = official.encode_code(torch.from_numpy(audio))  # [1, T] -> [1, 1, F]
+            want = official.encode_code(torch.from_numpy(audio)).numpy()  # [1, T] -> [1, 1, F]
             got = fsq.indices(ours.encode_latent(*_prepared(audio)).numpy())
             assert want.shape == (1, 1, audio.shape[-1] // 320 + 1)
             assert len(np.unique(want)) > 10  # codes that vary
-            np.testing.assert_array_equal(got[:, None], want.numpy())
-        # The short clip in the long clip's window (the mask), the rest other audio.
+            np.testing.assert_array_equal(got[:, None], want)
+        # The short clip in the long clip's window (the mask), the rest other audio: the short
+        # clip's own codes (`want`, the last of the loop).
         *window, frames = masked_window(_prepared, short, long)
         got = fsq.indices(ours.encode_latent(*window).numpy())
-        want = official.encode_code(torch.from_numpy(short)).numpy()
     np.testing.assert_array_equal(got[:, None, :frames], want)
 
 
