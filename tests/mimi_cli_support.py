@@ -17,6 +17,7 @@ from cli_support import invoke
 from conftest import noise
 from shared_exports import cli_export, cli_output, shared
 
+from codecport import registry
 from codecport.export.mimi import rvq_of
 from codecport.models.mimi import PRESETS
 from codecport.runtime.audio import read_audio, resample
@@ -84,14 +85,12 @@ def frames_of(n: int, sr: int) -> int:
 
 
 # ---- module fixtures: exports, clips, cached CLI encodes and torch references -------------
+FIXED_ONLY_LEN = int(registry.get("mimi").smoke[-1])  # samples of the smoke export's fixed graphs
 EXPORTS = {  # name -> codec-export arguments (all random-init, seed 0)
     # The main folder: fixed graphs of 960 samples (40 frames) and 2-frame step graphs.
     "main": ("mimi", "--preset", "tiny", "--len", FIXED_LEN, "--step-frames", STEP_FRAMES),
-    # Fixed graphs of 96 samples (4 frames), and 1-frame step graphs.
-    "small": ("mimi", "--preset", "tiny", "--len", 96),
     "in_graph": ("mimi", "--preset", "tiny", "--len", FIXED_LEN, "--step-frames", STEP_FRAMES,
                  "--in-graph-quantizer", "--codebooks", 3),
-    "dac": ("dac", "--preset", "tiny", "--len", 600),
 }
 
 
@@ -111,12 +110,12 @@ def model_dir(exports) -> Path:
 
 
 @pytest.fixture(scope="session")
-def fixed_only(exports, tmp_path_factory) -> Path:
-    """The small export without its step graphs: a folder exported before codec-export always
-    wrote them."""
+def fixed_only(smoke_exports, tmp_path_factory) -> Path:
+    """The smoke export (fixed graphs of FIXED_ONLY_LEN samples) without its step graphs: a folder
+    exported before codec-export always wrote them."""
     folder = tmp_path_factory.mktemp("mimi_fixed_only")
     for name in ("encoder.onnx", "decoder.onnx", "rvq.npz", "manifest.json"):
-        shutil.copy(exports["small"][0] / name, folder / name)
+        shutil.copy(smoke_exports["mimi"] / name, folder / name)
     return folder
 
 
@@ -126,8 +125,9 @@ def in_graph(exports) -> Path:
 
 
 @pytest.fixture(scope="session")
-def dac_dir(exports) -> Path:
-    return exports["dac"][0]
+def dac_dir(smoke_exports) -> Path:
+    """Any DAC folder: the tests give it to Mimi's commands, which must refuse it."""
+    return smoke_exports["dac"]
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 import torch
 from conftest import noise
-from mimi_cli_support import CFG, SR, K, assert_one_line_error, cli, run, write_wav
+from mimi_cli_support import CFG, FIXED_ONLY_LEN, FRAME, SR, K, assert_one_line_error, cli, run, write_wav
 
 
 # ---- bad audio in -------------------------------------------------------------------------
@@ -163,13 +163,13 @@ def test_graph_from_another_export_is_refused(tmp_path, out_dir, clips, model_di
 
 def test_fixed_only_folder_refuses_long_input(tmp_path, out_dir, clips, fixed_only):
     ok = out_dir / "fits.npy"  # what fits still works
-    write_wav(tmp_path / "fits.wav", noise(96), SR)
+    write_wav(tmp_path / "fits.wav", noise(FIXED_ONLY_LEN), SR)
     cli("codec-run", "encode", tmp_path / "fits.wav", "-m", fixed_only, "-o", ok)
-    assert np.load(ok).shape == (1, K, 4)
+    assert np.load(ok).shape == (1, K, FIXED_ONLY_LEN // FRAME)
     out = out_dir / "c.npz"
-    proc = run("codec-run", "encode", clips["short"], "-m", fixed_only, "-o", out)
+    proc = run("codec-run", "encode", clips["long"], "-m", fixed_only, "-o", out)
     assert "re-export it with codec-export mimi" in assert_one_line_error(proc, out)
-    np.save(tmp_path / "long.npy", np.zeros((1, K, 5), np.int64))
+    np.save(tmp_path / "long.npy", np.zeros((1, K, FIXED_ONLY_LEN // FRAME + 1), np.int64))
     out = out_dir / "o.wav"
     proc = run("codec-run", "decode", tmp_path / "long.npy", "-m", fixed_only, "-o", out)
     assert "re-export it with codec-export mimi" in assert_one_line_error(proc, out)

@@ -19,7 +19,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -196,8 +195,10 @@ def _cpu_ticks(pid: int) -> int:
 
 def test_two_node_cluster_an_actor_killed_midway_codes_equal_encode(tmp_path, smoke_exports, cluster):
     """One job on both nodes (--workers 2: an actor of one CPU on each), one of its actors
-    SIGKILLed once the first rows are written. Ray Data replaces it and runs its tasks again: the
-    job succeeds, every file once with `encode`'s codes, and a rerun finds them all done."""
+    SIGKILLed while it encodes, once the first rows are written. Ray Data runs its task again: the
+    job succeeds, every file once with `encode`'s codes, and a rerun finds them all done. (Whether
+    the task reruns on a restarted actor or on the other one is Ray's choice, and varies with the
+    load: a replacement actor is not a claim here.)"""
     address, auth, nodes = cluster
     folder = smoke_exports[WINDOWED]
     corpus = tmp_path / "corpus"
@@ -212,9 +213,8 @@ def test_two_node_cluster_an_actor_killed_midway_codes_equal_encode(tmp_path, sm
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() - t0 < 120
         time.sleep(0.02)
-    # The actor killed is one that is encoding (its CPU time grows): the task it runs is then run
-    # again by its replacement, so the job cannot end without one. (An idle one is replaced too,
-    # but the job may end first.)
+    # The actor killed is one that is encoding (its CPU time grows), so a task is lost midway and
+    # must be run again. (Killing an idle one might lose nothing.)
     deadline, victim = time.monotonic() + 60, None
     while victim is None:
         assert proc.poll() is None and time.monotonic() < deadline, "no actor was seen encoding"
@@ -222,18 +222,9 @@ def test_two_node_cluster_an_actor_killed_midway_codes_equal_encode(tmp_path, sm
         time.sleep(0.2)
         busy = {pid: _cpu_ticks(pid) - ticks for pid, ticks in before.items()}
         victim = max((pid for pid in busy if busy[pid] >= 3), key=busy.get, default=None)
-    first = _actors(nodes) | set(before)
     os.kill(victim, signal.SIGKILL)
-    outputs: list = []  # the pipes drained while the actors are watched
-    reader = threading.Thread(target=lambda: outputs.append(_wait(proc, 300)))
-    reader.start()
-    seen = set(first)
-    while reader.is_alive():  # the replacement is a new process
-        seen |= _actors(nodes)
-        time.sleep(0.1)
-    stdout, err = outputs[0]
+    stdout, err = _wait(proc, 300)
     assert proc.returncode == 0, err
-    assert seen - first, "no new actor replaced the killed one"
     assert f"{len(files)} files tokenized" in stdout, stdout
     assert_codes(rows(out), reference(folder, {p.relative_to(corpus).as_posix(): p for p in files}))
     # Nothing to do: the driver says so without starting a Ray job (driver.py).
