@@ -30,6 +30,8 @@ from .web import web_cmd
 def codec_cmd(codec, preset, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
               contenders, official_python, minutes, peak_seconds, work, json_out, plot) -> None:
     """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
+    if plot and importlib.util.find_spec("matplotlib") is None:  # before torch's seconds of import
+        _fail("--plot needs matplotlib; pip install 'codecport[bench]'", 1)
     from .run import Options, bench
 
     try:
@@ -37,8 +39,6 @@ def codec_cmd(codec, preset, variant, seconds, runs, rounds, providers, precisio
         import torch  # noqa: F401
     except ImportError as e:
         _fail(f"codec-bench needs the [export] extra ({e}); pip install 'codecport[export]'", 1)
-    if plot and importlib.util.find_spec("matplotlib") is None:
-        _fail("--plot needs matplotlib; pip install 'codecport[bench]'", 1)
     spec = registry.get(codec)
     facts = spec.bench
     if frames != 1 and not spec.has_step_graphs:
