@@ -9,20 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import os
 import re
-import select
 import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -32,6 +27,18 @@ import pytest
 import soxr
 from click.testing import CliRunner
 from conftest import noise
+from serve_support import (
+    BIN,
+    chunks,
+    closed_with,
+    frame_chunks,
+    get_json,
+    in_thread,
+    ref_decode,
+    ref_encode,
+    run,
+    serving,
+)
 from shared_exports import TINY_SLOTS, copy_folder
 
 import codecport
@@ -39,65 +46,7 @@ from codecport.cli.serve import serve_cli
 from codecport.serve import Result, ServeError, connect, stream
 from codecport.serve.protocol import CLOSE_CODES
 
-BIN = Path(sys.executable).parent
 SR = 24000  # the tiny Mimi's rate
-
-
-def in_thread(fn, *args):
-    """`fn(*args)` on a thread of its own: a file before this one in the same pytest worker may
-    leave an event loop running on the main thread (Playwright's, for the browser tests), and
-    asyncio.run refuses to start under it."""
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(fn, *args).result()
-
-
-class Served:
-    """A `codec-serve` process and its URL."""
-
-    def __init__(self, proc: subprocess.Popen, url: str, log: Path):
-        self.proc, self.url, self.log = proc, url, log
-
-    def get(self, path: str):
-        return in_thread(asyncio.run, _get(self.url + path))
-
-
-async def _get(url: str):
-    async with aiohttp.ClientSession() as s, s.get(url) as r:
-        return r.status, (await r.json() if r.content_type == "application/json" else await r.text())
-
-
-@contextlib.contextmanager
-def serving(folder: Path, log: Path, *args):
-    """`codec-serve -m folder --port 0 ARGS`, stopped (SIGTERM) on exit."""
-    with open(log, "w") as err:
-        proc = subprocess.Popen([str(BIN / "codec-serve"), "-m", str(folder), "--port", "0", *map(str, args)],
-                                stdout=subprocess.PIPE, stderr=err, bufsize=0)
-    try:
-        yield Served(proc, _url(proc, log), log)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        proc.stdout.close()
-
-
-def _url(proc: subprocess.Popen, log: Path, timeout: float = 60) -> str:
-    """The URL the server prints, read from its stdout as it comes (unbuffered, by select)."""
-    deadline, seen = time.monotonic() + timeout, b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
-        if ready:
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            seen += chunk
-            if m := re.search(rb"listening on (http://127\.0\.0\.1:\d+)", seen):
-                return m.group(1).decode()
-            if not chunk and proc.poll() is not None:
-                break
-    raise AssertionError(f"codec-serve did not start: {seen.decode()}{log.read_text()}")
 
 
 @pytest.fixture(scope="module")
@@ -116,52 +65,6 @@ def snac(tiny_snac_export, tmp_path_factory):
 @pytest.fixture(scope="module")
 def mimi_codec(tiny_mimi_export):
     return codecport.load(tiny_mimi_export)
-
-
-def run(coro):
-    return in_thread(asyncio.run, asyncio.wait_for(coro, 60))
-
-
-def chunks(x, sizes) -> list:
-    """`x` cut into pieces of the given sizes, cycled (uneven on purpose)."""
-    out, i, k = [], 0, 0
-    while i < len(x):
-        n = sizes[k % len(sizes)]
-        out.append(x[i:i + n])
-        i, k = i + n, k + 1
-    return out
-
-
-def ref_encode(codec, pcm, k: int) -> np.ndarray:
-    s = codec.encoder_stream(k)
-    return np.concatenate([s.push(pcm), s.flush()], axis=1)
-
-
-def ref_decode(codec, codes, **kw) -> np.ndarray:
-    s = codec.decoder_stream(**kw)
-    return np.concatenate([s.push(codes), s.flush()])
-
-
-def frame_chunks(codes: np.ndarray, sizes) -> list:
-    out, i, k = [], 0, 0
-    while i < codes.shape[1]:
-        out.append(codes[:, i:i + sizes[k % len(sizes)]])
-        i, k = i + sizes[k % len(sizes)], k + 1
-    return out
-
-
-async def closed_with(client, code: str) -> ServeError:
-    """The error a stream ends with; the server closes the connection after it."""
-    with pytest.raises(ServeError) as e:
-        while await client.receive(timeout=10) is not None:
-            pass
-    assert e.value.code == code, e.value
-    msg = await client.ws.receive(timeout=10)
-    assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING), msg
-    if msg.type is aiohttp.WSMsgType.CLOSE:
-        assert msg.data == CLOSE_CODES[code]
-    await client.close()
-    return e.value
 
 
 # ---- exact results ------------------------------------------------------------------------------
@@ -407,7 +310,7 @@ def test_more_clients_than_slots_are_told_busy(tiny_mimi_export, tmp_path, mimi_
                 assert other.info["slot"] == {"decoder": 0}
             first.ws.get_extra_info("socket").shutdown(socket.SHUT_RDWR)  # vanishes, no close
             for _ in range(200):
-                if (await _get(server.url + "/health"))[1]["slots"]["active"] == 0:
+                if (await get_json(server.url + "/health"))[1]["slots"]["active"] == 0:
                     break
                 await asyncio.sleep(0.01)
             else:
@@ -659,3 +562,66 @@ def test_a_folder_whose_step_graphs_hold_no_batch_rows_is_refused(tiny_snac_expo
                           text=True, timeout=60, check=False)
     assert proc.returncode == 1 and "re-export the folder to serve it" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---- a codec whose stream runs whole windows (NeuCodec) -------------------------------------------
+@pytest.fixture(scope="module")
+def neucodec(smoke_exports, tmp_path_factory):
+    with serving(smoke_exports["neucodec"], tmp_path_factory.mktemp("serve") / "neucodec.log", "--slots", 2) as s:
+        yield s
+
+
+def test_neucodec_streams_are_served_through_their_windows(neucodec, smoke_exports):
+    """NeuCodec has no step graph (its model attends to a whole window): its decoder stream runs
+    the windowed mode's windows, and the server runs each slot's through it. Two streams at once,
+    in uneven pieces, each get exactly what the runtime's stream alone gives (the decode of their
+    whole sequence: windowed past one window, the fixed graph within one); the ready reply
+    states the windows' rhythm and latency."""
+    codec = codecport.load(smoke_exports["neucodec"])
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(0, codec.codebook_size, (1, n)) for n in (3 * codec.frames + 7, codec.frames - 4)]
+
+    async def one(codes, sizes):
+        async with await connect(neucodec.url, "decode") as c:
+            assert c.info["step_frames"] == {"decoder": codec.frames - codec.overlap}
+            assert c.info["latency"]["decoder"]["frames"] == codec.frames - 1
+            return await stream(c, frame_chunks(codes, sizes))
+
+    async def go():
+        return await asyncio.gather(one(seqs[0], [5, 1, 30]), one(seqs[1], [7]))
+
+    for got, codes in zip(run(go()), seqs):
+        want = ref_decode(codec, codes)
+        assert want.size == codes.shape[1] * codec.frame_size
+        assert np.array_equal(got.audio(), want.astype(np.float32))
+        np.testing.assert_allclose(want, codec.decode(codes)[0][0], atol=1e-6)
+    status, health = neucodec.get("/health")
+    assert status == 200 and health["pools"] == {"decoder": {"total": 2, "active": 0, "batch": 1}}
+
+
+def test_neucodec_refuses_what_it_cannot_stream_and_bad_codes_end_that_stream_only(neucodec, smoke_exports):
+    codec = codecport.load(smoke_exports["neucodec"])
+    codes = np.random.default_rng(5).integers(0, codec.codebook_size, (1, 2 * codec.frames))
+
+    async def go():
+        with pytest.raises(ServeError, match="decoder") as e:
+            await connect(neucodec.url, "encode")
+        assert e.value.code == "bad_request"
+        bystander = await connect(neucodec.url, "decode")
+        await bystander.send_codes(codes[:, :codec.frames + 3])
+        c = await connect(neucodec.url, "decode")
+        await c.send_codes(np.full((1, 4), codec.codebook_size, np.int64))  # one past the codebook
+        assert f"codes must be in [0, {codec.codebook_size})" in str(await closed_with(c, "bad_input"))
+        await bystander.send_codes(codes[:, codec.frames + 3:])
+        await bystander.end()
+        got = Result(bystander.info, [p async for p in bystander])
+        await bystander.close()
+        return got
+
+    assert np.array_equal(run(go()).audio(), ref_decode(codec, codes).astype(np.float32))
+
+
+def test_a_folder_without_streams_is_refused_in_one_line(smoke_exports):
+    r = CliRunner().invoke(serve_cli, ["-m", str(smoke_exports["dac"])])
+    assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "DAC has no encoder or decoder stream" in r.stderr and "codec-run" in r.stderr, r.stderr

@@ -60,10 +60,9 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
         raise CodecportError(f"codec-serve needs aiohttp ({e}); pip install 'codecport[serve]'") from None
     spec = registry.codec_of_folder(model_dir)
     codec = spec.runtime(model_dir, provider, fallback, options)
-    if not codec.stepped:
-        stepped = " or ".join(f"codec-export {c.name}" for c in registry.codecs() if c.has_step_graphs)
-        raise CodecportError(f"{model_dir}: {spec.label} has no step graphs to serve; serve a folder "
-                             f"written by {stepped}")
+    if not codec.streams:
+        raise CodecportError(f"{model_dir}: {codec.no_stream('encoder or decoder')}; codec-serve serves "
+                             "streams: use codec-run for whole files")
     config = ServeConfig(slots=slots, host=host, port=port, queue=queue, queue_timeout=queue_timeout,
                          idle_timeout=idle_timeout, grace=grace, max_message=max_message, max_backlog=max_backlog,
                          send_buffer=send_buffer, batched=batched)

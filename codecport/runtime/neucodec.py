@@ -223,10 +223,19 @@ class NeuCodecWindowStream(DecoderStream):
         frames = self.window - 1
         return Latency(frames, frames * self.codec.frame_size)
 
-    def push(self, codes) -> np.ndarray:
+    @property
+    def step_frames(self) -> int:
+        """Code frames whose audio one window makes final: a window less its overlap."""
+        return self.window - self.overlap
+
+    def check_input(self, codes) -> np.ndarray:
+        """`codes` as `push` takes them, checked: their frames `[n]` (a server's pool checks each
+        message with this as it arrives, so a bad one is refused before any window runs)."""
         codes = as_levels(codes, 1)[0]
-        if codes.shape[1]:
-            self.codes = np.concatenate([self.codes, self.codec.check_codes(codes).data[0][0]])
+        return self.codec.check_codes(codes).data[0][0] if codes.shape[1] else np.zeros(0, np.int64)
+
+    def push(self, codes) -> np.ndarray:
+        self.codes = np.concatenate([self.codes, self.check_input(codes)])
         out = []
         while self.codes.size >= self.window:  # a whole window, final whatever follows
             out.append(self._fade(self.codes[:self.window]))

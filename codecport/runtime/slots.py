@@ -16,6 +16,10 @@ nothing to do and keeps their rows as they were, so an idle slot changes nothing
 and a slot reset or joining never disturbs the others (every op of the graphs keeps the batch
 rows apart). A slot gives, piece by piece, exactly what one stream of stream.py gives for the
 same input: the same stream objects run here, their runner a row of the bank.
+
+A stream that runs whole windows through fixed graphs (NeuCodec's and XCodec2's decoder) has no
+step graph and no state a graph carries: its slots are a `WindowPool`'s, with the same interface,
+each slot's input run through its own stream. `open_pool` picks the pool a side needs.
 """
 
 from __future__ import annotations
@@ -269,3 +273,85 @@ class SlotPool:
             except Exception as e:  # noqa: BLE001 (handed to the caller with its slot)
                 failed[s] = e
         return out, failed
+
+
+class WindowSlot(Slot):
+    """A slot of a `WindowPool`: its input, checked as it comes, waits here for the next step."""
+
+    def __init__(self, pool: WindowPool, index: int):
+        super().__init__(pool, index)
+        self.pending: list = []
+        self.flushed = False
+
+    def feed(self, x) -> None:
+        if self._ended:
+            raise CodecportError("this stream has ended; open another for more input")
+        self.stream.check_input(x)
+        self.pending.append(x)
+
+    def end(self) -> None:
+        self._ended = True
+
+    def ready(self) -> bool:
+        return self.open and (bool(self.pending) or (self._ended and not self.flushed))
+
+    @property
+    def finished(self) -> bool:
+        return self._ended and self.flushed and not self.pending
+
+
+class WindowPool:
+    """`size` slots of `side` whose streams run whole windows through fixed graphs (NeuCodec's and
+    XCodec2's decoder: the model attends to its whole window, so there is no step graph and no
+    state a graph could carry). The same interface as `SlotPool`; a step runs each ready slot's
+    input through its own stream, one slot after another: what one stream alone gives."""
+
+    batch = 1  # slots one graph call serves
+
+    def __init__(self, codec, side: str, size: int, **settings):
+        if side not in codec.streams:
+            raise codec.no_stream(side)
+        if not 1 <= size <= 4096:
+            raise CodecportError(f"a pool holds 1 to 4096 slots, got {size}")
+        self.codec, self.side, self.size, self.settings = codec, side, size, settings
+        self.slots = [WindowSlot(self, i) for i in range(size)]
+
+    @property
+    def active(self) -> int:
+        return sum(s.open for s in self.slots)
+
+    def open(self, **settings) -> WindowSlot | None:
+        free = next((s for s in self.slots if not s.open), None)
+        if free is None:
+            return None
+        make = self.codec.encoder_stream if self.side == "encoder" else self.codec.decoder_stream
+        free.stream = make(**{**self.settings, **settings, "io_binding": False})
+        free.open, free._ended, free.flushed, free.pending = True, False, False, []
+        return free
+
+    def release(self, slot: WindowSlot) -> None:
+        slot.open, slot.stream, slot.pending = False, None, []
+
+    def step(self, slots: Sequence[WindowSlot]) -> tuple[dict[WindowSlot, np.ndarray], dict[WindowSlot, Exception]]:
+        """Each ready slot's waiting input through its stream (and its flush once the input has
+        ended): its output piece, or why that slot alone failed."""
+        out, failed = {}, {}
+        for s in [s for s in slots if s.ready()]:
+            pending, s.pending = s.pending, []
+            try:
+                pieces = [s.stream.push(x) for x in pending]
+                if s._ended:
+                    pieces.append(s.stream.flush())
+                    s.flushed = True
+                out[s] = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+            except Exception as e:  # noqa: BLE001 (handed to the caller with its slot)
+                failed[s] = e
+        return out, failed
+
+
+def open_pool(codec, side: str, size: int, batched: bool = True, **settings) -> SlotPool | WindowPool:
+    """The pool of `size` slots that serves `side` of `codec`: stepped (`SlotPool`) where its
+    stream runs step graphs, else a `WindowPool`."""
+    if side in codec.stepped:
+        return SlotPool(codec, side, size, batched=batched, **settings)
+    return WindowPool(codec, side, size, **settings)

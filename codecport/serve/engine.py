@@ -1,7 +1,8 @@
 """The scheduler under `codec-serve`: slot pools of the runtime (runtime/slots.py) stepped by one
 asyncio task for the connections' streams (live.py), and the admission of new ones.
 
-One `SlotPool` per side the codec streams, `--slots` slots each; a connection holds a slot of
+One pool per side the codec streams (runtime/slots.py: a `SlotPool` stepping step graphs, or a
+`WindowPool` whose streams run whole windows), `--slots` slots each; a connection holds a slot of
 each side its op needs. The scheduler wakes when a stream gets input (an `asyncio.Event`), and
 runs one `pool.step(ready slots)` per pool in a one-thread executor (ONNX Runtime releases the
 GIL) for the slots that have something to do, as soon as any has: it never waits to fill a batch,
@@ -24,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import CodecportError
-from ..runtime.slots import SlotPool
+from ..runtime.slots import open_pool
 from .live import Live
 from .metrics import Metrics
 from .protocol import ProtocolError
@@ -32,7 +33,7 @@ from .protocol import ProtocolError
 log = logging.getLogger(__name__)
 
 
-def _step(pools: dict[str, SlotPool], work: dict[str, list]) -> list:
+def _step(pools: dict, work: dict[str, list]) -> list:
     """One step of each pool's ready slots (in the executor's thread): (side, slots, outputs,
     the slots that failed alone, seconds, the exception that failed the whole step)."""
     out = []
@@ -60,7 +61,7 @@ class Scheduler:
                  input_bound: int = 4 << 20, batched: bool = True):
         self.codec, self.size, self.queue_limit = codec, size, queue
         self.max_backlog, self.input_bound = max_backlog, input_bound
-        self.pools = {side: SlotPool(codec, side, size, batched=batched) for side in codec.streams}
+        self.pools = {side: open_pool(codec, side, size, batched) for side in codec.streams}
         self.held = dict.fromkeys(self.pools, 0)  # slots granted or being granted, per side
         self.lives: dict[Live, None] = {}  # streams holding slots, in the order they came
         self.owner: dict = {}  # slot -> Live
