@@ -80,3 +80,33 @@ def test_bench_serve_ramps_every_configuration_and_soaks(tmp_path):
     assert soak["health_after"]["slots"]["active"] == 0 and soak["check"]["checked"] > 0
     assert soak["check"]["audio_max_abs_err"] <= 1e-4 and soak["check"]["codes_exact"] is None
     assert "B=2 fp32" in proc.stdout and "fixed-graph bound" in proc.stdout and "soak:" in proc.stdout
+
+
+def test_frame_latency_counts_the_servers_delay_for_steps_and_for_windows():
+    """A frame's latency runs from sending the frame that made its audio final to the arrival of
+    that audio. Steps: frame i makes final the audio up to the stated latency before it. Windows
+    (8 frames from every 6th, 7 frames of latency): only a window's last frame makes audio final,
+    the window's up to its overlap; the frames before it wait for input, not for the server."""
+    from codecport.bench.load import Stream
+
+    frame = 10
+    sent = [float(i) for i in range(20)]
+    steps = Stream(sent=sent, frame=frame, lookahead=2 * frame,
+                   arrivals=[((i - 1) * frame, i + 0.25) for i in range(2, 20)])  # 0.25 s a step
+    assert steps.latencies() == [0.25] * 18  # frames 2..19 (0 and 1 make nothing final)
+    # Windows: audio of frames 0..5 out 0.5 s after frame 7 is sent, 6..11 after 13, 12..17 after 19.
+    windows = Stream(sent=sent, frame=frame, lookahead=7 * frame, window_step=6,
+                     arrivals=[(6 * frame, 7.5), (12 * frame, 13.5), (18 * frame, 19.5)])
+    assert windows.latencies() == [0.5, 0.5, 0.5]
+    assert windows.latencies(skip=8) == [0.5, 0.5]
+
+
+def test_bench_serve_batches_only_codecs_with_step_graphs():
+    from click.testing import CliRunner
+
+    from codecport.bench.cli import main
+
+    r = CliRunner().invoke(main, ["serve", "neucodec", "--slots", "1", "--slots", "8"])
+    assert r.exit_code == 2 and "NeuCodec has no step graphs" in r.stderr and "--slots 1" in r.stderr, r.stderr
+    r = CliRunner().invoke(main, ["serve", "dac"])
+    assert r.exit_code == 2 and "'dac' is not one of" in r.stderr, r.stderr

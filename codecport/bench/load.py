@@ -48,13 +48,24 @@ class Stream:
     warnings: int = 0
     lookahead: int = 0  # samples of stated latency
     frame: int = 0  # samples a frame
-    seed: int = 0  # of its input (and of a decoder's noise)
+    seed: int = 0  # of its input
+    noise: int | None = None  # the seed of its decoder's noise (the ready reply's), if it draws any
+    window_step: int = 0  # frames between windows' starts, for output that comes in windows; else 0
 
     def latencies(self, skip: int = 0) -> list[float]:
-        """Seconds from sending each frame to the arrival of the audio it made final."""
+        """Seconds from sending each frame to the arrival of the audio it made final: for steps,
+        its audio up to the stated latency before it; for windows (`window_step`), when it is
+        the last frame of a window, that window's audio up to its overlap (the frames between
+        windows make nothing final: waiting for the rest of a window is not the server's delay)."""
         out, j = [], 0
+        ahead = self.lookahead // self.frame if self.window_step else 0
         for i, t in enumerate(self.sent):
-            target = (i + 1) * self.frame - self.lookahead
+            if self.window_step:
+                if (i - ahead) % self.window_step or i < ahead:
+                    continue
+                target = (i - ahead + self.window_step) * self.frame
+            else:
+                target = (i + 1) * self.frame - self.lookahead
             if target <= 0 or i < skip:
                 continue
             while j < len(self.arrivals) and self.arrivals[j][0] < target:
@@ -82,16 +93,19 @@ async def run_client(url: str, spec, frames: int, seed: int, session, delay: flo
     await asyncio.sleep(delay)
     duplex = duplex_of(spec)
     try:
-        c = await connect(url, "duplex" if duplex else "decode", session=session, noise=None if duplex else seed)
+        c = await connect(url, "duplex" if duplex else "decode", session=session)
     except ServeError as e:
         out.error = f"{e.code}: {e}"
         return out
     info = c.info
+    out.noise = info.get("noise")  # the seed of a decoder that draws noise, which the server chose
     group = info.get("group_frames", 1)
     frames = -(-frames // group) * group  # a decoder takes whole groups of coarse frames
     period_samples = info["coarse_frame_samples"]
     out.frame = period_samples
     out.lookahead = sum(v["samples"] for v in info["latency"].values())
+    if "windows" in info.get("runs", {}).values():
+        out.window_step = info["step_frames"]["decoder"]
     period = period_samples / info["sample_rate"]
     layout = [tuple(x) for x in info["code_layout"]]
     loop = asyncio.get_running_loop()
@@ -242,9 +256,8 @@ def check_streams(spec, folder: Path, streams: list[Stream]) -> dict:
             exact += int(np.array_equal(got_codes, codes))
             want = np.concatenate([dec.push(codes), dec.flush()])
         else:
-            dec = codec.decoder_stream(noise=s.seed)
-            want = np.concatenate([*(dec.push([a[0] if a.ndim > 1 else a for a in x]) for x in s.inputs),
-                                   dec.flush()])
+            dec = codec.decoder_stream(**({"noise": s.noise} if s.noise is not None else {}))
+            want = np.concatenate([*(dec.push(list(x)) for x in s.inputs), dec.flush()])
         got = np.concatenate(s.audio) if s.audio else np.zeros(0, np.float32)
         if got.shape != want.shape:
             max_err = float("inf")

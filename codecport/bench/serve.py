@@ -250,15 +250,15 @@ def lines(report: dict) -> list[str]:
     return out
 
 
-SERVABLE = [s.name for s in registry.codecs() if s.has_step_graphs]
+SERVABLE = [s.name for s in registry.codecs() if s.runtime.streams]
 
 
 @click.command("serve", context_settings={"show_default": True})
 @click.argument("codec", type=click.Choice(SERVABLE))
 @click.option("--preset", default=None, help="Preset [default: the codec's].")
-@click.option("--slots", "slots", multiple=True, type=click.IntRange(1, 256), default=[1, 8, 16],
+@click.option("--slots", "slots", multiple=True, type=click.IntRange(1, 256),
               help="Configurations (repeatable): 1 steps each stream on its own, B > 1 the batched graphs "
-                   "of B streams a call.")
+                   "of B streams a call [default: 1, 8 and 16; 1 for a codec without step graphs].")
 @click.option("--precision", "precisions", multiple=True, type=click.Choice(PRECISIONS), default=["fp32", "int8"],
               help="Precisions (repeatable).")
 @click.option("--seconds", type=click.FloatRange(min=0.2), default=8.0, help="Seconds of each trial.")
@@ -274,12 +274,16 @@ SERVABLE = [s.name for s in registry.codecs() if s.has_step_graphs]
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak, provider, seed, work, json_out):
     """Real-time streams `codec-serve` holds for CODEC, per --slots and --precision, on loopback."""
+    spec = registry.get(codec)
+    slots = slots or ((1, 8, 16) if spec.has_step_graphs else (1,))
+    if not spec.has_step_graphs and any(b > 1 for b in slots):
+        fail(f"--slots B > 1 steps B streams in one call of batched step graphs; {spec.label} has no step "
+             "graphs (codec-serve runs its streams one by one): pass --slots 1", 2)
     try:
         import aiohttp  # noqa: F401
         import torch  # noqa: F401
     except ImportError as e:
         fail(f"codec-bench serve needs the [export] and [serve] extras ({e})", 1)
-    spec = registry.get(codec)
     preset = preset_of(spec, preset, None)
     run_report(work, "codec-bench-serve-", lambda w: bench_serve(
         spec, preset, tuple(slots), tuple(precisions), seconds, max_streams, soak, provider, seed, w, clip),

@@ -205,6 +205,8 @@ class Slot:
     def step_frames(self) -> int:
         return self.stream.step_frames
 
+    runs = "steps"  # how its output comes: a step graph's steps ("windows": whole windows)
+
 
 class SlotPool:
     """`size` slots of `side` on one codec folder. `settings` are the streams' (codebooks,
@@ -277,6 +279,8 @@ class SlotPool:
 
 class WindowSlot(Slot):
     """A slot of a `WindowPool`: its input, checked as it comes, waits here for the next step."""
+
+    runs = "windows"
 
     def __init__(self, pool: WindowPool, index: int):
         super().__init__(pool, index)

@@ -224,6 +224,7 @@ def ready_message(codec, request: Request, slots: dict) -> dict:
         "noise": request.noise,
         "slot": {side: s.index for side, s in slots.items()},
         "step_frames": {side: s.step_frames for side, s in slots.items()},
+        "runs": {side: s.runs for side, s in slots.items()},
         "latency": {side: {"frames": s.latency.frames, "samples": s.latency.samples} for side, s in slots.items()},
     }
 
