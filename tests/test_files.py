@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from codecport.errors import CodesError, ModelFileError
@@ -329,6 +329,9 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 
     ["sampling_rate", "upsampling_ratios", "hidden_size", "num_filters", "num_hidden_layers", "_frame_rate",
      "intermediate_size", "num_attention_heads", "sliding_window", "codebook_size", "num_quantizers",
      "rope_parameters", "vector_quantization_hidden_dimension", "kernel_size", "compress"]), JSONISH, max_size=6))
+# Found by this test: the ratios' product, taken before they were checked, repeated the inner list
+# 88 billion times (a test process was killed for memory at 22 GB).
+@example(conf={"upsampling_ratios": [[88061255015, True], 88061255015, None, None], "hidden_size": True})
 def test_any_mimi_config_json_is_a_config_or_one_checkpoint_error(conf):
     from codecport.errors import CheckpointError
     from codecport.models.mimi_weights import config_from_transformers

@@ -12,6 +12,7 @@ import torch
 from ..errors import CheckpointError, ConfigError
 from .checkpoint import load_state, read_safetensors, transformers_folder
 from .hub import hf_file, resolve, sha256_file
+from .limits import check_int, check_ints
 from .mimi import PRESETS, MimiConfig, MimiModel
 from .mimi_config import RELEASES
 
@@ -119,6 +120,10 @@ def config_from_transformers(conf: dict, source: str) -> MimiConfig:
 
 def _config(conf: dict, heads: int) -> MimiConfig:
     sr, ratios = conf.get("sampling_rate", 24000), conf.get("upsampling_ratios") or [8, 6, 5, 4]
+    # Checked before the frame rate is derived from them: the product of a list holding a list
+    # repeats that list (a config.json saying [[1, 2], 88061255015] asked for terabytes).
+    check_int("sampling_rate", sr, 1_000, 1_000_000)
+    check_ints("upsampling_ratios", tuple(ratios) if isinstance(ratios, list) else ratios, 1, 64, 8)
     # transformers saves `_frame_rate: null` unless one was given and then derives the rate from a
     # stride-2 downsample (its `frame_size`); a fixed 12.5 Hz fits the released ratios only.
     frame_rate = conf.get("_frame_rate") or conf.get("frame_rate") or sr / (2 * math.prod(ratios))
