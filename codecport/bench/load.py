@@ -104,8 +104,9 @@ async def run_client(url: str, spec, frames: int, seed: int, session, delay: flo
     period_samples = info["coarse_frame_samples"]
     out.frame = period_samples
     out.lookahead = sum(v["samples"] for v in info["latency"].values())
-    if "windows" in info.get("runs", {}).values():
-        out.window_step = info["step_frames"]["decoder"]
+    windowed = [side for side, runs in info.get("runs", {}).items() if runs == "windows"]
+    if windowed:
+        out.window_step = info["step_frames"][windowed[0]]
     period = period_samples / info["sample_rate"]
     layout = [tuple(x) for x in info["code_layout"]]
     loop = asyncio.get_running_loop()

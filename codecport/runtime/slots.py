@@ -208,20 +208,41 @@ class Slot:
     runs = "steps"  # how its output comes: a step graph's steps ("windows": whole windows)
 
 
-class SlotPool:
-    """`size` slots of `side` on one codec folder. `settings` are the streams' (codebooks,
-    noise...), `open(**settings)` overrides them for one slot. `batched=False` steps one slot a
-    call even where the folder has batched step graphs (one step per stream)."""
+class Pool:
+    """What every pool shares: `size` slots of `side` on one codec folder, the streams' settings
+    (codebooks, noise...; `open(**settings)` overrides them for one slot), and a new stream for a
+    free slot."""
 
-    def __init__(self, codec, side: str, size: int, batched: bool = True, **settings):
+    def __init__(self, codec, side: str, size: int, settings: dict):
         if side not in codec.streams:
             raise codec.no_stream(side)
-        if side not in codec.stepped:
-            raise CodecportError(f"{codec.label}'s {side} stream runs whole windows, not steps: slot pools (and "
-                                 "codec-serve) step codecs with step graphs; stream it alone (Codec.decoder_stream)")
         if not 1 <= size <= 4096:
             raise CodecportError(f"a pool holds 1 to 4096 slots, got {size}")
         self.codec, self.side, self.size, self.settings = codec, side, size, settings
+
+    @property
+    def active(self) -> int:
+        return sum(s.open for s in self.slots)
+
+    def _new_stream(self, settings: dict):
+        """(a free slot, a new stream of this side for it), or (None, None) when every slot is
+        taken. Bad settings raise (CodecportError) and take no slot."""
+        free = next((s for s in self.slots if not s.open), None)
+        if free is None:
+            return None, None
+        make = self.codec.encoder_stream if self.side == "encoder" else self.codec.decoder_stream
+        return free, make(**{**self.settings, **settings, "io_binding": False})
+
+
+class SlotPool(Pool):
+    """`size` slots of `side` on one codec folder, stepped through its step graphs. `batched=False`
+    steps one slot a call even where the folder has batched step graphs (one step per stream)."""
+
+    def __init__(self, codec, side: str, size: int, batched: bool = True, **settings):
+        super().__init__(codec, side, size, settings)
+        if side not in codec.stepped:
+            raise CodecportError(f"{codec.label}'s {side} stream runs whole windows, not steps: slot pools "
+                                 "step codecs with step graphs; a WindowPool (open_pool) serves it")
         step = codec.graph(f"{side}_step")
         if batched and f"{side}_slots" in codec.present:
             self.bank = StepBank(codec.graph(f"{side}_slots"), size, single=step)
@@ -237,18 +258,12 @@ class SlotPool:
         """Slots one graph call steps."""
         return self.bank.b
 
-    @property
-    def active(self) -> int:
-        return sum(s.open for s in self.slots)
-
     def open(self, **settings) -> Slot | None:
         """A free slot, in the zero state, or None when every slot is taken. Bad settings raise
         (CodecportError) and take no slot."""
-        free = next((s for s in self.slots if not s.open), None)
+        free, stream = self._new_stream(settings)
         if free is None:
             return None
-        make = self.codec.encoder_stream if self.side == "encoder" else self.codec.decoder_stream
-        stream = make(**{**self.settings, **settings, "io_binding": False})
         stream.runner = BankRow(self.bank, free.index)
         stream.reset()
         free.stream, free.open, free._ended = stream, True, False
@@ -304,7 +319,7 @@ class WindowSlot(Slot):
         return self._ended and self.flushed and not self.pending
 
 
-class WindowPool:
+class WindowPool(Pool):
     """`size` slots of `side` whose streams run whole windows through fixed graphs (NeuCodec's and
     XCodec2's decoder: the model attends to its whole window, so there is no step graph and no
     state a graph could carry). The same interface as `SlotPool`; a step runs each ready slot's
@@ -313,24 +328,14 @@ class WindowPool:
     batch = 1  # slots one graph call serves
 
     def __init__(self, codec, side: str, size: int, **settings):
-        if side not in codec.streams:
-            raise codec.no_stream(side)
-        if not 1 <= size <= 4096:
-            raise CodecportError(f"a pool holds 1 to 4096 slots, got {size}")
-        self.codec, self.side, self.size, self.settings = codec, side, size, settings
+        super().__init__(codec, side, size, settings)
         self.slots = [WindowSlot(self, i) for i in range(size)]
 
-    @property
-    def active(self) -> int:
-        return sum(s.open for s in self.slots)
-
     def open(self, **settings) -> WindowSlot | None:
-        free = next((s for s in self.slots if not s.open), None)
+        free, stream = self._new_stream(settings)
         if free is None:
             return None
-        make = self.codec.encoder_stream if self.side == "encoder" else self.codec.decoder_stream
-        free.stream = make(**{**self.settings, **settings, "io_binding": False})
-        free.open, free._ended, free.flushed, free.pending = True, False, False, []
+        free.stream, free.open, free._ended, free.flushed, free.pending = stream, True, False, False, []
         return free
 
     def release(self, slot: WindowSlot) -> None:
