@@ -144,10 +144,10 @@ BUILTIN = (
         ),
         smoke=("--preset", "tiny", "--len", "4800")),
     CodecSpec(
-        "neucodec", "NeuCodecCodec", default_preset="neucodec", export_options=(BUCKETS,),
+        "neucodec", "NeuCodecCodec", default_preset="neucodec", export_options=(BUCKETS,), web=True,
         smoke=("--preset", "tiny", "--len", "4000")),  # 0.5 s: 25 frames at the tiny preset's 8 kHz
     CodecSpec(
-        "xcodec2", "XCodec2Codec", default_preset="xcodec2", export_options=(BUCKETS,),
+        "xcodec2", "XCodec2Codec", default_preset="xcodec2", export_options=(BUCKETS,), web=True,
         smoke=("--preset", "tiny", "--len", "4000")),  # NeuCodec's model: its tiny preset, lined up as XCodec2
 )
 

@@ -39,7 +39,7 @@ _SKIPPED_OPTIMIZERS = ["fuse_pad_into_conv"]
 class Tensor:
     name: str
     shape: tuple[int, ...]
-    dtype: str  # numpy dtype name: "float32" or "int64"
+    dtype: str  # numpy dtype name: "float32", "int64" or "int32" (codes)
 
 
 @dataclass
@@ -57,8 +57,8 @@ class GraphSpec:
         rng = np.random.default_rng(seed)
         out = []
         for t in self.inputs:
-            if t.dtype == "int64":
-                out.append(rng.integers(0, high, size=t.shape, dtype=np.int64))
+            if t.dtype in ("int64", "int32"):
+                out.append(rng.integers(0, high, size=t.shape, dtype=t.dtype))
             else:
                 out.append((rng.standard_normal(t.shape) * 0.3).astype(np.float32))
         return out

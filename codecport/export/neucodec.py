@@ -13,6 +13,11 @@ pads and no Gather:
   input `[1, frames, len(levels)]`: w2v-BERT 2.0's first 16 layers (models/w2vbert.py), the
   acoustic and semantic encoders, `fc_prior`, `project_in`.
 
+With the quantizer in the graphs (`--in-graph-quantizer`, and `--target web`, whose browser has
+no numpy), the graphs take and give what the user has: the encoder 16 kHz audio and `mask`, with
+the fbank features computed inside, out int32 codes `[1, 1, frames]`; the decoder those codes and
+`mask` (export/ingraph.py).
+
 `mask` marks the frames of a clip shorter than the graph: the graphs then give what the official
 model gives on the clip alone (GroupNorm statistics, attention keys, conv edges, the ISTFT
 envelope; models/neucodec.py). The backbone and w2v-BERT attend to the whole clip, so a clip
@@ -32,13 +37,17 @@ from torch import nn
 
 from ..errors import ExportError
 from ..models.neucodec import NeuCodec
+from ..runtime.fbank import Fbank
 from ..runtime.folder import sized_name
 from ..runtime.fsq import Fsq
 from ..runtime.neucodec import NeuCodecCodec, clip_mask
 from .builds import Build, finish_export
 from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated
+from .ingraph import FbankFeatures, FsqOps
 from .validate import AUDIO_ATOL, check_close, check_codes, run
+
+FEATURES_ATOL = 1e-4  # in-graph fbank features against the runtime's (measured: 1e-5)
 
 
 class DecoderGraph(nn.Module):
@@ -59,6 +68,31 @@ class EncoderGraph(nn.Module):
         return self.model.encode_latent(audio, features, mask)
 
 
+class CodesDecoderGraph(nn.Module):
+    """Codes in: the decoder with its FSQ inside."""
+
+    def __init__(self, model: NeuCodec):
+        super().__init__()
+        self.model, self.fsq = model, FsqOps(model.cfg.levels)
+
+    def forward(self, codes: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model.decode_levels(self.fsq.levels(codes[:, 0]), mask)
+
+
+class AudioEncoderGraph(nn.Module):
+    """Audio in, codes out: the encoder with its fbank features and FSQ inside."""
+
+    def __init__(self, model: NeuCodec):
+        super().__init__()
+        self.model, self.fsq = model, FsqOps(model.cfg.levels)
+        cfg = model.cfg
+        self.fbank = FbankFeatures(cfg.fbank_pad, math.prod(cfg.enc_strides), cfg.acoustic_extra)
+
+    def forward(self, audio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        latent = self.model.encode_latent(audio, self.fbank(audio, mask), mask)
+        return self.fsq.indices(latent)[:, None]
+
+
 def frames_of(model: NeuCodec, samples: int, label: str = NeuCodecCodec.label) -> int:
     """Code frames of graphs for `--len` samples at the output rate (whole frames, rounded up)."""
     frames = -(-samples // model.cfg.hop)
@@ -74,19 +108,26 @@ def input_samples(cfg, frames: int) -> int:
 
 
 def graph_specs(model: NeuCodec, frames: int, meta: dict[str, str]) -> list[GraphSpec]:
-    """The decoder and encoder graphs for `frames` code frames (50 a second)."""
+    """The decoder and encoder graphs for `frames` code frames (50 a second); with the quantizer
+    in the graphs (`meta["quantizer"]`), codes in and out and the features computed inside."""
     cfg = model.cfg
     hop_in = math.prod(cfg.enc_strides)
     mask = Tensor("mask", (1, 1, frames), "float32")
+    audio_in = Tensor("audio", (1, 1, (frames + cfg.acoustic_extra) * hop_in), "float32")
+    codes = Tensor("codes", (1, 1, frames), "int32")
+    if meta["quantizer"] == "graph":
+        decoder, decoder_in = CodesDecoderGraph(model), codes
+        encoder, encoder_in, encoder_out = AudioEncoderGraph(model), [audio_in], codes
+    else:
+        decoder, decoder_in = DecoderGraph(model), Tensor("levels", (1, frames, len(cfg.levels)), "float32")
+        encoder, encoder_in = EncoderGraph(model), [audio_in, Tensor("features", (1, frames, cfg.semantic.features),
+                                                                     "float32")]
+        encoder_out = Tensor("latent", (1, frames, len(cfg.levels)), "float32")
     return [
-        GraphSpec("decoder", DecoderGraph(model), [Tensor("levels", (1, frames, len(cfg.levels)), "float32"), mask],
-                  [Tensor("audio", (1, 1, frames * cfg.hop), "float32")],
+        GraphSpec("decoder", decoder, [decoder_in, mask], [Tensor("audio", (1, 1, frames * cfg.hop), "float32")],
                   {**meta, "role": "decoder", "mode": "fixed", "samples": str(frames * cfg.hop)}),
-        GraphSpec("encoder", EncoderGraph(model),
-                  [Tensor("audio", (1, 1, (frames + cfg.acoustic_extra) * hop_in), "float32"),
-                   Tensor("features", (1, frames, cfg.semantic.features), "float32"), mask],
-                  [Tensor("latent", (1, frames, len(cfg.levels)), "float32")],
-                  # `samples`: the longest clip it takes (its input holds the official pad after it)
+        # `samples`: the longest clip the encoder takes (its input holds the official pad after it)
+        GraphSpec("encoder", encoder, [*encoder_in, mask], [encoder_out],
                   {**meta, "role": "encoder", "mode": "fixed", "samples": str(input_samples(cfg, frames))}),
     ]
 
@@ -98,20 +139,31 @@ def validate(spec: GraphSpec, onnx_model, model: NeuCodec, seed: int = 1) -> dic
     fsq = Fsq(model.cfg.levels)
     rng = np.random.default_rng(seed)
     frames = spec.inputs[-1].shape[-1]
-    mask = clip_mask(frames, max(2, frames - max(1, frames // 4)))
+    valid = max(2, frames - max(1, frames // 4))
+    mask = clip_mask(frames, valid)
+    in_graph = spec.metadata["quantizer"] == "graph"
     if spec.metadata["role"] == "decoder":
-        x = [fsq.codes(rng.integers(0, fsq.size, (1, frames))), mask]
+        codes = rng.integers(0, fsq.size, (1, frames))
+        x = [codes[None].astype(np.int32) if in_graph else fsq.codes(codes), mask]
     else:
-        audio, feats = (rng.standard_normal(t.shape).astype(np.float32) for t in spec.inputs[:2])
-        x = [audio * np.float32(0.3), feats, mask]
+        x = [rng.standard_normal(t.shape).astype(np.float32) for t in spec.inputs[:-1]]
+        x = [x[0] * np.float32(0.3), *x[1:], mask]
     with torch.no_grad():
         want = spec.module(*map(torch.from_numpy, x)).numpy()
     got = run(onnx_model, {t.name: a for t, a in zip(spec.inputs, x)})[0]
     if spec.metadata["role"] == "decoder":
         return {"audio_max_abs_err": check_close(spec.name, got, want, AUDIO_ATOL)}
-    valid = int(mask.sum())
-    check_codes(spec.name, fsq.indices(got[:, :valid]), fsq.indices(want[:, :valid]))
-    return {"codes_identical": 1.0}
+    if not in_graph:
+        check_codes(spec.name, fsq.indices(got[:, :valid]), fsq.indices(want[:, :valid]))
+        return {"codes_identical": 1.0}
+    check_codes(spec.name, got[..., :valid], want[..., :valid])
+    # The features inside against the runtime's numpy ones, on the clip the mask marks.
+    cfg, hop_in = model.cfg, int(spec.metadata["input_frame_size"])
+    clip = np.pad(x[0][0, 0, :(valid + cfg.acoustic_extra) * hop_in], cfg.fbank_pad)
+    with torch.no_grad():
+        inside = spec.module.fbank(*map(torch.from_numpy, (x[0], mask))).numpy()[0, :valid]
+    err = check_close(f"{spec.name} features", inside, Fbank().features(clip), FEATURES_ATOL)
+    return {"codes_identical": 1.0, "features_max_abs_err": err}
 
 
 def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str, weights: str,
@@ -124,8 +176,8 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
     build = build or Build()
     build.check()
     label = runtime.label
-    if in_graph_codebooks is not None:
-        raise ExportError(f"{label}'s FSQ runs in numpy beside the graphs; leave out --in-graph-quantizer")
+    if in_graph_codebooks not in (None, 1):
+        raise ExportError(f"{label} has one codebook; leave out --codebooks")
     if batch is not None:
         raise ExportError(f"{label} has no batched graphs yet (each takes a mask beside its input); "
                           "leave out --batch")
@@ -140,7 +192,8 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
     meta = {"codec": runtime.name, "preset": preset, "sample_rate": str(cfg.sample_rate),
             "input_rate": str(cfg.input_rate), "frame_size": str(cfg.hop),
             "input_frame_size": str(math.prod(cfg.enc_strides)), "levels": ",".join(map(str, cfg.levels)),
-            "n_codebooks": "1", "codebook_size": str(cfg.codebook_size), "quantizer": "numpy",
+            "n_codebooks": "1", "codebook_size": str(cfg.codebook_size),
+            "quantizer": "numpy" if in_graph_codebooks is None else "graph",
             "frames": str(frames), "fbank_pad": str(cfg.fbank_pad), "acoustic_extra": str(cfg.acoustic_extra),
             "weights": weights, "weights_sha256": weights_sha256}
     meta["export_id"] = export_id(meta, geo)

@@ -41,6 +41,8 @@ class NeuCodecConfig:
     def codebook_size(self) -> int:
         return int(np.prod(self.levels))
 
+    n_codebooks = 1  # one FSQ codebook (what `codec-export --in-graph-quantizer` puts in the graphs)
+
     def to_kwargs(self) -> dict:
         """The config as JSON-ready fields (the bench writes it beside its weights)."""
         return asdict(self)

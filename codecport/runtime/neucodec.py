@@ -8,6 +8,10 @@ codes into FSQ levels and runs the decoder graph, masked the same way: the offic
 `decode_code`'s audio, 480 samples a frame. XCodec2 (runtime/xcodec2.py) runs through this class:
 its graphs' metadata (`fbank_pad`, `acoustic_extra`) says how its encoder's two paths line up.
 
+A folder exported with the quantizer in its graphs (`--in-graph-quantizer`, `--target web`)
+takes and gives codes instead: its encoder computes the features itself from the same padded
+audio, and its decoder turns codes into levels.
+
 The graphs hold a fixed number of frames. The model attends to the whole clip, so a longer clip
 has no exact form through them: the fixed mode refuses it with the length to export for it, the
 windowed mode cross-fades windows of the graphs' length.
@@ -47,7 +51,6 @@ class NeuCodecCodec(Codec):
     sized = ("encoder", "decoder")  # `--buckets`: shorter graphs beside the main pair
     streams = ("decoder",)  # through the windowed mode's windows (NeuCodecWindowStream)
     shared = (*Codec.shared, "input_rate", "input_frame_size", "levels", "fbank_pad", "acoustic_extra")
-    in_graph_quantizer = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -55,7 +58,8 @@ class NeuCodecCodec(Codec):
         self.frames, self.input_frame = g.int("frames"), g.int("input_frame_size")
         # How the semantic path lines up with the acoustic one (models/neucodec_config.py).
         self.fbank_pad, self.extra = g.int("fbank_pad"), g.int("acoustic_extra")
-        if self.rvq.size != self.codebook_size or self.n_codebooks != 1 or \
+        self.fsq = Fsq(g.ints("levels"))
+        if self.fsq.size != self.codebook_size or self.n_codebooks != 1 or \
                 self.input_rate * self.frame_size != self.sample_rate * self.input_frame:
             raise ModelFileError(f"{g.path}: its levels, rates and frame sizes disagree; the file is "
                                  "damaged, re-export the folder")
@@ -65,12 +69,13 @@ class NeuCodecCodec(Codec):
 
     def check_graph(self, name: str, g: Graph) -> None:
         frames, levels = g.int("frames"), len(g.ints("levels"))
-        mask = (1, 1, frames)
-        if name == "encoder":
-            want = ([(1, 1, (frames + g.int("acoustic_extra")) * g.int("input_frame_size")), (1, frames, FEATURES), mask],
-                    [(1, frames, levels)])
+        mask, codes = (1, 1, frames), (1, 1, frames)
+        audio = (1, 1, (frames + g.int("acoustic_extra")) * g.int("input_frame_size"))
+        in_graph = g.meta.get("quantizer") == "graph"
+        if name.startswith("encoder"):
+            want = ([audio, mask], [codes]) if in_graph else ([audio, (1, frames, FEATURES), mask], [(1, frames, levels)])
         else:
-            want = ([(1, frames, levels), mask], [(1, 1, frames * g.int("frame_size"))])
+            want = ([codes if in_graph else (1, frames, levels), mask], [(1, 1, frames * g.int("frame_size"))])
         if frames < 2 or g.shapes() != want:
             raise ModelFileError(f"{g.path}: its inputs/outputs are {g.shapes()}, its metadata says "
                                  f"{want}; the file is damaged, re-export the folder")
@@ -159,6 +164,10 @@ class NeuCodecCodec(Codec):
             padded = np.zeros((1, 1, (size + self.extra) * hop), np.float32)
             padded[0, 0, :x.size] = x  # the official pad, then the window's
             clip = padded[0, 0, :(frames + self.extra) * hop]
+            if self.rvq is None:  # the graph computes the features of the same clip, and the codes
+                codes = g.run({"audio": padded, "mask": clip_mask(size, frames)})[0]
+                rows[c].append(codes[0, 0, lo:hi].astype(np.int64))
+                continue
             feats = np.zeros((1, size, FEATURES), np.float32)
             feats[0, :frames] = fbank.features(np.pad(clip, self.fbank_pad))
             latent = g.run({"audio": padded, "features": feats, "mask": clip_mask(size, frames)})[0]
@@ -192,9 +201,13 @@ class NeuCodecCodec(Codec):
         name, size = self._bucket("decoder", frames)
         g, out = self.graph(name), []
         for row in a[:, 0]:
-            levels = np.zeros((1, size, self.rvq.dim), np.float32)
-            levels[0, :frames] = self.rvq.codes(row)
-            out.append(g.run({"levels": levels, "mask": clip_mask(size, frames)})[0][0, 0, :frames * self.frame_size])
+            if self.rvq is None:
+                x = {"codes": np.zeros((1, 1, size), np.int32)}
+                x["codes"][0, 0, :frames] = row
+            else:
+                x = {"levels": np.zeros((1, size, self.fsq.dim), np.float32)}
+                x["levels"][0, :frames] = self.fsq.codes(row)
+            out.append(g.run({**x, "mask": clip_mask(size, frames)})[0][0, 0, :frames * self.frame_size])
         return np.stack(out)
 
 
