@@ -38,3 +38,22 @@ def test_shorter_than_two_frames_is_refused():
                                                   return_tensors="np").input_features).any()
     with pytest.raises(CodesError, match="fewer than two 25 ms frames"):
         Fbank().features(np.zeros(559, np.float32))
+
+
+@pytest.mark.parametrize("pad,extra", [(0, 1), (160, 0)])  # NeuCodec's alignment, XCodec2's
+def test_graph_features_are_the_numpy_ones_on_the_masked_clip(pad, extra):
+    """export/ingraph.py's features (what in-graph and browser encoders compute) of a clip
+    shorter than the graph: the runtime's within 1e-4 on its frames, zero past them, whatever
+    audio lies past the clip."""
+    from codecport.export.ingraph import FbankFeatures
+
+    frames, valid = 25, 17
+    x = noise((frames + extra) * 320, seed=4)[0]
+    clip = x[:(valid + extra) * 320]
+    mask = np.zeros((1, 1, frames), np.float32)
+    mask[..., :valid] = 1
+    with torch.no_grad():
+        got = FbankFeatures(pad, 320, extra)(torch.from_numpy(x[None, None]), torch.from_numpy(mask)).numpy()[0]
+    assert got.shape == (frames, 160)
+    np.testing.assert_allclose(got[:valid], Fbank().features(np.pad(clip, pad)), atol=1e-4, rtol=0)
+    assert not got[valid:].any()

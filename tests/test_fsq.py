@@ -49,3 +49,30 @@ def test_bad_levels_and_shapes_are_refused():
         Fsq([4, 1])
     with pytest.raises(ValueError, match="takes"):
         Fsq(LEVELS).indices(np.zeros((3, 7), np.float32))
+
+
+# ---- the graphs' FSQ (export/ingraph.py): what the browser and in-graph folders run ----------
+def test_rounding_from_floor_is_torch_round():
+    """Half to even without ONNX's Round (WebGPU has none), ties and their neighbours included."""
+    from codecport.export.ingraph import round_half_even
+
+    halves = np.arange(-8, 8, dtype=np.float32) + np.float32(0.5)
+    x = np.concatenate([halves, np.nextafter(halves, np.float32(-9)), np.nextafter(halves, np.float32(9)),
+                        np.random.default_rng(0).uniform(-3, 3, 10_000).astype(np.float32), [-0.0, 0.0]])
+    t = torch.from_numpy(x.astype(np.float32))
+    torch.testing.assert_close(round_half_even(t), torch.round(t), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("levels", [LEVELS, [8, 5, 5, 5], [7, 5, 5, 5, 5], [4, 4, 4]])
+def test_graph_fsq_is_the_numpy_fsq_for_every_code(levels):
+    """Every code's levels from float32 Floor arithmetic, and latents' codes, bit for bit."""
+    from codecport.export.ingraph import FsqOps
+
+    fsq, ops = Fsq(levels), FsqOps(levels)
+    every = np.arange(fsq.size, dtype=np.int32)
+    z = (np.random.default_rng(2).standard_normal((20_000, len(levels))) * 2).astype(np.float32)
+    with torch.no_grad():
+        np.testing.assert_array_equal(ops.levels(torch.from_numpy(every)).numpy(), fsq.codes(every))
+        got = ops.indices(torch.from_numpy(z)).numpy()
+    assert got.dtype == np.int32 and len(np.unique(got)) > min(fsq.size, 20_000) // 4
+    np.testing.assert_array_equal(got, fsq.indices(z))

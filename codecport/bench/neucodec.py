@@ -137,7 +137,7 @@ def family_facts(package: str, released: str, run) -> BenchFacts:
     the `released` config only (the official sizes are fixed)."""
     return BenchFacts(
         # The released models are about 630 M parameters; the demo's export stays small.
-        demo_preset="tiny", demo_seconds=1.0, clip_samples=clip_samples,
+        demo_preset="tiny", demo_seconds=1.0, clip_samples=clip_samples, web_preset=released,
         torch_encode=torch_encode, torch_codes=torch_codes,
         official=Official(package, package, "pip install --no-deps -r scripts/official-neucodec.txt (its own "
                                             "pins would replace codecport's torch)"),

@@ -101,12 +101,12 @@ class Native:
     def run(self, x: np.ndarray, what: tuple[str, ...], runs: int, steps: int) -> dict:
         c, out = self.codec, {}
         if "encode" in what:
-            codes = c.encode(x, c.sample_rate)
+            codes = c.encode(x, c.input_rate)
             c.decode(codes.data)
             out["encode"], out["decode"] = [], []
             for _ in range(runs):
                 t0 = time.perf_counter()
-                codes = c.encode(x, c.sample_rate)
+                codes = c.encode(x, c.input_rate)
                 out["encode"].append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 c.decode(codes.data)
@@ -191,8 +191,10 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
                 folders = _folders(spec, work / name, seconds, precisions, frames, preset)
                 for precision, folder in folders.items():
                     manifest = json.loads((folder / "manifest.json").read_text())
-                    samples = manifest["geometry"]["samples"]
-                    rate = int(manifest["sample_rate"])
+                    # The clip the fixed graphs take, at the rate the encoder takes (NeuCodec's 16 kHz).
+                    geo, rate = manifest["geometry"], int(manifest["sample_rate"])
+                    samples = geo.get("input_samples", geo["samples"])
+                    in_rate = int(manifest.get("input_rate", rate))
                     x = clip(samples)[0]
                     duplex = {"encoder", "decoder"} <= set(spec.runtime.streams)
                     what = ("encode", "decode", *(("stream",) if duplex else ()))
@@ -215,10 +217,10 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
                                 c.page.close()
                     finally:
                         server.stop()
-                    entry = {label: _pooled(rs, samples / rate, frame_ms) for label, rs in results.items()}
+                    entry = {label: _pooled(rs, samples / in_rate, frame_ms) for label, rs in results.items()}
                     dev = manifest.get("deviation", {})
                     report["codecs"].setdefault(name, {})[precision] = {
-                        "preset": manifest["preset"], "audio_seconds": samples / rate, "contenders": entry,
+                        "preset": manifest["preset"], "audio_seconds": samples / in_rate, "contenders": entry,
                         "deviation": {g: dev[g] for g in ("encoder", "decoder") if g in dev}}
         finally:
             browser.close()

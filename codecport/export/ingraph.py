@@ -2,9 +2,9 @@
 without numpy) runs whole: w2v-BERT's fbank features (runtime/fbank.py) and the FSQ
 (runtime/fsq.py), built from the runtime's own constants so that the two cannot drift apart.
 
-Written for every runtime, WebGPU's kernel table included (export/web.py): no DFT (the fbank's
-framing, DC removal, pre-emphasis, window and real DFT are all linear in the frame, so they are
-one strided Conv with a constant kernel), no Round and no Mod (WebGPU has neither: rounding half
+Written for every runtime, WebGPU's kernel table included (export/web.py): no DFT (static slices
+cut the frames, whose DC removal, pre-emphasis, window and real DFT are all linear in the frame:
+one MatMul with a constant basis), no Round and no Mod (WebGPU has neither: rounding half
 to even and the mixed-radix digits are spelled with Floor, exact on these small integers), and
 codes as int32 (WebGPU has no int64).
 """
@@ -21,7 +21,7 @@ from ..runtime.fsq import Fsq
 
 
 def _frame_basis() -> np.ndarray:
-    """`[2 * (FFT // 2 + 1), FRAME]`: a frame (16-bit range) -> the real and imaginary parts of
+    """`[FRAME, 2 * (FFT // 2 + 1)]`: a frame (16-bit range) -> the real and imaginary parts of
     its spectrum, as runtime/fbank.py computes them (DC offset removed, pre-emphasis, Povey
     window, a zero-padded real DFT), applied to each unit frame in float64."""
     buf = np.eye(fb.FRAME)
@@ -29,7 +29,7 @@ def _frame_basis() -> np.ndarray:
     buf[:, 1:] = buf[:, 1:] - 0.97 * buf[:, :-1]
     buf[:, 0] *= 1 - 0.97
     spec = np.fft.rfft(buf * fb.Fbank().window, fb.FFT)  # [FRAME, bins]: row k is unit frame k's
-    return np.concatenate([spec.real.T, spec.imag.T]).astype(np.float32)
+    return np.concatenate([spec.real, spec.imag], axis=1).astype(np.float32)
 
 
 class FbankFeatures(nn.Module):
@@ -38,6 +38,10 @@ class FbankFeatures(nn.Module):
     encoder graph. The clip is the mask's frames and `extra` more, `hop` samples a frame; `pad`:
     zeros each side of it first (the config's `fbank_pad`).
 
+    The 400-sample frames every 160 samples are cut with static slices (two 160-sample rows and
+    half of a third), then one MatMul: a strided Conv with a 400-tap kernel would do the same,
+    but onnxruntime-web's WebGPU Conv gave wrong values for it (measured on SwiftShader).
+
     Two feature frames make a row, and a clip of `v` code frames has exactly `2 v` of them in
     both codecs' alignments (models/neucodec_config.py), so the mask, repeated twice, marks the
     frames each mel bin is normalised over (sample variance, as runtime/fbank.py)."""
@@ -45,29 +49,40 @@ class FbankFeatures(nn.Module):
     def __init__(self, pad: int, hop: int, extra: int):
         super().__init__()
         self.pad, self.hop, self.extra = pad, hop, extra
-        self.register_buffer("basis", torch.from_numpy(_frame_basis())[:, None], persistent=False)
-        self.register_buffer("filters", torch.from_numpy(fb.mel_filters().T.copy()), persistent=False)
+        self.register_buffer("basis", torch.from_numpy(_frame_basis()), persistent=False)
+        self.register_buffer("filters", torch.from_numpy(fb.mel_filters()), persistent=False)
 
     def forward(self, audio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         frames = mask.shape[-1]
+        n = fb.STRIDE * frames  # feature frames
         # The clip's samples only (its code frames and the acoustic frames past them): the
         # features' last frames reach past the clip, where the runtime's see the official zeros.
         clip = torch.cat([torch.ones_like(mask[..., :1])] * self.extra + [mask], -1)
-        x = audio * torch.stack([clip] * self.hop, -1).reshape(1, 1, -1)
+        # Expand, not a stack of `hop` copies: onnxruntime-web's WebGPU Concat of 320 inputs
+        # gave wrong values (measured on SwiftShader).
+        x = audio * clip[..., None].expand(*clip.shape, self.hop).reshape(1, 1, -1)
         x = F.pad(x, (self.pad, self.pad)) if self.pad else x
-        spec = F.conv1d(x * float(1 << 15), self.basis, stride=fb.HOP)[..., :fb.STRIDE * frames]
-        re, im = spec.chunk(2, dim=1)
-        mel = torch.log(torch.clamp(self.filters @ (re * re + im * im), min=fb.MEL_FLOOR))  # [1, MELS, 2F]
-        m = torch.stack([mask] * fb.STRIDE, -1).reshape(1, 1, fb.STRIDE * frames)
-        count = m.sum(-1, keepdim=True)
-        centred = (mel - (mel * m).sum(-1, keepdim=True) / count) * m
-        var = (centred * centred).sum(-1, keepdim=True) / (count - 1)
-        x = centred / torch.sqrt(var + 1e-7)
-        return x.transpose(1, 2).reshape(1, frames, fb.FEATURES)
+        if x.shape[-1] % fb.HOP or x.shape[-1] // fb.HOP < n + 2:
+            raise ValueError(f"{x.shape[-1]} samples do not hold {n} whole fbank frames")
+        rows = (x * float(1 << 15)).reshape(1, -1, fb.HOP)  # frame i: rows i, i + 1 and half of i + 2
+        tail = fb.FRAME - 2 * fb.HOP
+        framed = torch.cat([rows[:, :n], rows[:, 1:n + 1], rows[:, 2:n + 2, :tail]], -1)  # [1, n, FRAME]
+        re, im = (framed @ self.basis).chunk(2, dim=-1)
+        mel = torch.log(torch.clamp((re * re + im * im) @ self.filters, min=fb.MEL_FLOOR))  # [1, n, MELS]
+        m = mask[..., None].expand(*mask.shape, fb.STRIDE).reshape(1, n, 1)
+        count = m.sum(1, keepdim=True)
+        centred = (mel - (mel * m).sum(1, keepdim=True) / count) * m
+        var = (centred * centred).sum(1, keepdim=True) / (count - 1)
+        return (centred / torch.sqrt(var + 1e-7)).reshape(1, frames, fb.FEATURES)
 
 
-def _floor_mod2(x: torch.Tensor) -> torch.Tensor:
-    return x - 2 * torch.floor(x / 2)
+def round_half_even(x: torch.Tensor) -> torch.Tensor:
+    """`torch.round` (half to even) from Floor, which every runtime has: `x - floor(x)` is exact
+    in float32, so the tie test is too, and so is the parity of the floor (below 2^24)."""
+    f = torch.floor(x)
+    d = x - f
+    odd = f - 2 * torch.floor(f / 2)
+    return f + (d > 0.5).float() + (d == 0.5).float() * odd
 
 
 class FsqOps(nn.Module):
@@ -87,13 +102,9 @@ class FsqOps(nn.Module):
         return torch.tanh(z + self.shift) * self.half_l - self.offset
 
     def indices(self, z: torch.Tensor) -> torch.Tensor:
-        """`[..., dim]` float32 -> `[...]` int32 codes. Round half to even from Floor: `x - floor(x)`
-        is exact in float32, so the tie test is too."""
-        x = self._bound(self._bound(z))
-        f = torch.floor(x)
-        d = x - f
-        up = (d > 0.5).float() + (d == 0.5).float() * _floor_mod2(f)
-        return ((f + up + self.half_width) * self.basis).sum(-1).to(torch.int32)
+        """`[..., dim]` float32 -> `[...]` int32 codes."""
+        q = round_half_even(self._bound(self._bound(z)))
+        return ((q + self.half_width) * self.basis).sum(-1).to(torch.int32)
 
     def levels(self, codes: torch.Tensor) -> torch.Tensor:
         """int32 codes `[...]` -> levels `[..., dim]` in [-1, 1). The digits are

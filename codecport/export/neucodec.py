@@ -76,7 +76,7 @@ class CodesDecoderGraph(nn.Module):
         self.model, self.fsq = model, FsqOps(model.cfg.levels)
 
     def forward(self, codes: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.model.decode_levels(self.fsq.levels(codes[:, 0]), mask)
+        return self.model.decode_levels(self.fsq.levels(codes.squeeze(1)), mask)
 
 
 class AudioEncoderGraph(nn.Module):

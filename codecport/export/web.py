@@ -66,16 +66,23 @@ def web_manifest(models: dict[str, onnx.ModelProto], files: dict[str, str], code
     return {"graphs": graphs, "plans": plans(graphs, codec), "ort_web": ORT_WEB_VERSION}
 
 
-_ORDER = ("fixed", "chunked", "step")  # the order the runtime tries its ways through the graphs
+_ORDER = ("fixed", "chunked", "windowed", "step")  # the order the runtime tries its ways through the graphs
 
 
 def plans(graphs: dict[str, dict], codec: type) -> dict:
     """How the browser goes through the graphs, as the Python runtime does, stated as data so that
     codecport.mjs needs no code of its own per codec: per direction, the graphs in the order they
-    are tried (`fixed`: one call, taking clips up to its length when the codec is causal, else
-    exactly its frames; `chunked`: windows of `window` samples stepping by `step`, the signal
-    delayed by `delay`; `step`: a step graph and its state's input/output pairs), the peak limit
-    of the input, and the loudness filters when decoding restores the input's loudness."""
+    are tried, and the peak limit of the input and the loudness filters when decoding restores
+    the input's loudness. The ways:
+    - `fixed`: one call. `fits` says which clips: `up-to` its length (a causal codec, zero-padded),
+      `masked` up to its length too (the graph takes a `mask` of the clip's frames; a clip of `n`
+      samples has `(n + clip_frames[1]) // clip_frames[0]` of them), or `exact`ly its frames.
+      Masked graphs of several lengths (`--buckets`) come shortest first;
+    - `chunked`: windows of `window` samples stepping by `step`, the signal delayed by `delay`;
+    - `windowed`: windows of the longest masked graph's `frames`, sharing `overlap`: the codes
+      kept from the middle of each overlap, the audio cross-faded over it, a shorter last window
+      through the shortest masked graph that holds it;
+    - `step`: a step graph and its state's input/output pairs."""
     out = {"encode": [], "decode": [], "causal": codec.causal,
            "peak_limit": 1.0 if codec.limits_peak else None, "loudness": None}
     for name, g in graphs.items():
@@ -83,7 +90,11 @@ def plans(graphs: dict[str, dict], codec: type) -> dict:
         if m.get("mode") not in _ORDER or m.get("batch", "1") != "1":
             continue
         p = {"graph": name, "mode": m["mode"], "frames": int(m["frames"]), "samples": int(m["samples"])}
-        if m["mode"] == "fixed":
+        if m["mode"] == "fixed" and any(i["name"] == "mask" for i in g["inputs"]):
+            p["fits"] = "masked"
+            if m["role"] == "encoder":
+                p["clip_frames"] = list(codec.clip_frames(m))
+        elif m["mode"] == "fixed":
             p["fits"] = "up-to" if codec.causal else "exact"
         elif m["mode"] == "chunked":
             p.update(frames=int(m["chunk_frames"]), window=int(m["window"]), step=int(m["chunk_step"]),
@@ -92,7 +103,12 @@ def plans(graphs: dict[str, dict], codec: type) -> dict:
             p["state"] = [[i["name"], i["name"][:-len("_in")] + "_out"] for i in g["inputs"][1:]]
         out["encode" if m["role"] == "encoder" else "decode"].append(p)
     for side in ("encode", "decode"):
-        out[side].sort(key=lambda p: _ORDER.index(p["mode"]))
+        masked = [p for p in out[side] if p.get("fits") == "masked"]
+        if masked and codec.crossfade_overlap(2) is not None:
+            main = {**max(masked, key=lambda p: p["frames"]), "mode": "windowed"}
+            del main["fits"]
+            out[side].append({**main, "overlap": codec.crossfade_overlap(main["frames"])})
+        out[side].sort(key=lambda p: (_ORDER.index(p["mode"]), p["frames"] if p.get("fits") == "masked" else 0))
     if codec.restores_loudness:
         from ..runtime.loudness import LoudnessMeter
 

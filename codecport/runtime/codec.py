@@ -69,6 +69,20 @@ class Codec(GraphFolder):
         self.quantizer = g.choice("quantizer", ("numpy", "graph"))
         self.rvq = self.load_rvq() if self.quantizer == "numpy" else None
 
+    @classmethod
+    def clip_frames(cls, meta: dict[str, str]) -> tuple[int, int]:
+        """(hop, add): a clip of `n` samples at the encoder's rate has `(n + add) // hop` code
+        frames (from a graph's metadata `meta`; what the browser's plans state). Every frame a
+        started one, unless the codec says otherwise."""
+        hop = int(meta["frame_size"])
+        return hop, hop - 1
+
+    @staticmethod
+    def crossfade_overlap(frames: int) -> int | None:
+        """Frames two windows of `frames` share in a cross-faded windowed mode (NeuCodec's), or
+        None where the codec has none."""
+        return None
+
     def load_rvq(self):
         """The numpy quantizer of a folder whose graphs leave it out (`rvq.npz`)."""
         raise NotImplementedError

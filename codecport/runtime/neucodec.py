@@ -86,10 +86,21 @@ class NeuCodecCodec(Codec):
         fit = [f for f in self.sizes.get(side, []) if frames <= f < self.frames]
         return (sized_name(side, fit[0]), fit[0]) if fit else (side, self.frames)
 
+    @staticmethod
+    def crossfade_overlap(frames: int) -> int:
+        """Frames two windows share in the windowed mode: a quarter of a window."""
+        return max(1, frames // 4)
+
     @property
     def overlap(self) -> int:
-        """Frames two windows share in the windowed mode: a quarter of a window."""
-        return max(1, self.frames // 4)
+        return self.crossfade_overlap(self.frames)
+
+    @classmethod
+    def clip_frames(cls, meta: dict[str, str]) -> tuple[int, int]:
+        """The official pad takes a clip to the next whole frame (a whole frame more when
+        already there); the acoustic frames past the codes are not codes."""
+        hop = int(meta["input_frame_size"])
+        return hop, (1 - int(meta["acoustic_extra"])) * hop
 
     def _too_long(self, frames: int | None) -> CodesError:
         """A clip of `frames` code frames (None: not known, more than the graphs hold) refused."""
@@ -118,8 +129,7 @@ class NeuCodecCodec(Codec):
         return self._frames_of(n)
 
     def _frames_of(self, n: int) -> int:
-        """Codes of a clip of `n` samples: the official pad takes it to the next whole frame (a
-        whole frame more when already there), less the acoustic frames past the codes."""
+        """Codes of a clip of `n` samples (`clip_frames`)."""
         return n // self.input_frame + 1 - self.extra
 
     def encode_source(self, source, n_codebooks, mode, progress) -> Codes:

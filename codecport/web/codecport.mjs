@@ -7,7 +7,7 @@
 //   import * as ort from "onnxruntime-web";
 //   import { load, readCodes } from "codecport";   // the npm package (or "./codecport.mjs", copied)
 //   const codec = await load("/model/", { ort, executionProviders: ["wasm"] });
-//   const codes = await codec.encode(pcm);        // Float32Array at codec.sampleRate, mono
+//   const codes = await codec.encode(pcm);        // Float32Array at codec.inputRate, mono
 //   const audio = await codec.decode(codes);      // {data, shape: [K, T], numSamples...} -> Float32Array
 //   const back = await codec.decode(await readCodes(bytesOfAnNpz));  // codes codec-run wrote
 //   const e = codec.encoderStream(), d = codec.decoderStream();     // codecs with step graphs
@@ -19,6 +19,7 @@
 import { concatCodes, concatFloat, exactly, readCodes, sliceCodes, toInt32, toInt64, window } from "./codecport-codes.mjs";
 import { CodecportError } from "./codecport-errors.mjs";
 import { integratedLoudness } from "./codecport-loudness.mjs";
+import { clipFrames, WindowStream, windowedDecode, windowedEncode } from "./codecport-windows.mjs";
 
 export { CodecportError, readCodes };
 export const VERSION = "0.3.0";
@@ -103,11 +104,14 @@ export class Codec {
     this.nCodebooks = num("n_codebooks");
     this.codebookSize = num("codebook_size");
     this.frameRate = this.sampleRate / this.frameSize;
+    // The rate encode takes: the decoder's, but for a codec that encodes at another (NeuCodec's 16 kHz).
+    this.inputRate = manifest.input_rate == null ? this.sampleRate : num("input_rate");
     this.present = [...this.plans.encode, ...this.plans.decode].map((p) => p.graph).filter((g) => g in manifest.graphs);
     if (this.present.length === 0) {
       throw new CodecportError(`${base} has none of the graphs its plans name; copy the whole export folder`);
     }
-    this.streams = ["encoder", "decoder"].filter((side) => this._plan(side, "step"));
+    this.streams = ["encoder", "decoder"].filter((side) => this._plan(side, "step") ||
+      (side === "decoder" && this._plan(side, "windowed")));
     this._sessions = {};
     this._queue = Promise.resolve(); // onnxruntime-web runs one session call at a time
   }
@@ -196,9 +200,39 @@ export class Codec {
     return new Float32Array(await this._call(name, codes));
   }
 
+  /** Output of a graph taking a `mask` of its first `valid` frames: `x` (audio, or codes
+   * {data, shape: [K, t]}) zero-padded to its input. */
+  async _masked(name, x, valid) {
+    const g = await this.graph(name), [v, m] = g.facts.inputs, frames = m.shape[m.shape.length - 1];
+    const data = x.shape ? sliceCodes(x, 0, frames).data : window(x, 0, v.shape[v.shape.length - 1]);
+    const mask = new Float32Array(frames).fill(1, 0, valid);
+    const out = await this.run(g, { [v.name]: this.tensor(v.type, data, v.shape), [m.name]: this.tensor("float32", mask, m.shape) });
+    return { data: out[g.facts.outputs[0].name].data, frames };
+  }
+
+  /** Codes [K, frames] of audio coded as a clip alone through the shortest masked encoder that
+   * holds it. */
+  async maskedEncode(x) {
+    const masked = this.plans.encode.filter((q) => q.fits === "masked" && q.graph in this.manifest.graphs);
+    const t = clipFrames(masked[0], x.length), p = masked.find((q) => t <= q.frames);
+    if (t < 1) {
+      throw new CodecportError(`${x.length} samples at ${this.inputRate} Hz are under one frame ` +
+        `(${masked[0].clip_frames[0]} samples); pass a longer clip`);
+    }
+    const out = await this._masked(p.graph, x, t);
+    return sliceCodes({ data: toInt32(out.data), shape: [this.nCodebooks, out.frames] }, 0, t);
+  }
+
+  /** Audio of codes [K, t] decoded as a clip alone through the shortest masked decoder that holds them. */
+  async maskedDecode(codes) {
+    const t = codes.shape[1];
+    const p = this.plans.decode.find((q) => q.fits === "masked" && q.graph in this.manifest.graphs && t <= q.frames);
+    return new Float32Array((await this._masked(p.graph, codes, t)).data.subarray(0, t * this.frameSize));
+  }
+
   checkAudio(pcm) {
     if (!(pcm instanceof Float32Array)) {
-      throw new CodecportError(`encode takes a Float32Array of mono samples at ${this.sampleRate} Hz`);
+      throw new CodecportError(`encode takes a Float32Array of mono samples at ${this.inputRate} Hz`);
     }
     if (pcm.length === 0) throw new CodecportError("the audio is empty; there is nothing to encode");
     for (let i = 0; i < pcm.length; i++) {
@@ -233,7 +267,7 @@ export class Codec {
     return { ...codes, data, shape: [...shape] };
   }
 
-  /** Codes of mono audio at `sampleRate` (with numSamples, sampleRate and, for a codec that keeps
+  /** Codes of mono audio at `inputRate` (with numSamples, sampleRate and, for a codec that keeps
    * it, loudnessDb): the first of the folder's encode plans that takes the clip, as codec-run. */
   async encode(pcm) {
     this.checkAudio(pcm);
@@ -246,9 +280,14 @@ export class Codec {
       const gain = Math.fround(plans.peak_limit / Math.max(peak, plans.peak_limit));
       if (gain !== 1) x = pcm.map((v) => v * gain);
     }
-    const fields = { codec: this.codec, preset: this.preset, exportId: this.exportId, sampleRate: this.sampleRate,
+    const fields = { codec: this.codec, preset: this.preset, exportId: this.exportId, sampleRate: this.inputRate,
       numSamples: n, ...(loudnessDb === undefined ? {} : { loudnessDb }) };
     for (const p of plans.encode.filter((q) => q.graph in this.manifest.graphs)) {
+      if (p.fits === "masked") {
+        if (clipFrames(p, n) <= p.frames) return { ...await this.maskedEncode(x), ...fields, mode: "fixed" };
+        continue;
+      }
+      if (p.mode === "windowed") return { ...await windowedEncode(this, p, x), ...fields, mode: "windowed" };
       const fits = p.fits === "up-to" ? n <= p.samples : Math.ceil(n / this.frameSize) === p.frames;
       if (p.mode === "fixed" && fits) {
         const codes = await this.encodeCall(p.graph, window(x, 0, p.samples));
@@ -275,13 +314,17 @@ export class Codec {
     const c = this.checkCodes(codes), t = c.shape[1];
     const mode = this.plans.causal ? undefined : c.mode;
     const plans = this.plans.decode.filter((p) => p.graph in this.manifest.graphs && (mode == null || p.mode === mode));
-    const p = plans.find((q) => q.mode !== "fixed" || (q.fits === "up-to" ? t <= q.frames : t === q.frames));
+    const p = plans.find((q) => q.mode !== "fixed" || (q.fits === "exact" ? t === q.frames : t <= q.frames));
     if (p === undefined) {
       throw new CodecportError(`${t} frames${mode ? ` of ${mode} codes` : ""} fit none of this folder's decoders ` +
         `(${this.plans.decode.map((q) => q.mode).join(", ")}); decode them with codec-run`);
     }
     let audio;
-    if (p.mode === "fixed") {
+    if (p.fits === "masked") {
+      audio = await this.maskedDecode(c);
+    } else if (p.mode === "windowed") {
+      audio = await windowedDecode(this, p, c);
+    } else if (p.mode === "fixed") {
       audio = (await this.decodeCall(p.graph, sliceCodes(c, 0, p.frames))).slice(0, p.fits === "up-to" ? t * this.frameSize : undefined);
     } else if (p.mode === "chunked") {
       if (c.chunkFrames != null && c.chunkFrames !== p.frames || t % p.frames) {
@@ -311,9 +354,11 @@ export class Codec {
     return new StepStream(this, "encoder");
   }
 
-  /** A stream of the decoder step graph: push(codes) -> audio now final; flush() -> the rest. */
+  /** A stream of the decoder step graph (or, without one, of the windowed plan's windows):
+   * push(codes) -> audio now final; flush() -> the rest. */
   decoderStream() {
-    return new StepStream(this, "decoder");
+    const windowed = this._plan("decoder", "windowed");
+    return windowed && !this._plan("decoder", "step") ? new WindowStream(this, windowed) : new StepStream(this, "decoder");
   }
 }
 
