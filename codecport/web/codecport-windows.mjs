@@ -5,13 +5,43 @@
 // its audio cross-faded over it. The arithmetic is float32 step for step, as numpy's, so the
 // browser gives the Python runtime's numbers.
 
-import { concatCodes, concatFloat, sliceCodes } from "./codecport-codes.mjs";
+import { concatCodes, concatFloat, sliceCodes, toInt32, window } from "./codecport-codes.mjs";
 import { CodecportError } from "./codecport-errors.mjs";
 
 /** Code frames of a clip of `n` samples under an encode plan's rule `clip_frames: [hop, add]`. */
 export function clipFrames(plan, n) {
   const [hop, add] = plan.clip_frames;
   return Math.floor((n + add) / hop);
+}
+
+/** Output of `codec`'s graph `name`, which takes a `mask` of its first `valid` frames: `x`
+ * (audio, or codes {data, shape: [K, t]}) zero-padded to its input. */
+async function masked(codec, name, x, valid) {
+  const g = await codec.graph(name), [v, m] = g.facts.inputs, frames = m.shape[m.shape.length - 1];
+  const data = x.shape ? sliceCodes(x, 0, frames).data : window(x, 0, v.shape[v.shape.length - 1]);
+  const mask = new Float32Array(frames).fill(1, 0, valid);
+  const out = await codec.run(g, { [v.name]: codec.tensor(v.type, data, v.shape), [m.name]: codec.tensor("float32", mask, m.shape) });
+  return { data: out[g.facts.outputs[0].name].data, frames };
+}
+
+/** Codes [K, frames] of audio `x` coded as a clip alone, through the shortest masked encoder
+ * that holds it. */
+export async function maskedEncode(codec, x) {
+  const plans = codec.plans.encode.filter((q) => q.fits === "masked" && q.graph in codec.manifest.graphs);
+  const t = clipFrames(plans[0], x.length), p = plans.find((q) => t <= q.frames);
+  if (t < 1) {
+    throw new CodecportError(`${x.length} samples at ${codec.inputRate} Hz are under one frame ` +
+      `(${plans[0].clip_frames[0]} samples); pass a longer clip`);
+  }
+  const out = await masked(codec, p.graph, x, t);
+  return sliceCodes({ data: toInt32(out.data), shape: [codec.nCodebooks, out.frames] }, 0, t);
+}
+
+/** Audio of codes [K, t] decoded as a clip alone, through the shortest masked decoder that holds them. */
+export async function maskedDecode(codec, codes) {
+  const t = codes.shape[1];
+  const p = codec.plans.decode.find((q) => q.fits === "masked" && q.graph in codec.manifest.graphs && t <= q.frames);
+  return new Float32Array((await masked(codec, p.graph, codes, t)).data.subarray(0, t * codec.frameSize));
 }
 
 /** [audio now final, the new tail] when window `p` follows a window whose last `overlap`
@@ -37,12 +67,12 @@ export async function windowedEncode(codec, plan, x) {
   let start = 0, keepFrom = 0, at = 0;
   while (x.length - at >= plan.samples + hop) {
     const keepTo = start + step + Math.floor(plan.overlap / 2);
-    parts.push(sliceCodes(await codec.maskedEncode(x.subarray(at, at + plan.samples)), keepFrom - start, keepTo - start));
+    parts.push(sliceCodes(await maskedEncode(codec, x.subarray(at, at + plan.samples)), keepFrom - start, keepTo - start));
     keepFrom = keepTo;
     start += step;
     at += step * hop;
   }
-  const last = await codec.maskedEncode(x.subarray(at));
+  const last = await maskedEncode(codec, x.subarray(at));
   parts.push(sliceCodes(last, keepFrom - start, last.shape[1]));
   return concatCodes(parts, codec.nCodebooks);
 }
@@ -51,11 +81,11 @@ export async function windowedEncode(codec, plan, x) {
  * `frames - overlap` frames, cross-faded. */
 export async function windowedDecode(codec, plan, codes) {
   const t = codes.shape[1];
-  if (t <= plan.frames) return codec.maskedDecode(codes);
+  if (t <= plan.frames) return maskedDecode(codec, codes);
   const step = plan.frames - plan.overlap, overlap = plan.overlap * codec.frameSize, out = [];
   let tail = null, now;
   for (let s = 0; s < t - plan.overlap; s += step) {
-    [now, tail] = crossfade(tail, await codec.maskedDecode(sliceCodes(codes, s, Math.min(t, s + plan.frames))), overlap);
+    [now, tail] = crossfade(tail, await maskedDecode(codec, sliceCodes(codes, s, Math.min(t, s + plan.frames))), overlap);
     out.push(now);
   }
   out.push(tail);
@@ -79,7 +109,7 @@ export class WindowStream {
   }
 
   async _fade(codes) {
-    const [now, tail] = crossfade(this._tail, await this.codec.maskedDecode(codes), this.plan.overlap * this.codec.frameSize);
+    const [now, tail] = crossfade(this._tail, await maskedDecode(this.codec, codes), this.plan.overlap * this.codec.frameSize);
     this._tail = tail;
     return now;
   }
@@ -99,7 +129,7 @@ export class WindowStream {
   async flush() {
     const t = this._codes.shape[1], out = [];
     if (this._tail === null) {
-      if (t) out.push(await this.codec.maskedDecode(this._codes));
+      if (t) out.push(await maskedDecode(this.codec, this._codes));
     } else {
       if (t > this.plan.overlap) out.push(await this._fade(this._codes));
       out.push(this._tail);

@@ -19,7 +19,7 @@
 import { concatCodes, concatFloat, exactly, readCodes, sliceCodes, toInt32, toInt64, window } from "./codecport-codes.mjs";
 import { CodecportError } from "./codecport-errors.mjs";
 import { integratedLoudness } from "./codecport-loudness.mjs";
-import { clipFrames, WindowStream, windowedDecode, windowedEncode } from "./codecport-windows.mjs";
+import { clipFrames, maskedDecode, maskedEncode, WindowStream, windowedDecode, windowedEncode } from "./codecport-windows.mjs";
 
 export { CodecportError, readCodes };
 export const VERSION = "0.3.0";
@@ -110,8 +110,7 @@ export class Codec {
     if (this.present.length === 0) {
       throw new CodecportError(`${base} has none of the graphs its plans name; copy the whole export folder`);
     }
-    this.streams = ["encoder", "decoder"].filter((side) => this._plan(side, "step") ||
-      (side === "decoder" && this._plan(side, "windowed")));
+    this.streams = ["encoder", "decoder"].filter((side) => this._plan(side, "step") || (side === "decoder" && this._plan(side, "windowed")));
     this._sessions = {};
     this._queue = Promise.resolve(); // onnxruntime-web runs one session call at a time
   }
@@ -200,36 +199,6 @@ export class Codec {
     return new Float32Array(await this._call(name, codes));
   }
 
-  /** Output of a graph taking a `mask` of its first `valid` frames: `x` (audio, or codes
-   * {data, shape: [K, t]}) zero-padded to its input. */
-  async _masked(name, x, valid) {
-    const g = await this.graph(name), [v, m] = g.facts.inputs, frames = m.shape[m.shape.length - 1];
-    const data = x.shape ? sliceCodes(x, 0, frames).data : window(x, 0, v.shape[v.shape.length - 1]);
-    const mask = new Float32Array(frames).fill(1, 0, valid);
-    const out = await this.run(g, { [v.name]: this.tensor(v.type, data, v.shape), [m.name]: this.tensor("float32", mask, m.shape) });
-    return { data: out[g.facts.outputs[0].name].data, frames };
-  }
-
-  /** Codes [K, frames] of audio coded as a clip alone through the shortest masked encoder that
-   * holds it. */
-  async maskedEncode(x) {
-    const masked = this.plans.encode.filter((q) => q.fits === "masked" && q.graph in this.manifest.graphs);
-    const t = clipFrames(masked[0], x.length), p = masked.find((q) => t <= q.frames);
-    if (t < 1) {
-      throw new CodecportError(`${x.length} samples at ${this.inputRate} Hz are under one frame ` +
-        `(${masked[0].clip_frames[0]} samples); pass a longer clip`);
-    }
-    const out = await this._masked(p.graph, x, t);
-    return sliceCodes({ data: toInt32(out.data), shape: [this.nCodebooks, out.frames] }, 0, t);
-  }
-
-  /** Audio of codes [K, t] decoded as a clip alone through the shortest masked decoder that holds them. */
-  async maskedDecode(codes) {
-    const t = codes.shape[1];
-    const p = this.plans.decode.find((q) => q.fits === "masked" && q.graph in this.manifest.graphs && t <= q.frames);
-    return new Float32Array((await this._masked(p.graph, codes, t)).data.subarray(0, t * this.frameSize));
-  }
-
   checkAudio(pcm) {
     if (!(pcm instanceof Float32Array)) {
       throw new CodecportError(`encode takes a Float32Array of mono samples at ${this.inputRate} Hz`);
@@ -283,12 +252,9 @@ export class Codec {
     const fields = { codec: this.codec, preset: this.preset, exportId: this.exportId, sampleRate: this.inputRate,
       numSamples: n, ...(loudnessDb === undefined ? {} : { loudnessDb }) };
     for (const p of plans.encode.filter((q) => q.graph in this.manifest.graphs)) {
-      if (p.fits === "masked") {
-        if (clipFrames(p, n) <= p.frames) return { ...await this.maskedEncode(x), ...fields, mode: "fixed" };
-        continue;
-      }
+      if (p.fits === "masked" && clipFrames(p, n) <= p.frames) return { ...await maskedEncode(this, x), ...fields, mode: "fixed" };
       if (p.mode === "windowed") return { ...await windowedEncode(this, p, x), ...fields, mode: "windowed" };
-      const fits = p.fits === "up-to" ? n <= p.samples : Math.ceil(n / this.frameSize) === p.frames;
+      const fits = p.fits === "up-to" ? n <= p.samples : p.fits === "exact" && Math.ceil(n / this.frameSize) === p.frames;
       if (p.mode === "fixed" && fits) {
         const codes = await this.encodeCall(p.graph, window(x, 0, p.samples));
         return { ...sliceCodes(codes, 0, p.fits === "up-to" ? Math.ceil(n / this.frameSize) : p.frames), ...fields, mode: "fixed" };
@@ -321,7 +287,7 @@ export class Codec {
     }
     let audio;
     if (p.fits === "masked") {
-      audio = await this.maskedDecode(c);
+      audio = await maskedDecode(this, c);
     } else if (p.mode === "windowed") {
       audio = await windowedDecode(this, p, c);
     } else if (p.mode === "fixed") {
@@ -357,8 +323,8 @@ export class Codec {
   /** A stream of the decoder step graph (or, without one, of the windowed plan's windows):
    * push(codes) -> audio now final; flush() -> the rest. */
   decoderStream() {
-    const windowed = this._plan("decoder", "windowed");
-    return windowed && !this._plan("decoder", "step") ? new WindowStream(this, windowed) : new StepStream(this, "decoder");
+    const w = this._plan("decoder", "windowed");
+    return w && !this._plan("decoder", "step") ? new WindowStream(this, w) : new StepStream(this, "decoder");
   }
 }
 
