@@ -42,6 +42,18 @@ def test_two_d_conv_is_taken_whole_by_nnapi(tmp_path):
         assert r["eps"][ep]["full"], (ep, r["eps"][ep])
 
 
+def test_a_graph_past_what_wasm32_loads_is_not_taken_by_the_browser(tmp_path, monkeypatch):
+    """The size rule (measured: 1.77 GB failed to load in Chromium, 1.32 GB loaded), on a small
+    graph with the line moved just under its size."""
+    from codecport.export import web
+
+    path = _conv_graph(tmp_path / "c.onnx", (3, 1))
+    assert check_graph(path)["eps"]["wasm"]["full"]
+    monkeypatch.setattr(web, "WASM_MAX_BYTES", onnx.load(str(path)).ByteSize() - 1)
+    r = check_graph(path)["eps"]["wasm"]
+    assert not r["full"] and "1.77 GB graph failed" in str(r), r
+
+
 def test_one_d_conv_is_refused_where_only_2d_is_taken(tmp_path):
     r = check_graph(_conv_graph(tmp_path / "c1.onnx", (3,)))
     for ep in ("nnapi", "coreml-neuralnetwork"):
