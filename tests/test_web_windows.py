@@ -106,6 +106,18 @@ def test_browser_equals_python_on_wasm(browser, web):
     assert got["streams"] == ["decoder"] and "no encoder stream" in got["refused"]
 
 
+SIDES = """async ([url, sides]) => {
+  const out = {};
+  try {
+    const c = await window.demo.load(url, {ort: window.demo.ort, sides});
+    Object.assign(out, {present: c.present, streams: c.streams});
+    out.audio = (await c.decode({data: Int32Array.from([1, 2]), shape: [1, 2]})).length;
+    try { await c.encode(new Float32Array(4000)); } catch (e) { out.encode = e.message; }
+  } catch (e) { out.error = e.message; }
+  return out;
+}"""
+
+
 def test_browser_refuses_a_clip_under_a_frame_and_bad_codes(browser, web):
     name, folder = web
     with served(folder) as server:
@@ -114,7 +126,13 @@ def test_browser_refuses_a_clip_under_a_frame_and_bad_codes(browser, web):
                          "catch (e) { return e.message; } }")
         bad = page.run("async () => { try { await window.demo.codec.decode({data: Int32Array.from([70000]), "
                        "shape: [1, 1]}); } catch (e) { return e.message; } }")
+        decode_only = page.run(SIDES, [server.url + "model/", ["decode"]])
+        wrong_side = page.run(SIDES, [server.url + "model/", ["listen"]])
         page.close()
+    # A page that decodes only opens no encoder (one whose encoder is past what wasm32 loads).
+    assert decode_only["present"] == ["decoder_f13", "decoder"] and decode_only["audio"] == 2 * codecport.load(folder).frame_size
+    assert decode_only["streams"] == ["decoder"] and 'with "encode" among them' in decode_only["encode"]
+    assert "takes [\"encode\"], [\"decode\"] or both" in wrong_side["error"]
     if name == "neucodec":  # XCodec2's official pad makes a frame of any clip
         assert "under one frame" in short, short
     else:

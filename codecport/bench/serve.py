@@ -11,7 +11,8 @@ folder's batched slot graphs, B streams a call) and each `--precision`. Every co
 its own server, started before any load; the load ramps in lockstep (every configuration at N
 streams before any at 2N), then bisects, configurations taking turns, so a slow spell of this
 machine falls on all of them. A configuration holds N streams when the p99 frame latency stays
-under one frame period and every stream ends complete.
+under one frame period (for output that comes in windows, NeuCodec's: under the audio of a
+window's step, which the client plays meanwhile) and every stream ends complete.
 
 The bound: the streams the fixed full-clip graphs (`--len` s a call) could sustain for the same
 work (1 / their real-time factor: encode + decode of a clip, or its decode), measured between

@@ -29,13 +29,16 @@ from .measure import WARMUP_STEPS, clip, percentiles, run_report, summary
 PAGE_RUN = """async ([what, runs, steps]) => {
   const c = window.demo.codec, x = window.benchClip, out = {};
   const time = async (f) => { const t0 = performance.now(); const r = await f(); return [performance.now() - t0, r]; };
-  if (what.includes("encode") || what.includes("decode")) {
-    let codes = (await time(() => c.encode(x)))[1];  // warm-up: opens the sessions
+  if (what.includes("decode")) {  // the native runtime's codes where the page does not encode
+    let codes = window.benchCodes ?? (await time(() => c.encode(x)))[1];  // warm-up: opens the sessions
     await c.decode(codes);
-    out.encode = []; out.decode = [];
+    out.decode = [];
+    if (what.includes("encode")) out.encode = [];
     for (let i = 0; i < runs; i++) {
-      let [ms, r] = await time(() => c.encode(x));
-      out.encode.push(ms / 1000); codes = r;
+      if (what.includes("encode")) {
+        let [ms, r] = await time(() => c.encode(x));
+        out.encode.push(ms / 1000); codes = r;
+      }
       out.decode.push((await time(() => c.decode(codes)))[0] / 1000);
     }
   }
@@ -100,14 +103,17 @@ class Native:
 
     def run(self, x: np.ndarray, what: tuple[str, ...], runs: int, steps: int) -> dict:
         c, out = self.codec, {}
-        if "encode" in what:
+        if "decode" in what:
             codes = c.encode(x, c.input_rate)
             c.decode(codes.data)
-            out["encode"], out["decode"] = [], []
+            out["decode"] = []
+            if "encode" in what:
+                out["encode"] = []
             for _ in range(runs):
-                t0 = time.perf_counter()
-                codes = c.encode(x, c.input_rate)
-                out["encode"].append(time.perf_counter() - t0)
+                if "encode" in what:
+                    t0 = time.perf_counter()
+                    codes = c.encode(x, c.input_rate)
+                    out["encode"].append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 c.decode(codes.data)
                 out["decode"].append(time.perf_counter() - t0)
@@ -131,14 +137,18 @@ class Native:
 class InPage:
     """codecport.mjs on onnxruntime-web's wasm with `threads` threads, in one page kept open."""
 
-    def __init__(self, browser, url: str, x: np.ndarray, threads: int):
+    def __init__(self, browser, url: str, x: np.ndarray, threads: int, codes: np.ndarray | None = None):
         self.page = browser.new_page()
         self.page.set_default_timeout(600_000)
-        self.page.goto(f"{url}?threads={threads}")
+        # Given codes, the page opens no encoder (`sides: ["decode"]`) and decodes these.
+        self.page.goto(f"{url}?threads={threads}" + ("" if codes is None else "&sides=decode"))
         self.page.wait_for_function("document.body.dataset.state !== 'loading'")
         if self.page.evaluate("document.body.dataset.state") != "ready":
             raise CodecportError(f"the page did not load the model: {self.page.inner_text('#error')}")
         self.page.evaluate("(x) => { window.benchClip = Float32Array.from(x); }", x.tolist())
+        if codes is not None:
+            self.page.evaluate("([d, s]) => { window.benchCodes = {data: Int32Array.from(d), shape: s}; }",
+                               [codes.ravel().tolist(), list(codes.shape)])
 
     def run(self, x, what, runs, steps) -> dict:
         return self.page.evaluate(PAGE_RUN, [list(what), runs, steps])
@@ -160,7 +170,7 @@ def _pooled(results: list[dict], audio_s: float, frame_ms: float) -> dict:
 
 def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], threads: tuple[int, ...],
               runs: int, rounds: int, steps: int, work: Path, ort_web: Path | None, frames: int = 1,
-              preset: str | None = None) -> dict:
+              preset: str | None = None, decode_only: bool = False) -> dict:
     import onnxruntime
 
     from ..serve.web import WebServer, find_ort_web
@@ -174,7 +184,7 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
 
     machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "onnxruntime": onnxruntime.__version__}
     report = {"seconds": seconds, "runs": runs, "rounds": rounds, "steps": steps, "threads": list(threads),
-              "frames": frames,
+              "frames": frames, "decode_only": decode_only,
               "machine": machine, "codecs": {}}
     if not Path(CHROMIUM).is_file():
         raise CodecportError(f"{CHROMIUM} is missing: apt-get install chromium (scripts/setup_web.sh does), "
@@ -197,16 +207,17 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
                     in_rate = int(manifest.get("input_rate", rate))
                     x = clip(samples)[0]
                     duplex = {"encoder", "decoder"} <= set(spec.runtime.streams)
-                    what = ("encode", "decode", *(("stream",) if duplex else ()))
+                    what = ("decode",) if decode_only else ("encode", "decode", *(("stream",) if duplex else ()))
                     frame_ms = 1000 * int(manifest["frame_size"]) / rate
                     server = WebServer(folder, ort_dir, 0).start()
                     try:
                         contenders = {}
                         for t in threads:
                             contenders[f"native {t} thread{'s' if t > 1 else ''}"] = Native(folder, t)
+                        codes = next(iter(contenders.values())).codec.encode(x, in_rate).data[0] if decode_only else None
                         for t in threads:
                             click.echo(f"loading {name} {precision} in the page, wasm {t} thread(s) ...")
-                            contenders[f"wasm {t} thread{'s' if t > 1 else ''}"] = InPage(browser, server.url, x, t)
+                            contenders[f"wasm {t} thread{'s' if t > 1 else ''}"] = InPage(browser, server.url, x, t, codes)
                         results: dict[str, list[dict]] = {c: [] for c in contenders}
                         for r in range(rounds):
                             for label, c in contenders.items():
@@ -237,11 +248,12 @@ def table(report: dict) -> list[str]:
             lines.append(f"{name} {r.get('preset', r.get('variant'))} {precision}, {r['audio_seconds']:g} s a call:")
             cs = r["contenders"]
             for label, c in cs.items():
-                parts = [f"encode RTF {c['encode']['rtf_median']:.3f}", f"decode RTF {c['decode']['rtf_median']:.3f}"]
+                timed = [d for d in ("encode", "decode") if d in c]
+                parts = [f"{d} RTF {c[d]['rtf_median']:.3f}" for d in timed]
                 native = cs.get(label.replace("wasm", "native"))
                 if label.startswith("wasm") and native:
                     parts.append("time vs native: " + ", ".join(
-                        f"{d} {c[d]['seconds_median'] / native[d]['seconds_median']:.2f}x" for d in ("encode", "decode")))
+                        f"{d} {c[d]['seconds_median'] / native[d]['seconds_median']:.2f}x" for d in timed))
                 if "stream" in c:
                     st, b = c["stream"], c["stream"]["both"]
                     f = st["frames_per_step"]
@@ -274,13 +286,16 @@ def table(report: dict) -> list[str]:
 @click.option("--steps", type=click.IntRange(min=1), default=60, help="Live-loop frames timed per round.")
 @click.option("--frames", type=click.IntRange(min=1), default=1,
               help="Code frames per streaming step (codecs whose steps the browser runs): the cost per frame falls, the latency grows.")
+@click.option("--decode-only", is_flag=True,
+              help="Time the decoders only, on the native runtime's codes: the page opens no encoder (a "
+                   "folder whose encoder is past what wasm32 loads, NeuCodec's fp32 at the released size).")
 @click.option("--ort-web", type=click.Path(path_type=Path), default=None,
               help="onnxruntime-web's dist folder [default: as codec-run web finds it].")
 @click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
               help="Keep the web folders here and reuse them [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
-def web_cmd(codecs, variant, preset, seconds, precisions, threads, runs, rounds, steps, frames, ort_web, work,
-            json_out) -> None:
+def web_cmd(codecs, variant, preset, seconds, precisions, threads, runs, rounds, steps, frames, decode_only,
+            ort_web, work, json_out) -> None:
     """codecport.mjs in headless Chromium (wasm) against the native CPU EP, on the same folders."""
     web = [c.name for c in registry.codecs() if c.web]
     for name in codecs:
@@ -288,4 +303,4 @@ def web_cmd(codecs, variant, preset, seconds, precisions, threads, runs, rounds,
             raise click.BadParameter(f"{name}: codecport.mjs runs {', '.join(web)}", param_hint="--codec")
     run_report(work, "codec-bench-web-", lambda w: bench_web(
         list(codecs) or web, seconds, tuple(precisions), tuple(threads), runs, rounds, steps, w, ort_web, frames,
-        preset or variant), table, json_out)
+        preset or variant, decode_only), table, json_out)

@@ -18,6 +18,7 @@
 
 import { concatCodes, concatFloat, exactly, readCodes, sliceCodes, toInt32, toInt64, window } from "./codecport-codes.mjs";
 import { CodecportError } from "./codecport-errors.mjs";
+import { fetchBytes, fetchJson } from "./codecport-fetch.mjs";
 import { integratedLoudness } from "./codecport-loudness.mjs";
 import { clipFrames, maskedDecode, maskedEncode, WindowStream, windowedDecode, windowedEncode } from "./codecport-windows.mjs";
 
@@ -25,9 +26,10 @@ export { CodecportError, readCodes };
 export const VERSION = "0.3.0";
 
 /** The codec of the export folder at `folderUrl`. `ort` is the app's onnxruntime-web module;
- * `executionProviders` go to every session ("wasm", "webgpu"; default ["wasm"]). Set
- * `ort.env.wasm.numThreads` and `wasmPaths` before the first load. */
-export async function load(folderUrl, { ort, executionProviders = ["wasm"], sessionOptions = {} } = {}) {
+ * `executionProviders` go to every session ("wasm", "webgpu"; default ["wasm"]); `sides` the
+ * directions the app will run (["decode"] opens no encoder: a TTS page, or a folder whose encoder
+ * is too big for wasm32). Set `ort.env.wasm.numThreads` and `wasmPaths` before the first load. */
+export async function load(folderUrl, { ort, executionProviders = ["wasm"], sessionOptions = {}, sides = ["encode", "decode"] } = {}) {
   if (!ort || !ort.InferenceSession || !ort.Tensor) {
     throw new CodecportError("load(folderUrl, {ort}) needs the app's onnxruntime-web module as `ort` " +
       '(import * as ort from "onnxruntime-web")');
@@ -51,30 +53,12 @@ export async function load(folderUrl, { ort, executionProviders = ["wasm"], sess
     throw new CodecportError(`${base} is an int8 export, which onnxruntime-web's WebGPU runs wrongly; ` +
       'run it with executionProviders: ["wasm"], or load an fp32 folder on webgpu');
   }
-  const codec = new Codec(base, manifest, ort, { ...sessionOptions, executionProviders });
+  if (!Array.isArray(sides) || !sides.length || sides.some((s) => s !== "encode" && s !== "decode")) {
+    throw new CodecportError('load(folderUrl, {sides}) takes ["encode"], ["decode"] or both');
+  }
+  const codec = new Codec(base, manifest, ort, { ...sessionOptions, executionProviders }, sides);
   await codec.graph(codec.present[0]); // a folder that cannot run fails here, not at the first encode
   return codec;
-}
-
-async function fetchBytes(url, what) {
-  let response;
-  try {
-    response = await fetch(url);
-  } catch (e) {
-    throw new CodecportError(`${url}: could not be fetched (${e.message}); is the server up and the URL right?`);
-  }
-  if (!response.ok) throw new CodecportError(`${url}: HTTP ${response.status}; ${what}`);
-  return response;
-}
-
-async function fetchJson(url) {
-  const response = await fetchBytes(url, "is the model folder's URL right? It must hold a codec-export " +
-    "--target web folder");
-  try {
-    return JSON.parse(await response.text());
-  } catch (e) {
-    throw new CodecportError(`${url}: not JSON (${e.message}); re-run codec-export --target web`);
-  }
 }
 
 function positive(value, what) {
@@ -93,8 +77,8 @@ function zeros(type, shape) {
 /** A web folder's codec: its facts (sampleRate, frameSize, nCodebooks, codebookSize, codec,
  * preset, precision), `encode`, `decode` and, where it has step graphs, its streams. */
 export class Codec {
-  constructor(base, manifest, ort, options) {
-    Object.assign(this, { url: base, manifest, ort, options, plans: manifest.plans });
+  constructor(base, manifest, ort, options, sides = ["encode", "decode"]) {
+    Object.assign(this, { url: base, manifest, ort, options, sides, plans: manifest.plans });
     Object.assign(this, { codec: manifest.codec, preset: manifest.preset ?? manifest.variant,
       exportId: manifest.export_id, precision: manifest.precision ?? "fp32" });
     this.executionProviders = options.executionProviders;
@@ -106,13 +90,20 @@ export class Codec {
     this.frameRate = this.sampleRate / this.frameSize;
     // The rate encode takes: the decoder's, but for a codec that encodes at another (NeuCodec's 16 kHz).
     this.inputRate = manifest.input_rate == null ? this.sampleRate : num("input_rate");
-    this.present = [...this.plans.encode, ...this.plans.decode].map((p) => p.graph).filter((g) => g in manifest.graphs);
+    this.present = [...new Set(sides.flatMap((s) => this.plans[s]).map((p) => p.graph).filter((g) => g in manifest.graphs))];
     if (this.present.length === 0) {
       throw new CodecportError(`${base} has none of the graphs its plans name; copy the whole export folder`);
     }
-    this.streams = ["encoder", "decoder"].filter((side) => this._plan(side, "step") || (side === "decoder" && this._plan(side, "windowed")));
+    this.streams = ["encoder", "decoder"].filter((side) => sides.includes(side.slice(0, -1)) &&
+      (this._plan(side, "step") || (side === "decoder" && this._plan(side, "windowed"))));
     this._sessions = {};
     this._queue = Promise.resolve(); // onnxruntime-web runs one session call at a time
+  }
+
+  _side(side) {
+    if (!this.sides.includes(side)) {
+      throw new CodecportError(`this codec was loaded with sides: ${JSON.stringify(this.sides)}; load it with "${side}" among them to ${side}`);
+    }
   }
 
   _plan(side, mode) {
@@ -239,6 +230,7 @@ export class Codec {
   /** Codes of mono audio at `inputRate` (with numSamples, sampleRate and, for a codec that keeps
    * it, loudnessDb): the first of the folder's encode plans that takes the clip, as codec-run. */
   async encode(pcm) {
+    this._side("encode");
     this.checkAudio(pcm);
     const plans = this.plans, n = pcm.length;
     const loudnessDb = plans.loudness ? integratedLoudness(pcm, this.sampleRate, plans.loudness) : undefined;
@@ -277,6 +269,7 @@ export class Codec {
    * length restored where the codes carry them. Codes of another original rate come back at the
    * model's rate, `round(numSamples * sampleRate / theirRate)` long: the app resamples them. */
   async decode(codes) {
+    this._side("decode");
     const c = this.checkCodes(codes), t = c.shape[1];
     const mode = this.plans.causal ? undefined : c.mode;
     const plans = this.plans.decode.filter((p) => p.graph in this.manifest.graphs && (mode == null || p.mode === mode));
@@ -317,12 +310,14 @@ export class Codec {
 
   /** A stream of the encoder step graph: push(pcm) -> codes now final; flush() -> the rest. */
   encoderStream() {
+    this._side("encode");
     return new StepStream(this, "encoder");
   }
 
   /** A stream of the decoder step graph (or, without one, of the windowed plan's windows):
    * push(codes) -> audio now final; flush() -> the rest. */
   decoderStream() {
+    this._side("decode");
     const w = this._plan("decoder", "windowed");
     return w && !this._plan("decoder", "step") ? new WindowStream(this, w) : new StepStream(this, "decoder");
   }
