@@ -450,13 +450,13 @@ def test_codec_bench_web_reports_both_runtimes(tmp_path):
     assert entry["deviation"]["encoder"]["code_agreement_pct"] == 100.0
     assert "wasm 1 thread" in r.stdout and "time vs native" in r.stdout and "live encode+decode" in r.stdout
     # --decode-only (the same folder, kept in --dir): the page opens no encoder and decodes the native codes.
-    r = subprocess.run([*r.args[:r.args.index("--runs")], "--runs", "2", "--rounds", "1", "--decode-only",
+    r = subprocess.run([*r.args[:r.args.index("--runs")], "--runs", "1", "--rounds", "1", "--decode-only",
                         "--ort-web", str(ORT_WEB), "--dir", str(tmp_path / "work"), "--json", str(out)],
                        capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     entry = json.loads(out.read_text())["codecs"]["mimi"]["fp32"]
     for c in entry["contenders"].values():
-        assert set(c) == {"decode"} and len(c["decode"]["seconds"]) == 2
+        assert set(c) == {"decode"} and len(c["decode"]["seconds"]) == 1
     assert "decode RTF" in r.stdout and "encode RTF" not in r.stdout
 
 

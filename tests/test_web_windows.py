@@ -52,7 +52,7 @@ def test_folder_runs_whole_everywhere_and_as_the_numpy_folder(web, smoke_exports
         gpu = r["eps"]["webgpu"]
         assert gpu["supported"] == gpu["nodes"] and gpu["partitions"] == 1 and not gpu["reasons"], (r["file"], gpu)
     ours, numpy_folder = codecport.load(folder), codecport.load(smoke_exports[name])
-    for n in LENGTHS:
+    for n in LENGTHS[::3]:  # the bucket's graphs and the windows
         x = clip(n, seed=n)
         want = numpy_folder.encode(x, 16000)
         got = ours.encode(x, 16000)
@@ -152,7 +152,7 @@ def test_browser_on_webgpu(browser, tmp_path_factory):
         page.page.wait_for_function("document.body.dataset.state !== 'loading'")
         assert page.state == "ready", page.error()
         py = codecport.load(folder)
-        x = clip(LENGTHS[2], seed=3)
+        x = clip(LENGTHS[1], seed=3)
         want = py.encode(x, 16000).data[0]
         bare = py.decode(want)[0][0]
         got = np.array(page.run(DECODE, [want.ravel().tolist(), list(want.shape)]), np.float32)
