@@ -24,11 +24,7 @@ def _frame_basis() -> np.ndarray:
     """`[FRAME, 2 * (FFT // 2 + 1)]`: a frame (16-bit range) -> the real and imaginary parts of
     its spectrum, as runtime/fbank.py computes them (DC offset removed, pre-emphasis, Povey
     window, a zero-padded real DFT), applied to each unit frame in float64."""
-    buf = np.eye(fb.FRAME)
-    buf = buf - buf.mean(axis=1, keepdims=True)
-    buf[:, 1:] = buf[:, 1:] - 0.97 * buf[:, :-1]
-    buf[:, 0] *= 1 - 0.97
-    spec = np.fft.rfft(buf * fb.Fbank().window, fb.FFT)  # [FRAME, bins]: row k is unit frame k's
+    spec = np.fft.rfft(fb.Fbank().windowed(np.eye(fb.FRAME)), fb.FFT)  # [FRAME, bins]: row k is unit frame k's
     return np.concatenate([spec.real, spec.imag], axis=1).astype(np.float32)
 
 

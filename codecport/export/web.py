@@ -161,6 +161,8 @@ def web_verdicts(model: onnx.ModelProto) -> list[dict]:
     runs = [x for x in on_gpu if x is not None]
     partitions = sum(1 for i, x in enumerate(runs) if x and (i == 0 or not runs[i - 1]))
     supported = sum(1 for x in on_gpu if x is not False)
+    if "(size)" in reasons:  # onnxruntime-web loads a graph for WebGPU through the same wasm32 heap
+        supported = partitions = 0
     return [wasm, {"ep": "webgpu", "nodes": n, "supported": supported, "partitions": partitions,
                    "reasons": reasons}]
 

@@ -46,6 +46,15 @@ class Fbank:
         """Feature rows (stacked pairs) for `n` samples."""
         return -(-(1 + (n - FRAME) // HOP) // STRIDE) if n >= FRAME + HOP else 0
 
+    def windowed(self, frames: np.ndarray) -> np.ndarray:
+        """Frames `[n, FRAME]` (float64, 16-bit range) as the FFT takes them: DC offset removed,
+        pre-emphasis, the Povey window. Linear in the frame (export/ingraph.py folds it, with the
+        FFT, into one matrix)."""
+        buf = frames - frames.mean(axis=1, keepdims=True)
+        buf[:, 1:] = buf[:, 1:] - 0.97 * buf[:, :-1]
+        buf[:, 0] *= 1 - 0.97
+        return buf * self.window
+
     def log_mel(self, audio: np.ndarray) -> np.ndarray:
         """`[frames, MELS]` float32, before normalisation."""
         x = np.asarray(audio, np.float32).reshape(-1) * np.float32(1 << 15)  # Kaldi's 16-bit range
@@ -53,10 +62,7 @@ class Fbank:
             raise CodesError(f"{x.size} samples are fewer than two 25 ms frames ({FRAME + HOP} at 16 kHz)")
         n = 1 + (x.size - FRAME) // HOP
         buf = np.lib.stride_tricks.sliding_window_view(x, FRAME)[::HOP][:n].astype(np.float64)
-        buf = buf - buf.mean(axis=1, keepdims=True)
-        buf[:, 1:] = buf[:, 1:] - 0.97 * buf[:, :-1]
-        buf[:, 0] *= 1 - 0.97
-        spec = np.fft.rfft(buf * self.window, FFT).astype(np.complex64)
+        spec = np.fft.rfft(self.windowed(buf), FFT).astype(np.complex64)
         power = np.abs(spec, dtype=np.float64) ** 2
         mel = np.maximum(MEL_FLOOR, np.dot(self.filters.T, power.T))
         return np.log(mel).T.astype(np.float32)
