@@ -66,6 +66,12 @@ export function window(x, from, n) {
   return out;
 }
 
+/** Python's `round`: halves to even (the Python runtime's length of a resampled clip). */
+export function roundHalfEven(v) {
+  const r = Math.round(v);
+  return r - v === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
 /** `x` cut or zero-padded to `n` samples. */
 export function exactly(x, n) {
   return x.length >= n ? x.slice(0, n) : window(x, 0, n);

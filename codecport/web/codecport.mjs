@@ -16,7 +16,7 @@
 // No dependencies and no build step: the manifest says everything (the browser cannot read ONNX
 // metadata or rvq.npz), and every failure is a CodecportError saying what to do.
 
-import { concatCodes, concatFloat, exactly, readCodes, sliceCodes, toInt32, toInt64, window } from "./codecport-codes.mjs";
+import { concatCodes, concatFloat, exactly, readCodes, roundHalfEven, sliceCodes, toInt32, toInt64, window } from "./codecport-codes.mjs";
 import { CodecportError } from "./codecport-errors.mjs";
 import { fetchBytes, fetchJson } from "./codecport-fetch.mjs";
 import { integratedLoudness } from "./codecport-loudness.mjs";
@@ -303,7 +303,7 @@ export class Codec {
       audio = audio.map((v) => v * gain);
     }
     if (c.numSamples != null && c.sampleRate != null) {
-      audio = exactly(audio, c.sampleRate === this.sampleRate ? c.numSamples : Math.round(c.numSamples * this.sampleRate / c.sampleRate));
+      audio = exactly(audio, c.sampleRate === this.sampleRate ? c.numSamples : roundHalfEven(c.numSamples * this.sampleRate / c.sampleRate));
     }
     return audio;
   }
