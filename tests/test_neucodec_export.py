@@ -38,6 +38,22 @@ def test_every_target_takes_them_whole(smoke_exports):
             assert eps[ep]["full"], (name, ep, eps[ep])
 
 
+def test_the_nnapi_build_runs_whole_on_nnapi(smoke_exports, tmp_path):
+    """NNAPI has no ReduceSum, which the masked statistics use: the nnapi build spells it as
+    ReduceMean times the count (export/rewrite.py), and both graphs run in one NNAPI partition,
+    their results those of the fp32 folder (the build's lossless check)."""
+    from codecport import registry
+    from codecport.export.builds import Build, build_of_folder
+
+    before = check_graph(smoke_exports["neucodec"] / "decoder.onnx")["eps"]["nnapi"]
+    assert not before["full"] and "ReduceSum" in before["reasons"]
+    report = build_of_folder(registry.get("neucodec"), smoke_exports["neucodec"], tmp_path / "n", Build("nnapi"))
+    assert report["deviation"]["encoder"]["code_agreement_pct"] == 100.0
+    assert report["deviation"]["decoder"]["snr_db"] > 90
+    for name in ("decoder", "encoder"):
+        assert check_graph(tmp_path / "n" / f"{name}.onnx")["eps"]["nnapi"]["full"], name
+
+
 def test_too_short_is_refused(tmp_path):
     with pytest.raises(ExportError, match="at least 2 frames"):
         frames_of(_Shell(), 160)  # one frame

@@ -7,8 +7,9 @@ that was validated plus local substitutions whose effect `builds.py` measures.
   supported"), so each 1-D conv is carried as `[N, C, T, 1]` with a `[k, 1]` kernel. The
   reshapes around it are Reshape nodes with constant shapes (both EPs take Reshape; CoreML
   NeuralNetwork has no Unsqueeze).
-- `nnapi_ops`: NNAPI has no LayerNormalization, Erf, Cos or Tile. Each becomes ops it has:
-  LayerNormalization as its definition (ReduceMean/Sub/Mul/Sqrt/Div), Cos(x) as
+- `nnapi_ops`: NNAPI has no LayerNormalization, Erf, Cos, Tile or ReduceSum. Each becomes ops it
+  has: LayerNormalization as its definition (ReduceMean/Sub/Mul/Sqrt/Div), ReduceSum as
+  ReduceMean times the count, Cos(x) as
   1 - 2 sin^2(x/2) (exact in exact arithmetic; unlike sin(x + pi/2) it loses nothing for the
   large RoPE angles of late positions), Tile of constant repeats as a Concat of copies, and Erf
   as Abramowitz & Stegun 7.1.26 (absolute error below 1.5e-7, the size of fp32 rounding).
@@ -103,7 +104,7 @@ _ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 
 def nnapi_ops(model: onnx.ModelProto) -> onnx.ModelProto:
-    """LayerNormalization, Erf, Cos and Tile spelled with ops NNAPI has (module docstring)."""
+    """LayerNormalization, Erf, Cos, Tile and ReduceSum spelled with ops NNAPI has (module docstring)."""
     shapes = _shapes(model)
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
 
@@ -139,6 +140,18 @@ def nnapi_ops(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type == "Cos":
             s = b.op("Sin", [b.op("Mul", [x, b.const(0.5)])])
             b.op("Sub", [b.const(1.0), b.op("Mul", [b.op("Mul", [s, s]), b.const(2.0)])], out)
+            return True
+        given = node.input[1] if len(node.input) > 1 else ""
+        if node.op_type == "ReduceSum" and (not given or given in inits) and all(shapes.get(x, [0])):
+            # The mean times the count (static shapes): NeuCodec's masked statistics sum over a
+            # clip's frames, and NNAPI has ReduceMean only. No axes: all of them.
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            rank = len(shapes[x])
+            axes = [int(a) % rank for a in np.atleast_1d(inits[given])] if given else list(range(rank))
+            if not axes or (not given and attrs.get("noop_with_empty_axes", 0)):
+                return False
+            mean = b.op("ReduceMean", [x], axes=axes, keepdims=attrs.get("keepdims", 1))
+            b.op("Mul", [mean, b.const(float(np.prod([shapes[x][a] for a in axes])))], out)
             return True
         if node.op_type == "Tile" and node.input[1] in inits:
             grow = [(axis, int(r)) for axis, r in enumerate(inits[node.input[1]]) if r > 1]
