@@ -107,10 +107,12 @@ def plans(graphs: dict[str, dict], codec: type) -> dict:
         out["encode" if m["role"] == "encoder" else "decode"].append(p)
     for side in ("encode", "decode"):
         masked = [p for p in out[side] if p.get("fits") == "masked"]
-        if masked and codec.crossfade_overlap(2) is not None:
-            main = {**max(masked, key=lambda p: p["frames"]), "mode": "windowed"}
-            del main["fits"]
-            out[side].append({**main, "overlap": codec.crossfade_overlap(main["frames"])})
+        main = max(masked, key=lambda p: p["frames"], default=None)
+        overlap = None if main is None else codec.crossfade_overlap(main["frames"])
+        if overlap is not None:
+            windowed = {**main, "mode": "windowed", "overlap": overlap}
+            del windowed["fits"]
+            out[side].append(windowed)
         out[side].sort(key=lambda p: (_ORDER.index(p["mode"]), p["frames"] if p.get("fits") == "masked" else 0))
     if codec.restores_loudness:
         from ..runtime.loudness import LoudnessMeter

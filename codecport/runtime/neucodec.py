@@ -58,7 +58,7 @@ class NeuCodecCodec(Codec):
         self.frames, self.input_frame = g.int("frames"), g.int("input_frame_size")
         # How the semantic path lines up with the acoustic one (models/neucodec_config.py).
         self.fbank_pad, self.extra = g.int("fbank_pad"), g.int("acoustic_extra")
-        self.fsq = Fsq(g.ints("levels"))
+        self.fsq = self.rvq or Fsq(g.ints("levels"))  # the levels' facts, whichever side quantizes
         if self.fsq.size != self.codebook_size or self.n_codebooks != 1 or \
                 self.input_rate * self.frame_size != self.sample_rate * self.input_frame:
             raise ModelFileError(f"{g.path}: its levels, rates and frame sizes disagree; the file is "
@@ -181,7 +181,7 @@ class NeuCodecCodec(Codec):
             feats = np.zeros((1, size, FEATURES), np.float32)
             feats[0, :frames] = fbank.features(np.pad(clip, self.fbank_pad))
             latent = g.run({"audio": padded, "features": feats, "mask": clip_mask(size, frames)})[0]
-            rows[c].append(self.rvq.indices(latent[0, lo:hi]))
+            rows[c].append(self.fsq.indices(latent[0, lo:hi]))
 
     # ---- decoding ----------------------------------------------------------------------
     def decoder_stream(self, io_binding: bool | None = None) -> NeuCodecWindowStream:
