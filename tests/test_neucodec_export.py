@@ -139,3 +139,37 @@ def test_buckets_run_a_clip_through_the_shortest_graphs_that_hold_it(smoke_expor
         proc = invoke("codec-export", "neucodec", "--preset", "tiny", "--random-init", "--len", "4000",
                       "--buckets", buckets, "-o", tmp_path / "no")
         assert proc.returncode == 1 and match in proc.stderr and not (tmp_path / "no").exists(), proc.stderr
+
+
+def test_batched_rows_are_checked_against_batch_1_masks_included():
+    """The row-by-row check of a batched encoder (export/batch.py) passes a graph whose rows are
+    independent, each under its own mask, and refuses one whose rows touch (a statistic over the
+    batch), which a masked norm written over the wrong axis would be."""
+    import torch
+
+    from codecport.export.batch import batched, validate_batched
+    from codecport.export.graph import GraphSpec, Tensor, to_onnx
+    from codecport.export.neucodec import batch_rows
+
+    class Masked(torch.nn.Module):
+        def __init__(self, axis: int):
+            super().__init__()
+            self.axis = axis
+
+        def forward(self, audio, mask):
+            x = audio[..., :8] * mask
+            return x - (x.sum(self.axis, keepdim=True) / mask.sum(self.axis, keepdim=True)) * mask
+
+    def check(axis: int) -> dict:
+        spec = GraphSpec("encoder", Masked(axis), [Tensor("audio", (1, 1, 16), "float32"),
+                                                   Tensor("mask", (1, 1, 8), "float32")],
+                         [Tensor("y", (1, 1, 8), "float32")])
+        bspec = batched(spec, 3)
+        rows = batch_rows(bspec)
+        assert len({int(r["mask"].sum()) for r in rows}) == 3  # each row a clip of its own length
+        codes = lambda y, row: np.round(y[..., :int(row["mask"].sum())] * 1e3).astype(np.int64)
+        return validate_batched(bspec, to_onnx(bspec), to_onnx(spec), codes, rows)
+
+    assert check(axis=-1)["rows_codes_identical"] == 1.0
+    with pytest.raises(ExportError, match="encoder_b3 row"):
+        check(axis=0)

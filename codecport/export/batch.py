@@ -1,11 +1,12 @@
 """Batched copies of a codec's encoders (`codec-export ... --batch B`), for corpus tokenizing.
 
 A batched graph is the same torch module traced with batch dimension B (static, like every
-other shape): `encoder_b8.onnx` beside `encoder.onnx`. The runtime fills its rows with clips or
-windows of any files and pads the last batch with silence. Nothing couples the rows (convs,
-attention and the quantizer work row by row), and that is checked here, not assumed: each row
-of the batched graph must give the codes of the batch-1 graph on the same input, a silent row
-among them included.
+other shape): `encoder_b8.onnx` beside `encoder.onnx`, every input with batch dimension B (a
+graph that takes a `mask` beside its audio takes one mask a row). The runtime fills its rows with
+clips or windows of any files and pads the last batch with copies of its first row. Nothing
+couples the rows (convs, attention, masked statistics and the quantizer work row by row), and
+that is checked here, not assumed: each row of the batched graph must give the codes of the
+batch-1 graph on the same input, a silent row among them included.
 """
 
 from __future__ import annotations
@@ -49,29 +50,41 @@ def check_batch(batch: int | None, build) -> None:
                           "and the mobile/coreml targets")
 
 
-def validate_batched(spec: GraphSpec, model: onnx.ModelProto, single: onnx.ModelProto,
-                     codes_of: Callable[[np.ndarray], np.ndarray], seed: int = 3) -> dict[str, float]:
-    """Each row of batched `model` against the batch-1 graph `single`: identical codes
-    (`codes_of` maps an encoder output `[1, ...]` to codes `[1, K, frames]`)."""
+Rows = list[dict[str, np.ndarray]]  # a batch's inputs: one row's feeds (batch 1) each
+CodesOf = Callable[[GraphSpec, np.ndarray, dict[str, np.ndarray]], np.ndarray]
+
+
+def audio_rows(spec: GraphSpec, seed: int = 3) -> Rows:
+    """A batch of random audio rows at different levels, the last one silent, for a graph with
+    one input."""
     name = spec.inputs[0].name
     x = spec.random_inputs(seed)[0]
-    x *= np.linspace(0.2, 1.5, len(x), dtype=np.float32)[:, None, None]  # rows of different levels
-    x[-1] = 0.0  # the runtime pads a last, short batch with silence
-    got = run(model, {name: x})[0]
+    x *= np.linspace(0.2, 1.5, len(x), dtype=np.float32)[:, None, None]
+    x[-1] = 0.0
+    return [{name: row[None]} for row in x]
+
+
+def validate_batched(spec: GraphSpec, model: onnx.ModelProto, single: onnx.ModelProto,
+                     codes_of: Callable[[np.ndarray, dict[str, np.ndarray]], np.ndarray],
+                     rows: Rows) -> dict[str, float]:
+    """Each row of batched `model` against the batch-1 graph `single` on `rows`: identical codes
+    (`codes_of(y, row)` maps an encoder output `[1, ...]` on `row` to codes `[1, K, frames]`)."""
+    got = run(model, {k: np.concatenate([r[k] for r in rows]) for k in rows[0]})[0]
     err = 0.0
-    for i, row in enumerate(x):
-        want = run(single, {name: row[None]})[0]
-        check_codes(f"{spec.name} row {i}", codes_of(got[i:i + 1]), codes_of(want))
+    for i, row in enumerate(rows):
+        want = run(single, row)[0]
+        check_codes(f"{spec.name} row {i}", codes_of(got[i:i + 1], row), codes_of(want, row))
         if want.dtype.kind == "f":
             err = max(err, float(np.max(np.abs(got[i:i + 1].astype(np.float64) - want))))
     return {"rows_codes_identical": 1.0, "rows_max_abs_err": err}
 
 
 def export_batched(specs: list[GraphSpec], models: dict[str, onnx.ModelProto], batch: int | None,
-                   names: tuple[str, ...], codes_of: Callable[[GraphSpec, np.ndarray], np.ndarray],
-                   report: dict, build) -> None:
+                   names: tuple[str, ...], codes_of: CodesOf, report: dict, build,
+                   rows_of: Callable[[GraphSpec], Rows] = audio_rows) -> None:
     """Add `<name>_b<batch>` for each graph of `names` in `models`, each validated row by row
-    against its batch-1 graph; the validation goes into `report["validation"]`."""
+    against its batch-1 graph on `rows_of(batched spec)` (`codes_of(spec, y, row)`: the codes of
+    output `y` on `row`); the validation goes into `report["validation"]`."""
     if batch is None:
         return
     check_batch(batch, build)
@@ -81,7 +94,7 @@ def export_batched(specs: list[GraphSpec], models: dict[str, onnx.ModelProto], b
         model = to_onnx(bspec)
         static_check(model, bspec)
         report["validation"][bspec.name] = validate_batched(
-            bspec, model, models[spec.name], lambda y, s=spec: codes_of(s, y))
+            bspec, model, models[spec.name], lambda y, row, s=spec: codes_of(s, y, row), rows_of(bspec))
         models[bspec.name] = model
         log.info("%s: exported, checked and validated row by row in %.1f s", bspec.name,
                  time.perf_counter() - t0)

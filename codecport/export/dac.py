@@ -207,7 +207,7 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
         export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, dac, rvq))
         from ..runtime.dac import DacCodec
 
-        export_batched(specs, models, batch, DacCodec.batchable, lambda s, y: _codes_of(s, y, rvq),
+        export_batched(specs, models, batch, DacCodec.batchable, lambda s, y, _row: _codes_of(s, y, rvq),
                        report, build)
         manifest = {**meta, "quantizer": "numpy" if in_graph_codebooks is None else "graph",
                     "n_codebooks": in_graph_codebooks or cfg.n_codebooks, **report}

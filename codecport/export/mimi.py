@@ -306,7 +306,7 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
         export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, model, rvq))
         from ..runtime.mimi import MimiCodec
 
-        export_batched(specs, models, batch, MimiCodec.batchable, lambda s, y: _codes_of(s, y, rvq),
+        export_batched(specs, models, batch, MimiCodec.batchable, lambda s, y, _row: _codes_of(s, y, rvq),
                        report, build)
         manifest = {**meta, "quantizer": "numpy" if k is None else "graph",
                     "n_codebooks": k or cfg.n_codebooks, **report}

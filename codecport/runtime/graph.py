@@ -65,9 +65,10 @@ class Graph:
     def provider(self) -> str:
         return self.session.get_providers()[0]
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        inp = self.session.get_inputs()[0]
-        return self.session.run(None, {inp.name: x})[0]
+    def __call__(self, x: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
+        """The first output on input `x`, or on the feeds `x` of a graph with several inputs."""
+        feeds = x if isinstance(x, dict) else {self.session.get_inputs()[0].name: x}
+        return self.session.run(None, feeds)[0]
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """All outputs, in the graph's output order."""

@@ -19,6 +19,8 @@ windowed mode cross-fades windows of the graphs' length.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -31,7 +33,7 @@ from .fbank import FEATURES, Fbank
 from .folder import sized_name
 from .fsq import Fsq
 from .graph import Graph
-from .plan import crossfade, crossfaded
+from .plan import WindowPlan, crossfade, crossfaded
 from .stream import DecoderStream, Latency, as_levels
 
 
@@ -49,6 +51,7 @@ class NeuCodecCodec(Codec):
     graphs: ClassVar = {"encoder": ("encoder", "fixed"), "decoder": ("decoder", "fixed")}
     modes = ("fixed", "windowed")
     sized = ("encoder", "decoder")  # `--buckets`: shorter graphs beside the main pair
+    batchable = ("encoder",)  # `--batch`: for tokenizing corpora (window_plan)
     streams = ("decoder",)  # through the windowed mode's windows (NeuCodecWindowStream)
     shared = (*Codec.shared, "input_rate", "input_frame_size", "levels", "fbank_pad", "acoustic_extra")
 
@@ -68,14 +71,14 @@ class NeuCodecCodec(Codec):
         return Fsq(self.first.ints("levels"))
 
     def check_graph(self, name: str, g: Graph) -> None:
-        frames, levels = g.int("frames"), len(g.ints("levels"))
-        mask, codes = (1, 1, frames), (1, 1, frames)
-        audio = (1, 1, (frames + g.int("acoustic_extra")) * g.int("input_frame_size"))
+        frames, levels, b = g.int("frames"), len(g.ints("levels")), g.batch
+        mask, codes = (b, 1, frames), (b, 1, frames)
+        audio = (b, 1, (frames + g.int("acoustic_extra")) * g.int("input_frame_size"))
         in_graph = g.meta.get("quantizer") == "graph"
         if name.startswith("encoder"):
-            want = ([audio, mask], [codes]) if in_graph else ([audio, (1, frames, FEATURES), mask], [(1, frames, levels)])
+            want = ([audio, mask], [codes]) if in_graph else ([audio, (b, frames, FEATURES), mask], [(b, frames, levels)])
         else:
-            want = ([codes if in_graph else (1, frames, levels), mask], [(1, 1, frames * g.int("frame_size"))])
+            want = ([codes if in_graph else (b, frames, levels), mask], [(b, 1, frames * g.int("frame_size"))])
         if frames < 2 or g.shapes() != want:
             raise ModelFileError(f"{g.path}: its inputs/outputs are {g.shapes()}, its metadata says "
                                  f"{want}; the file is damaged, re-export the folder")
@@ -136,13 +139,57 @@ class NeuCodecCodec(Codec):
         """The clip in one call when it fits the graphs (the official codes), else (or with
         `mode="windowed"`) in windows sharing `overlap` frames, each window's codes kept from the
         middle of each overlap on: memory bounded by a window, codes close to, not equal to,
-        the whole clip's."""
+        the whole clip's. Each window runs through the shortest graph that holds it."""
         self.codebooks(n_codebooks)
+        done: dict = {}
+        rows: list[list[np.ndarray]] = [[] for _ in range(source.channels)]
+        for audio, lo, hi in self._windows(source, mode, done):
+            name, size = self._bucket("encoder", self._frames_of(audio.shape[1]))
+            g = self.graph(name)
+            for c, x in enumerate(audio):
+                rows[c].append(self.latent_codes(g(self._feeds(x, size))[0], 1)[0, lo:hi])
+        arrays = [np.stack([np.concatenate(r) for r in rows])[:, None]]
+        return self.codes(arrays, source, done["counted"], mode=done["mode"])
+
+    def window_plan(self, source, n_codebooks, mode=None) -> WindowPlan | None:
+        """The windows of `encode_source` as a plan for batched graphs (`codec-export --batch`):
+        every window through the main encoder, whose batched copy takes windows of any clips
+        together, each row masked to its own window. Without batched graphs, None: a clip then
+        runs through `encode_source`, whose windows take the shortest graph that holds them."""
+        if not self.batches.get("encoder"):
+            return None
+        self.codebooks(n_codebooks)
+        done: dict = {}
+        spans: list[tuple[int, int]] = []  # the codes kept of each window, channel by channel
+
+        def windows():
+            for audio, lo, hi in self._windows(source, mode, done):
+                for x in audio:
+                    spans.append((lo, hi))
+                    yield self._feeds(x, self.frames)
+
+        def finish(codes: list[np.ndarray]) -> Codes:
+            kept = [c[0, lo:hi] for c, (lo, hi) in zip(codes, spans)]
+            rows = [np.concatenate(kept[c::source.channels]) for c in range(source.channels)]
+            return self.codes([np.stack(rows)[:, None]], source, done["counted"], mode=done["mode"])
+
+        return WindowPlan("encoder", windows(), 1, finish)
+
+    def latent_codes(self, y: np.ndarray, k: int) -> np.ndarray:
+        """Codes `[1, frames]` of one row of an encoder's output: the graph's own codes `[1,
+        frames]`, or the FSQ of its latent `[frames, levels]`."""
+        return y.astype(np.int64) if self.rvq is None else self.fsq.indices(y)[None]
+
+    def _windows(self, source, mode: str | None, done: dict) -> Iterator[tuple[np.ndarray, int, int]]:
+        """The clip's windows `(audio [channels, n], lo, hi)`, each encoded as a clip alone and
+        its codes `lo:hi` kept: the whole clip when it fits the graphs, else (or with
+        `mode="windowed"`) windows of the graphs' length sharing `overlap` frames, each kept
+        from the middle of each overlap on. Sets `done["mode"]` and `done["counted"]` (the
+        samples read) once the last is out."""
         counted = Counted(source)
         # A window's audio: the longest whole-frame clip whose padded length fits the graph's input.
         hop, size = self.input_frame, (self.frames - 1 + self.extra) * self.input_frame
         step = self.frames - self.overlap
-        rows: list[list[np.ndarray]] = [[] for _ in range(source.channels)]
         buf, start, keep_from = np.zeros((source.channels, 0), np.float32), 0, 0  # start: buf[0]'s frame
         for b in self.model_rate(counted):
             buf = np.concatenate([buf, b], axis=1)
@@ -153,35 +200,31 @@ class NeuCodecCodec(Codec):
                     raise self._too_long(known or None)
                 mode = "windowed"
                 keep_to = start + step + self.overlap // 2
-                self._encode_window(buf[:, :size], keep_from - start, keep_to - start, rows)
+                yield buf[:, :size], keep_from - start, keep_to - start
                 keep_from, start, buf = keep_to, start + step, buf[:, step * hop:]
         frames = start + self._frames_of(buf.shape[1])
         if frames < 1 or not buf.size:
             raise AudioError(f"{buf.shape[1]} samples at {self.input_rate} Hz are under one {self.label} "
                              f"frame ({hop} samples, 20 ms); pass a longer clip")
-        mode = self._pick(mode, frames)
-        self._encode_window(buf, keep_from - start, frames - start, rows)
-        arrays = [np.stack([np.concatenate(r) for r in rows])[:, None]]
-        return self.codes(arrays, source, counted.counted, mode=mode)
+        done["mode"], done["counted"] = self._pick(mode, frames), counted.counted
+        yield buf, keep_from - start, frames - start
 
-    def _encode_window(self, audio: np.ndarray, lo: int, hi: int, rows: list[list[np.ndarray]]) -> None:
-        """Codes `lo:hi` of `audio` `[channels, n]` (at most a window) encoded as a clip alone."""
-        fbank, hop = Fbank(), self.input_frame
-        frames = self._frames_of(audio.shape[1])
-        name, size = self._bucket("encoder", frames)
-        g = self.graph(name)
-        for c, x in enumerate(audio):
-            padded = np.zeros((1, 1, (size + self.extra) * hop), np.float32)
-            padded[0, 0, :x.size] = x  # the official pad, then the window's
+    @cached_property
+    def _fbank(self) -> Fbank:
+        return Fbank()
+
+    def _feeds(self, x: np.ndarray, size: int) -> dict[str, np.ndarray]:
+        """The feeds of an encoder of `size` frames for clip `x` `[n]` (at most a window): the
+        official pad, the window's after it, and the clip's frames masked in."""
+        hop, frames = self.input_frame, self._frames_of(x.size)
+        padded = np.zeros((1, 1, (size + self.extra) * hop), np.float32)
+        padded[0, 0, :x.size] = x
+        feeds = {"audio": padded, "mask": clip_mask(size, frames)}
+        if self.rvq is not None:  # the features in numpy (else the graph computes them from the same clip)
             clip = padded[0, 0, :(frames + self.extra) * hop]
-            if self.rvq is None:  # the graph computes the features of the same clip, and the codes
-                codes = g.run({"audio": padded, "mask": clip_mask(size, frames)})[0]
-                rows[c].append(codes[0, 0, lo:hi].astype(np.int64))
-                continue
-            feats = np.zeros((1, size, FEATURES), np.float32)
-            feats[0, :frames] = fbank.features(np.pad(clip, self.fbank_pad))
-            latent = g.run({"audio": padded, "features": feats, "mask": clip_mask(size, frames)})[0]
-            rows[c].append(self.fsq.indices(latent[0, lo:hi]))
+            feeds["features"] = np.zeros((1, size, FEATURES), np.float32)
+            feeds["features"][0, :frames] = self._fbank.features(np.pad(clip, self.fbank_pad))
+        return feeds
 
     # ---- decoding ----------------------------------------------------------------------
     def decoder_stream(self, io_binding: bool | None = None) -> NeuCodecWindowStream:

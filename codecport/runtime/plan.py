@@ -30,20 +30,32 @@ from .codes import Codes
 @dataclass
 class WindowPlan:
     """How one clip is encoded through encoder graph `graph`: its `windows` (each `[samples]`, or
-    `[channels, samples]` for a model coding channels together (`call_input`); float32, in order,
-    read lazily) give codes `[k, frames]` each, and `finish` turns the list of
-    them, in order, into the clip's `Codes`."""
+    `[channels, samples]` for a model coding channels together, or the feeds of one call (batch
+    1) of a graph with several inputs (`call_input`); float32, in order, read lazily) give codes
+    `[k, frames]` each, and `finish` turns the list of them, in order, into the clip's `Codes`."""
 
     graph: str
-    windows: Iterator[np.ndarray]
+    windows: Iterator[np.ndarray | dict[str, np.ndarray]]
     k: int
     finish: Callable[[list[np.ndarray]], Codes]
 
 
-def call_input(window: np.ndarray) -> np.ndarray:
+def call_input(window: np.ndarray | dict[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:
     """A window (`[samples]`, or `[channels, samples]` for a model coding several channels at
-    once) as one encoder call's input `[1, channels, samples]`."""
+    once) as one encoder call's input `[1, channels, samples]`; feeds as they are."""
+    if isinstance(window, dict):
+        return window
     return window.reshape(1, -1, window.shape[-1])
+
+
+def stack_calls(calls: list, batch: int) -> np.ndarray | dict[str, np.ndarray]:
+    """The input of one call of a graph with batch dimension `batch` from the `call_input`s of
+    up to `batch` windows, the rows left over filled with copies of the first (rows are
+    independent, checked at export, so a copy is a valid input whose result is dropped)."""
+    calls = calls + [calls[0]] * (batch - len(calls))
+    if isinstance(calls[0], dict):
+        return {k: np.concatenate([c[k] for c in calls]) for k in calls[0]}
+    return np.concatenate(calls)
 
 
 def overlap_windows(n: int, window: int, margin: int, end_aligned: bool = False) -> Iterator[tuple[int, int, int]]:

@@ -4,7 +4,7 @@ A codec describes how it would encode a clip as a `WindowPlan` (runtime/plan.py)
 independent windows it would put through one encoder graph, and how the codes of those windows
 make the clip's `Codes`. `Batcher` takes the windows of many plans, fills the rows of the
 batched copy of that graph with them (B windows a call, from any clips; a last call padded with
-silence, or run row by row when it is less than half full) and finishes each clip when its last
+copies of its first window, or run row by row when it is less than half full) and finishes each clip when its last
 window is done.
 The codes are the same either way: each row of a batched graph is checked against the batch-1
 graph when it is exported.
@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import CodecportError, ModelFileError
 from ..runtime.codes import Codes
 from ..runtime.folder import batched_name
-from ..runtime.plan import WindowPlan, call_input
+from ..runtime.plan import WindowPlan, call_input, stack_calls
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Batcher:
     """Encodes the windows of many clips `batch` at a time.
 
     `add(key, plan)` reads the plan's windows into the queue of its graph and runs every full
-    batch; `flush()` runs what is left: padded with silence when it fills half the batch or
+    batch; `flush()` runs what is left: padded (`stack_calls`) when it fills half the batch or
     more, else row by row through the batch-1 graph. Both return `(key, Codes)` for each clip whose
     codes are complete, or `(key, error)` for a clip whose audio failed while it was read.
     """
@@ -92,13 +92,11 @@ class Batcher:
         try:
             if 2 * len(rows) < self.batch:
                 # A last batch less than half full: its rows through the batch-1 graph cost less
-                # than a call padded with silence (the codes are the same, checked at export).
+                # than a padded call (the codes are the same, checked at export).
                 single = self.codec.graph(name)
                 ys = [single(call_input(window))[0] for _, _, window in rows]
             else:
-                x = np.zeros((self.batch, *call_input(rows[0][2]).shape[1:]), np.float32)  # silence pads it
-                for i, (_, _, window) in enumerate(rows):
-                    x[i] = call_input(window)[0]
+                x = stack_calls([call_input(window) for _, _, window in rows], self.batch)
                 ys = self.codec.graph(self.graph_for(name))(x)
         except Exception as e:  # noqa: BLE001 (the runtime failed, e.g. out of GPU memory: every clip in the call fails)
             return self._fail(list({id(c): c for c, _, _ in rows}.values()), e)
