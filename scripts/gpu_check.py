@@ -4,7 +4,7 @@
   python scripts/gpu_check.py check FOLDER... [--json F]     on the GPU machine
   python scripts/gpu_check.py pack-ort WHEEL OUT.tar.xz      here: onnxruntime-gpu cut to fit a carry
 
-`check` takes `codec-export` folders (DAC or Mimi, any precision). For each it opens the graphs
+`check` takes `codec-export` folders (any registered codec, any precision). For each it opens the graphs
 on the device provider (CUDA) and on the reference provider (CPU), then:
 - parity: codes of one generated clip (tones with moving pitch, envelope, noise) from both, and
   the audio both decode from the reference's codes (so a code flip in the encoder does not count
@@ -280,11 +280,12 @@ def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, prec
     # decoded without noise so that both sides decode alike).
     facts = registry.get(dev.name).bench
     mode, noise = facts.fixed_mode, facts.compare_noise
-    fixed_enc = lambda codec, clip: codec.encode(clip, sr, mode=mode).arrays
+    rate_in = dev.input_rate  # the encoder's rate (NeuCodec's 16 kHz beside its 24 kHz out)
+    fixed_enc = lambda codec, clip: codec.encode(clip, rate_in, mode=mode).arrays
     fixed_dec = lambda codec, arrays: codec.decode(Codes(arrays), mode=mode, **noise)[0]
     if "encoder" in dev.present and "decoder" in dev.present:
-        clip = make_clip(dev.graph("encoder").int("samples"), sr)
-        secs = clip.shape[1] / sr
+        clip = make_clip(dev.graph("encoder").int("samples"), rate_in)
+        secs = clip.shape[1] / rate_in
         out["audio_seconds"] = secs
         codes_ref, t_ref_enc = timed(lambda: fixed_enc(ref, clip), args.reference_runs, secs)
         codes_dev, t_dev_enc = timed(lambda: fixed_enc(dev, clip), args.runs, secs)
@@ -300,17 +301,17 @@ def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, prec
                 timing["device"][f"{name}_graph"] = graph_timing(dev.graph(name), feed, args.runs, secs)
         keep = {"clip": clip, "codes_ref": codes_ref, "audio_ref": audio_ref}
     if dev.streams == ("decoder",) and keep:
-        # A decoder stream alone (SNAC): the fixed codes a coarse frame a push, against the
-        # reference's whole decode with the same noise, and the time of a push.
+        # A decoder stream alone (SNAC, NeuCodec): the fixed codes a frame a push, against the
+        # reference's whole decode (SNAC's with the same noise), and the time of a push.
         streamed, push_ms = [], []
-        stream = dev.decoder_stream(noise=0)
+        stream = dev.decoder_stream(noise=0) if noise else dev.decoder_stream()
         whole_codes = Codes(codes_ref)
         for j in range(whole_codes.n_frames[0]):
             t0 = time.perf_counter()
             streamed.append(stream.push(whole_codes.frames(j, j + 1)))
             push_ms.append(1e3 * (time.perf_counter() - t0))
         streamed.append(stream.flush())
-        whole = ref.decode(whole_codes, noise=0)[0][0]
+        whole = ref.decode(whole_codes, **({'noise': 0} if noise else {}))[0][0]
         par["stream_decode"] = closeness(whole, np.concatenate(streamed))
         timing["device"]["stream"] = {"frame_ms": round(1e3 * dev.strides[0] * dev.frame_size / sr, 3),
                                       "push": percentiles(push_ms[3:] or push_ms)}
@@ -367,22 +368,29 @@ def check_batched(dev, ref, args, par: dict, timing: dict) -> None:
     """The batched encoders (`codec-export --batch B`, for corpus tokenizing): each row's codes on
     the device against the reference's batch-1 graph, and B rows a call against B single calls."""
     from codecport.bench.measure import agreement
+    from codecport.runtime.audio import ArraySource
+    from codecport.runtime.plan import call_input, stack_calls
 
-    sr, k = dev.sample_rate, dev.codebooks(None)
+    sr, k = dev.input_rate, dev.codebooks(None)
     for graph, sizes in dev.batches.items():
         single = dev.graph(graph)
         samples = single.int("window") if "window" in single.meta else single.int("samples")
         for b in sizes:
             name = f"{graph}_b{b}"
-            x = np.stack([make_clip(samples, sr, seed=10 + i) for i in range(b)])
+            if len(single.session.get_inputs()) == 1:
+                rows = [make_clip(samples, sr, seed=10 + i)[None] for i in range(b)]
+            else:  # feeds of several inputs (a mask a row): the codec's own plan makes them
+                rows = [call_input(next(iter(dev.window_plan(ArraySource(make_clip(samples - 97 * i, sr, seed=10 + i), sr),
+                                                             None).windows))) for i in range(b)]
+            x = stack_calls(rows, b)
             y = dev.graph(name)(x)
             got = np.stack([dev.latent_codes(row, k) for row in y])
-            want = np.stack([ref.latent_codes(ref.graph(graph)(row[None])[0], k) for row in x])
+            want = np.stack([ref.latent_codes(ref.graph(graph)(row)[0], k) for row in rows])
             par[f"{name}_rows"] = agreement(want, got)
             secs = b * samples / sr
             timing["device"][f"{name}_graph"] = graph_timing(dev.graph(name), x, args.runs, secs)
             timing["device"][f"{graph}_graph_x{b}"] = timed(
-                lambda g=single, x=x: [g(row[None]) for row in x], args.runs, secs)[1]
+                lambda g=single, rows=rows: [g(row) for row in rows], args.runs, secs)[1]
 
 
 def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_refs: dict) -> dict:
@@ -478,7 +486,7 @@ def table(report: dict) -> list[str]:
                 lines.append(f"{name:<28} {g:<15} {'':<22} {_fmt_t(td[g]):<24}")
         if "stream" in td and "push" in td["stream"]:
             s = td["stream"]
-            lines.append(f"{name:<28} {'stream decode':<15} a coarse frame ({s['frame_ms']:g} ms) a push: "
+            lines.append(f"{name:<28} {'stream decode':<15} a frame ({s['frame_ms']:g} ms) a push: "
                          f"p50 {s['push']['p50_ms']:.2f} / p95 {s['push']['p95_ms']:.2f} ms")
         elif "stream" in td:
             s = td["stream"]
@@ -617,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="parity and timings of export folders, device provider vs reference")
-    c.add_argument("folders", nargs="+", type=Path, help="codec-export folders (DAC or Mimi)")
+    c.add_argument("folders", nargs="+", type=Path, help="codec-export folders (any registered codec)")
     c.add_argument("--device-provider", default="cuda", choices=["cuda", "cpu", "dml", "coreml"],
                    help="provider under test [default: cuda; cpu dry-runs the script]")
     c.add_argument("--reference-provider", default="cpu", choices=["cpu", "cuda"])
