@@ -99,3 +99,26 @@ def test_crossfade_keeps_a_signal_both_windows_agree_on():
 def test_under_a_frame_is_refused(codec):
     with pytest.raises(codecport.CodecportError, match="under one NeuCodec frame"):
         codec.encode(np.zeros(319, np.float32), 16000)
+
+
+def test_batched_in_graph_encoders_give_the_numpy_folders_codes(tmp_path_factory, codec):
+    """`--in-graph-quantizer --batch 2` (features and FSQ in the graphs, a mask a row): clips of
+    different lengths, one past the graphs (windows), through the tokenizer's batches give the
+    codes the numpy folder encodes, clip by clip."""
+    from shared_exports import cli_export, shared
+
+    from codecport.runtime.audio import ArraySource
+    from codecport.tokenize.batch import Batcher
+
+    folder = shared(tmp_path_factory, "neucodec-graph-b2", lambda f: cli_export(
+        f, "neucodec", "--preset", "tiny", "--len", "4000", "--in-graph-quantizer", "--batch", "2"))
+    batched = codecport.load(folder)
+    assert batched.rvq is None and batched.batches == {"encoder": [2]}
+    clips = [noise(n, channels=c, seed=n) for n, c in ((3333, 1), (7999, 2), (20000, 1), (640, 1))]
+    batcher, done = Batcher(batched, 2), []
+    for i, x in enumerate(clips):
+        done += batcher.add(i, batched.window_plan(ArraySource(x, 16000), None))
+    got = dict(done + batcher.flush())
+    for i, x in enumerate(clips):
+        want = codec.encode(x, 16000)
+        assert got[i].mode == want.mode and np.array_equal(got[i].data, want.data), i

@@ -29,8 +29,8 @@ def _frame_basis() -> np.ndarray:
 
 
 class FbankFeatures(nn.Module):
-    """16 kHz audio `[1, 1, n]` and the codes' `mask` `[1, 1, frames]` -> w2v-BERT's features
-    `[1, frames, 160]` of the clip the mask marks, zero past it: what the runtime feeds the
+    """16 kHz audio `[B, 1, n]` and the codes' `mask` `[B, 1, frames]` -> w2v-BERT's features
+    `[B, frames, 160]` of the clip the mask marks (row by row), zero past it: what the runtime feeds the
     encoder graph. The clip is the mask's frames and `extra` more, `hop` samples a frame; `pad`:
     zeros each side of it first (the config's `fbank_pad`).
 
@@ -49,27 +49,27 @@ class FbankFeatures(nn.Module):
         self.register_buffer("filters", torch.from_numpy(fb.mel_filters()), persistent=False)
 
     def forward(self, audio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        frames = mask.shape[-1]
+        b, frames = mask.shape[0], mask.shape[-1]
         n = fb.STRIDE * frames  # feature frames
         # The clip's samples only (its code frames and the acoustic frames past them): the
         # features' last frames reach past the clip, where the runtime's see the official zeros.
         clip = torch.cat([torch.ones_like(mask[..., :1])] * self.extra + [mask], -1)
         # Expand, not a stack of `hop` copies: onnxruntime-web's WebGPU Concat of 320 inputs
         # gave wrong values (measured on SwiftShader).
-        x = audio * clip[..., None].expand(*clip.shape, self.hop).reshape(1, 1, -1)
+        x = audio * clip[..., None].expand(*clip.shape, self.hop).reshape(b, 1, -1)
         x = F.pad(x, (self.pad, self.pad)) if self.pad else x
         if x.shape[-1] % fb.HOP or x.shape[-1] // fb.HOP < n + 2:
             raise ValueError(f"{x.shape[-1]} samples do not hold {n} whole fbank frames")
-        rows = (x * float(1 << 15)).reshape(1, -1, fb.HOP)  # frame i: rows i, i + 1 and half of i + 2
+        rows = (x * float(1 << 15)).reshape(b, -1, fb.HOP)  # frame i: rows i, i + 1 and half of i + 2
         tail = fb.FRAME - 2 * fb.HOP
-        framed = torch.cat([rows[:, :n], rows[:, 1:n + 1], rows[:, 2:n + 2, :tail]], -1)  # [1, n, FRAME]
+        framed = torch.cat([rows[:, :n], rows[:, 1:n + 1], rows[:, 2:n + 2, :tail]], -1)  # [B, n, FRAME]
         re, im = (framed @ self.basis).chunk(2, dim=-1)
-        mel = torch.log(torch.clamp((re * re + im * im) @ self.filters, min=fb.MEL_FLOOR))  # [1, n, MELS]
-        m = mask[..., None].expand(*mask.shape, fb.STRIDE).reshape(1, n, 1)
+        mel = torch.log(torch.clamp((re * re + im * im) @ self.filters, min=fb.MEL_FLOOR))  # [B, n, MELS]
+        m = mask[..., None].expand(*mask.shape, fb.STRIDE).reshape(b, n, 1)
         count = m.sum(1, keepdim=True)
         centred = (mel - (mel * m).sum(1, keepdim=True) / count) * m
         var = (centred * centred).sum(1, keepdim=True) / (count - 1)
-        return (centred / torch.sqrt(var + 1e-7)).reshape(1, frames, fb.FEATURES)
+        return (centred / torch.sqrt(var + 1e-7)).reshape(b, frames, fb.FEATURES)
 
 
 def round_half_even(x: torch.Tensor) -> torch.Tensor:
