@@ -108,6 +108,14 @@ def input_samples(cfg, frames: int) -> int:
     return (frames - 1 + cfg.acoustic_extra) * math.prod(cfg.enc_strides)
 
 
+def features_shape(cfg, frames: int) -> tuple[int, ...]:
+    """The semantic model's input for graphs of `frames`: w2v-BERT's fbank rows, or for the
+    distilled variant DistilHuBERT's samples (the audio input and `fbank_pad` zeros each side)."""
+    if cfg.distill:
+        return (1, (frames + cfg.acoustic_extra) * math.prod(cfg.enc_strides) + 2 * cfg.fbank_pad)
+    return (1, frames, cfg.semantic.features)
+
+
 def graph_specs(model: NeuCodec, frames: int, meta: dict[str, str]) -> list[GraphSpec]:
     """The decoder and encoder graphs for `frames` code frames (50 a second); with the quantizer
     in the graphs (`meta["quantizer"]`), codes in and out and the features computed inside."""
@@ -121,8 +129,7 @@ def graph_specs(model: NeuCodec, frames: int, meta: dict[str, str]) -> list[Grap
         encoder, encoder_in, encoder_out = AudioEncoderGraph(model), [audio_in], codes
     else:
         decoder, decoder_in = DecoderGraph(model), Tensor("levels", (1, frames, len(cfg.levels)), "float32")
-        encoder, encoder_in = EncoderGraph(model), [audio_in, Tensor("features", (1, frames, cfg.semantic.features),
-                                                                     "float32")]
+        encoder, encoder_in = EncoderGraph(model), [audio_in, Tensor("features", features_shape(cfg, frames), "float32")]
         encoder_out = Tensor("latent", (1, frames, len(cfg.levels)), "float32")
     return [
         GraphSpec("decoder", decoder, [decoder_in, mask], [Tensor("audio", (1, 1, frames * cfg.hop), "float32")],
@@ -216,6 +223,11 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
             "quantizer": "numpy" if in_graph_codebooks is None else "graph",
             "frames": str(frames), "fbank_pad": str(cfg.fbank_pad), "acoustic_extra": str(cfg.acoustic_extra),
             "weights": weights, "weights_sha256": weights_sha256}
+    if cfg.distill:  # DistilHuBERT's input: the padded clip's samples (runtime/fbank.raw_values)
+        if in_graph_codebooks is not None:
+            raise ExportError(f"{label}'s distilled encoder runs its quantizer in numpy only; leave out "
+                              "--in-graph-quantizer (and --target web)")
+        meta.update(semantic_model="hubert", semantic_normalize=str(int(cfg.distill.hubert.normalize)))
     meta["export_id"] = export_id(meta, geo)
     models, report = {}, {"files": {}, "validation": {}, "geometry": geo}
     specs = graph_specs(model, frames, meta)

@@ -61,7 +61,8 @@ def transformers_folder(path: Path) -> tuple[dict, list[Path]]:
 
 
 def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Replace (g, v) pairs by `w = g * v / ||v||` (norm over every dim but 0), once.
+    """Replace (g, v) pairs by `w = g * v / ||v||` (norm over every dim but the one `g` keeps:
+    0, or HuBERT's position conv's 2), once.
 
     Handles both spellings: `weight_g`/`weight_v` (torch.nn.utils.weight_norm) and
     `parametrizations.weight.original0`/`original1` (torch.nn.utils.parametrizations).
@@ -79,7 +80,9 @@ def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 if v is None:
                     raise CheckpointError(f"{key} has no matching {stem + v_suffix}; "
                                           "the checkpoint is incomplete")
-                norm = v.float().flatten(1).norm(dim=1).reshape(-1, *([1] * (v.dim() - 1)))
+                # Over every dim but the one `g` keeps (0, or 2 for HuBERT's position conv).
+                kept = [d for d in range(v.dim()) if value.dim() == v.dim() and value.shape[d] == v.shape[d] > 1]
+                norm = v.float().pow(2).sum([d for d in range(v.dim()) if d not in (kept or [0])], keepdim=True).sqrt()
                 out[stem + ".weight"] = (value.float() * v.float() / norm).to(v.dtype)
                 break
         else:

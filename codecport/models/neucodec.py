@@ -24,6 +24,7 @@ from torch import nn
 from .istft import IstftSame
 from .layers import FrameMask, PaddedConv1d, set_mask
 from .neucodec_config import PRESETS, NeuCodecConfig  # noqa: F401 (re-exported)
+from .neucodec_distill import DistillCodecEncoder, Hubert
 from .neucodec_encoder import CodecEncoder, SemanticEncoder
 from .w2vbert import W2vBert
 
@@ -208,15 +209,25 @@ class NeuCodec(nn.Module):
         parts of the full w2v-BERT past the layers NeuCodec reads."""
         if key.startswith("semantic_model."):
             return self.semantic_model.unused(key[len("semantic_model."):])
+        if key.startswith("codec_encoder.") and self.cfg.distill:
+            return self.codec_encoder.unused(key[len("codec_encoder."):])
         return key in self.IGNORED
 
     def __init__(self, cfg: NeuCodecConfig):
         super().__init__()
         self.cfg = cfg
-        self.semantic_model = W2vBert(cfg.semantic)
-        self.CodecEnc = CodecEncoder(cfg)
-        self.SemanticEncoder_module = SemanticEncoder(cfg.semantic_dim)
-        self.fc_prior = nn.Linear(cfg.semantic_dim + cfg.hidden, cfg.vq_dim)
+        if cfg.distill:  # DistilHuBERT on the raw clip, DistillCodecEncoder and its projection
+            d = cfg.distill
+            self.semantic_model = Hubert(d.hubert)
+            self.codec_encoder = DistillCodecEncoder(d, cfg.enc_strides)
+            self.fc_sq_prior = nn.Linear(d.feature, cfg.semantic_dim)
+            self.SemanticEncoder_module = SemanticEncoder(cfg.semantic_dim, d.semantic_hidden)
+            self.fc_prior = nn.Linear(2 * cfg.semantic_dim, cfg.vq_dim)
+        else:
+            self.semantic_model = W2vBert(cfg.semantic)
+            self.CodecEnc = CodecEncoder(cfg)
+            self.SemanticEncoder_module = SemanticEncoder(cfg.semantic_dim)
+            self.fc_prior = nn.Linear(cfg.semantic_dim + cfg.hidden, cfg.vq_dim)
         self.generator = Generator(cfg)
         self.fc_post_a = nn.Linear(cfg.vq_dim, cfg.hidden)
 
@@ -227,12 +238,16 @@ class NeuCodec(nn.Module):
         `mask` `[1, 1, T]` marks a shorter clip's semantic frames; its audio has
         `cfg.acoustic_extra` frames more (NeuCodec's `_prepare_audio` pads up to a frame past the
         clip, and the features lose one; XCodec2's features, padded, do not)."""
+        acoustic_enc = self.codec_encoder if self.cfg.distill else self.CodecEnc
         if mask is not None:
             acoustic_mask = torch.cat([torch.ones_like(mask[..., :1])] * self.cfg.acoustic_extra + [mask], -1)
-            set_mask(self.CodecEnc, FrameMask(acoustic_mask))
+            set_mask(acoustic_enc, FrameMask(acoustic_mask))
             set_mask(self.SemanticEncoder_module, FrameMask(mask))
         try:
-            acoustic = self.CodecEnc(audio).transpose(1, 2)  # [B, hidden, F]
+            if self.cfg.distill:  # [B, F, feature] -> the semantic model's width
+                acoustic = self.fc_sq_prior(acoustic_enc(audio)).transpose(1, 2)
+            else:
+                acoustic = acoustic_enc(audio).transpose(1, 2)  # [B, hidden, F]
             sem = self.SemanticEncoder_module(semantic.transpose(1, 2))  # [B, semantic_dim, T]
         finally:
             set_mask(self, None)
@@ -241,9 +256,17 @@ class NeuCodec(nn.Module):
         return self.generator.quantizer.project_in(self.fc_prior(z))
 
     def encode_latent(self, audio: torch.Tensor, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """`latent_in` with the semantic model run on w2v-BERT's fbank `features` `[B, T, 160]`
-        (runtime/fbank.py, of the padded audio)."""
-        return self.latent_in(audio, self.semantic_model(features, mask), mask)
+        """`latent_in` with the semantic model run on its `features`: w2v-BERT's fbank features
+        `[B, T, 160]` (runtime/fbank.py, of the padded audio), or for the distilled variant the
+        feature extractor's `input_values` `[B, n]` (runtime/fbank.py's `raw_values`)."""
+        if not self.cfg.distill:
+            return self.latent_in(audio, self.semantic_model(features, mask), mask)
+        set_mask(self.semantic_model, None if mask is None else FrameMask(mask))
+        try:
+            semantic = self.semantic_model(features)
+        finally:
+            set_mask(self.semantic_model, None)
+        return self.latent_in(audio, semantic, mask)
 
     def latent(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes `[B, 1, frames]` -> the backbone's input `[B, frames, hidden]`."""

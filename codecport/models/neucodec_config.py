@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
 from ..errors import ConfigError
+from .distill_config import DistillConfig, HubertConfig
 from .w2vbert_config import W2vBertConfig
 
 
@@ -31,11 +32,15 @@ class NeuCodecConfig:
     # features' input by 160 samples each side, and the two paths agree.
     fbank_pad: int = 0  # zeros each side of the padded clip before the fbank features
     acoustic_extra: int = 1  # acoustic frames past the codes' (the padded clip's last)
+    # The distilled variant's encoder (models/distill_config.py): DistilHuBERT on the raw padded
+    # clip (`fbank_pad` zeros each side) instead of w2v-BERT on fbank features, and
+    # DistillCodecEncoder, whose strides are `enc_strides` (the last its compression).
+    distill: DistillConfig | None = None
 
     @property
     def semantic_dim(self) -> int:
-        """w2v-BERT's width, the SemanticEncoder's in and out."""
-        return self.semantic.hidden
+        """The semantic model's width, the SemanticEncoder's in and out."""
+        return self.distill.hubert.hidden if self.distill else self.semantic.hidden
 
     @property
     def codebook_size(self) -> int:
@@ -52,14 +57,23 @@ class NeuCodecConfig:
         """The config `to_kwargs` wrote; a key it does not have is refused."""
         if not isinstance(kwargs, dict) or not isinstance(kwargs.get("semantic", {}), dict):
             raise ConfigError("the config is not a JSON object of NeuCodec settings")
+        distill = kwargs.get("distill") or {}
+        if not isinstance(distill, dict) or not isinstance(distill.get("hubert", {}), dict):
+            raise ConfigError("the config's distill settings are not a JSON object")
         for fields, given in ((cls.__dataclass_fields__, kwargs),
-                              (W2vBertConfig.__dataclass_fields__, kwargs.get("semantic", {}))):
+                              (W2vBertConfig.__dataclass_fields__, kwargs.get("semantic", {})),
+                              (DistillConfig.__dataclass_fields__, distill),
+                              (HubertConfig.__dataclass_fields__, distill.get("hubert", {}))):
             unknown = sorted(set(given) - set(fields))
             if unknown:
                 raise ConfigError(f"config key {unknown[0]!r} is not one of NeuCodec's")
-        out = {k: tuple(v) if isinstance(v, list) else v for k, v in kwargs.items()}
+        tuples = lambda d: {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        out = tuples(kwargs)
         if "semantic" in out:
             out["semantic"] = W2vBertConfig(**out["semantic"])
+        if distill:
+            hubert = HubertConfig(**tuples(distill.get("hubert", {})))
+            out["distill"] = DistillConfig(**{**tuples(distill), "hubert": hubert})
         return cls(**out)
 
 
@@ -73,11 +87,24 @@ PRESETS = {
                            groups=8, enc_channels=2, enc_strides=(4, 8, 10),
                            semantic=W2vBertConfig(hidden=16, layers=2, heads=2, intermediate=32, kernel=5, left=4,
                                                   right=2)),
+    # neuphonic/distill-neucodec: NeuCodec's decoder, the distilled encoder (DistilHuBERT and
+    # DistillCodecEncoder), both paths lined up as XCodec2's are.
+    "distill": NeuCodecConfig(enc_strides=(4, 4, 4, 5), fbank_pad=160, acoustic_extra=0, distill=DistillConfig()),
 }
+# Not a released model: the tiny decoder with a tiny distilled encoder, whose 4-frame attention
+# windows make a 25-frame graph hold several.
+PRESETS["tiny-distill"] = replace(
+    PRESETS["tiny"], enc_strides=(4, 4, 4, 5), fbank_pad=160, acoustic_extra=0, distill=DistillConfig(
+        hubert=HubertConfig(hidden=16, layers=1, heads=2, intermediate=32, conv_dim=8, pos_kernel=8, pos_groups=2),
+        dims=(4, 8, 8, 8), feature=16, window=4, depth=3, heads=2, semantic_hidden=16))
 
 # Released names (each a preset) -> the Hugging Face repo of the official `pytorch_model.bin`.
-RELEASES = {"neucodec": "neuphonic/neucodec"}
+RELEASES = {"neucodec": "neuphonic/neucodec", "distill": "neuphonic/distill-neucodec"}
 WEIGHTS_FILE = "pytorch_model.bin"
 # The official model builds its semantic model from this repo rather than from its own file.
 SEMANTIC_REPO = "facebook/w2v-bert-2.0"
 SEMANTIC_FILE = "model.safetensors"
+# The distilled variant's semantic model, and the configs of it the official reads through
+# transformers (its heads, its feature extractor's normalisation), which its weights do not show.
+DISTILL_REPO = "ntu-spml/distilhubert"
+DISTILL_CONFIGS = ("config.json", "preprocessor_config.json")

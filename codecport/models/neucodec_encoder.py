@@ -145,12 +145,13 @@ class SemanticEncoder(nn.Module):
     behind ReLUs, a conv (k = 3, "same"). The official residual block starts with an in-place
     ReLU, which rectifies the skip too: the sum is `block(x) + relu(x)`, kept here."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, inner: int | None = None):
         super().__init__()
-        self.initial_conv = PaddedConv1d(dim, dim, 3, pad=1, bias=False)
-        self.residual_blocks = nn.Sequential(nn.ReLU(), PaddedConv1d(dim, dim, 3, pad=1), nn.ReLU(),
-                                             PaddedConv1d(dim, dim, 3, pad=1))
-        self.final_conv = PaddedConv1d(dim, dim, 3, pad=1, bias=False)
+        inner = inner or dim  # the distilled variant's is wider than its ends
+        self.initial_conv = PaddedConv1d(dim, inner, 3, pad=1, bias=False)
+        self.residual_blocks = nn.Sequential(nn.ReLU(), PaddedConv1d(inner, inner, 3, pad=1), nn.ReLU(),
+                                             PaddedConv1d(inner, inner, 3, pad=1))
+        self.final_conv = PaddedConv1d(inner, dim, 3, pad=1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.initial_conv(x))

@@ -7,8 +7,9 @@ pickle holds; here the state dict is read with `weights_only=True`, and safetens
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -17,7 +18,15 @@ from ..errors import CheckpointError
 from .checkpoint import fold_weight_norm, load_state, load_torch, read_safetensors
 from .hub import hf_file, resolve, sha256_file
 from .neucodec import NeuCodec, NeuCodecConfig
-from .neucodec_config import PRESETS, RELEASES, SEMANTIC_FILE, SEMANTIC_REPO, WEIGHTS_FILE
+from .neucodec_config import (
+    DISTILL_CONFIGS,
+    DISTILL_REPO,
+    PRESETS,
+    RELEASES,
+    SEMANTIC_FILE,
+    SEMANTIC_REPO,
+    WEIGHTS_FILE,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +67,7 @@ def _other(name: str) -> str:
 
 NEUCODEC = Family("NeuCodec", PRESETS, RELEASES, WEIGHTS_FILE)
 SEMANTIC_DIR = "w2v-bert-2.0"  # where a folder keeps its own copy of the semantic model
+DISTILL_DIR = "distilhubert"  # the distilled variant's (weights and configs)
 PREFIX = "semantic_model."
 # Training-only parts the official loader drops too.
 DROPPED = ("fc_post_s", "SemanticDecoder")
@@ -75,10 +85,57 @@ def read_state(path: Path, hint: str = NEUCODEC.hint) -> dict[str, torch.Tensor]
 
 def _dims(cfg: NeuCodecConfig) -> dict[str, tuple[int, ...]]:
     """Shapes that tell the presets apart, from the config alone (the full model takes seconds)."""
-    return {"fc_post_a.weight": (cfg.hidden, cfg.vq_dim),
+    dims = {"fc_post_a.weight": (cfg.hidden, cfg.vq_dim),
             "generator.head.out.weight": (4 * cfg.hop + 2, cfg.hidden),
-            "generator.quantizer.project_in.weight": (len(cfg.levels), cfg.vq_dim),
-            f"{PREFIX}feature_projection.projection.weight": (cfg.semantic.hidden, cfg.semantic.features)}
+            "generator.quantizer.project_in.weight": (len(cfg.levels), cfg.vq_dim)}
+    if cfg.distill:
+        hubert = cfg.distill.hubert
+        return {**dims, f"{PREFIX}feature_projection.projection.weight": (hubert.hidden, hubert.conv_dim),
+                "fc_sq_prior.weight": (hubert.hidden, cfg.distill.feature)}
+    return {**dims, f"{PREFIX}feature_projection.projection.weight": (cfg.semantic.hidden, cfg.semantic.features)}
+
+
+# transformers' HubertConfig settings this model is written for (models/neucodec_distill.py).
+HUBERT_FIXED = {"feat_extract_norm": "group", "do_stable_layer_norm": False, "conv_bias": False,
+                "hidden_act": "gelu", "feat_extract_activation": "gelu", "feat_proj_layer_norm": True}
+
+
+def _json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing; the distilled NeuCodec needs {DISTILL_REPO}'s {path.name} "
+                              f"beside its weights (in {path.parent}/), as the official model reads it")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not a JSON config ({e}); fetch {DISTILL_REPO}'s {path.name} again") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: not a JSON object; fetch {DISTILL_REPO}'s {path.name} again")
+    return data
+
+
+def hubert_facts(cfg: NeuCodecConfig, config: Path, preprocessor: Path) -> NeuCodecConfig:
+    """`cfg` with DistilHuBERT's heads, epsilon and input normalisation as its `config.json` and
+    `preprocessor_config.json` say; a config this model does not compute is refused."""
+    conf, pre = _json(config), _json(preprocessor)
+    hubert = cfg.distill.hubert
+    for key, want in HUBERT_FIXED.items():
+        if conf.get(key, want) != want:
+            raise CheckpointError(f"{config}: {key} is {conf[key]!r}; codecport computes DistilHuBERT with "
+                                  f"{want!r} only")
+    sizes = {"hidden_size": hubert.hidden, "num_hidden_layers": hubert.layers, "intermediate_size": hubert.intermediate,
+             "num_conv_pos_embeddings": hubert.pos_kernel, "num_conv_pos_embedding_groups": hubert.pos_groups,
+             "conv_kernel": list(hubert.conv_kernels), "conv_stride": list(hubert.conv_strides)}
+    for key, want in sizes.items():
+        if key in conf and conf[key] != want:
+            raise CheckpointError(f"{config}: {key} is {conf[key]!r}, the weights' preset has {want!r}")
+    heads, eps, normalize = conf.get("num_attention_heads"), conf.get("layer_norm_eps", hubert.eps), \
+        pre.get("do_normalize", True)  # transformers' default when the file leaves it out
+    if not isinstance(heads, int) or heads < 1 or hubert.hidden % heads or not isinstance(eps, float) or \
+            not isinstance(normalize, bool):
+        raise CheckpointError(f"{config}: num_attention_heads, layer_norm_eps or do_normalize is missing or "
+                              "not valid for these weights")
+    hubert = replace(hubert, heads=heads, eps=eps, normalize=normalize)
+    return replace(cfg, distill=replace(cfg.distill, hubert=hubert))
 
 
 def _mismatch(sd: dict[str, torch.Tensor], cfg: NeuCodecConfig) -> str | None:
@@ -127,21 +184,29 @@ def load(weights: str, preset: str | None = None, revision: str | None = None,
                              for name in releases})
     file = _weights_file(path, family)
     files, sd = [file], family.to_ours(read_state(file, family.hint))
+    distill = any(k.startswith("fc_sq_prior.") for k in sd)  # the distilled variant's projection
+    repo, folder = (DISTILL_REPO, DISTILL_DIR) if distill else (SEMANTIC_REPO, SEMANTIC_DIR)
     if not any(k.startswith(PREFIX) for k in sd):
-        # The official checkpoint leaves the semantic model out: it comes from w2v-BERT's own repo.
+        # The official checkpoint leaves the semantic model out: it comes from its own repo.
         if released:
-            semantic = hf_file(SEMANTIC_REPO, SEMANTIC_FILE)
+            semantic = hf_file(repo, SEMANTIC_FILE)
         else:
-            semantic = file.parent / SEMANTIC_DIR / SEMANTIC_FILE
+            semantic = file.parent / folder / SEMANTIC_FILE
             if not semantic.is_file():
                 raise CheckpointError(
-                    f"{file}: the checkpoint holds no semantic model (w2v-BERT 2.0); put {SEMANTIC_REPO}'s "
-                    f"{SEMANTIC_FILE} in {file.parent / SEMANTIC_DIR}/, or pass a state dict that "
+                    f"{file}: the checkpoint holds no semantic model; put {repo}'s "
+                    f"{SEMANTIC_FILE} in {file.parent / folder}/, or pass a state dict that "
                     f"includes {PREFIX}*")
         files.append(semantic)
         sd.update({PREFIX + k: v for k, v in read_safetensors([semantic]).items()})
+    if distill:  # what its weights cannot show, from DistilHuBERT's own configs (as the official reads them)
+        configs = [hf_file(DISTILL_REPO, f) if released else file.parent / DISTILL_DIR / f for f in DISTILL_CONFIGS]
+        files += configs
     name = pick_preset(sd, preset, str(file), family)
-    model = NeuCodec(family.presets[name])
+    cfg = family.presets[name]
+    if distill:
+        cfg = hubert_facts(cfg, *configs)
+    model = NeuCodec(cfg)
     sd = fold_weight_norm({k: v for k, v in sd.items()
                            if not any(d in k for d in DROPPED) and not model.unused(k)})
     load_state(model, sd, str(file))

@@ -73,3 +73,12 @@ class Fbank:
         if len(x) % STRIDE:
             x = np.concatenate([x, np.zeros((STRIDE - len(x) % STRIDE, MELS), x.dtype)])
         return x.reshape(len(x) // STRIDE, MELS * STRIDE)
+
+
+def raw_values(audio: np.ndarray, pad: int, normalize: bool) -> np.ndarray:
+    """The distilled NeuCodec's semantic input: transformers' `Wav2Vec2FeatureExtractor` on 16 kHz
+    audio `[n]` with `pad` zeros each side (as the official encode pads it), `[1, n + 2 pad]`
+    float32; with `normalize` (its `do_normalize`), zero mean and unit variance over all of it,
+    in float32 as transformers computes them."""
+    x = np.pad(np.asarray(audio, np.float32).reshape(1, -1), ((0, 0), (pad, pad)))
+    return (x - x.mean()) / np.sqrt(x.var() + 1e-7) if normalize else x

@@ -29,7 +29,7 @@ from ..errors import AudioError, CodesError, ModelFileError
 from .audio import Counted
 from .codec import Codec
 from .codes import Codes
-from .fbank import FEATURES, Fbank
+from .fbank import FEATURES, Fbank, raw_values
 from .folder import sized_name
 from .fsq import Fsq
 from .graph import Graph
@@ -53,7 +53,8 @@ class NeuCodecCodec(Codec):
     sized = ("encoder", "decoder")  # `--buckets`: shorter graphs beside the main pair
     batchable = ("encoder",)  # `--batch`: for tokenizing corpora (window_plan)
     streams = ("decoder",)  # through the windowed mode's windows (NeuCodecWindowStream)
-    shared = (*Codec.shared, "input_rate", "input_frame_size", "levels", "fbank_pad", "acoustic_extra")
+    shared = (*Codec.shared, "input_rate", "input_frame_size", "levels", "fbank_pad", "acoustic_extra",
+              "semantic_model", "semantic_normalize")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -61,6 +62,11 @@ class NeuCodecCodec(Codec):
         self.frames, self.input_frame = g.int("frames"), g.int("input_frame_size")
         # How the semantic path lines up with the acoustic one (models/neucodec_config.py).
         self.fbank_pad, self.extra = g.int("fbank_pad"), g.int("acoustic_extra")
+        # The semantic model's input: w2v-BERT's fbank features, or the distilled variant's
+        # DistilHuBERT samples (normalised or not, as its feature extractor's config says).
+        self.raw_semantic = g.choice("semantic_model", ("w2v-bert", "hubert")) == "hubert" \
+            if "semantic_model" in g.meta else False
+        self.normalize = g.meta.get("semantic_normalize") == "1"
         self.fsq = self.rvq or Fsq(g.ints("levels"))  # the levels' facts, whichever side quantizes
         if self.fsq.size != self.codebook_size or self.n_codebooks != 1 or \
                 self.input_rate * self.frame_size != self.sample_rate * self.input_frame:
@@ -75,8 +81,12 @@ class NeuCodecCodec(Codec):
         mask, codes = (b, 1, frames), (b, 1, frames)
         audio = (b, 1, (frames + g.int("acoustic_extra")) * g.int("input_frame_size"))
         in_graph = g.meta.get("quantizer") == "graph"
+        if g.meta.get("semantic_model") == "hubert":
+            features = (b, audio[-1] + 2 * g.int("fbank_pad"))
+        else:
+            features = (b, frames, FEATURES)
         if name.startswith("encoder"):
-            want = ([audio, mask], [codes]) if in_graph else ([audio, (b, frames, FEATURES), mask], [(b, frames, levels)])
+            want = ([audio, mask], [codes]) if in_graph else ([audio, features, mask], [(b, frames, levels)])
         else:
             want = ([codes if in_graph else (b, frames, levels), mask], [(b, 1, frames * g.int("frame_size"))])
         if frames < 2 or g.shapes() != want:
@@ -222,8 +232,13 @@ class NeuCodecCodec(Codec):
         feeds = {"audio": padded, "mask": clip_mask(size, frames)}
         if self.rvq is not None:  # the features in numpy (else the graph computes them from the same clip)
             clip = padded[0, 0, :(frames + self.extra) * hop]
-            feeds["features"] = np.zeros((1, size, FEATURES), np.float32)
-            feeds["features"][0, :frames] = self._fbank.features(np.pad(clip, self.fbank_pad))
+            if self.raw_semantic:
+                values = raw_values(clip, self.fbank_pad, self.normalize)
+                feeds["features"] = np.zeros((1, padded.shape[-1] + 2 * self.fbank_pad), np.float32)
+                feeds["features"][:, :values.shape[1]] = values
+            else:
+                feeds["features"] = np.zeros((1, size, FEATURES), np.float32)
+                feeds["features"][0, :frames] = self._fbank.features(np.pad(clip, self.fbank_pad))
         return feeds
 
     # ---- decoding ----------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""The distilled NeuCodec (`neuphonic/distill-neucodec`, preset `distill`): its encoder in torch
+(models/neucodec_distill.py) against the official `DistillNeuCodec` built offline at the released
+encoder size on shared random weights (codes identical, on a clip alone and masked inside a longer
+window), the runtime's DistilHuBERT input against transformers' feature extractor, and the tiny
+preset through `codec-export` and the runtime (the clip alone's codes for every length, the
+graphs in one partition on the promised targets, batched rows)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from conftest import noise, official_neucodec
+from shared_exports import cli_export, shared, skipped_init
+
+import codecport
+from codecport.models.checkpoint import fold_weight_norm
+from codecport.models.neucodec import PRESETS, NeuCodec, init_random
+from codecport.runtime.fbank import raw_values
+from codecport.runtime.fsq import Fsq
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+def _spread(ours: NeuCodec, clip: torch.Tensor) -> None:
+    """Random weights give a latent whose per-channel offsets swamp its changes over time (one
+    code for every frame): perturb the encoders, then centre the latent on `clip` and scale it to
+    unit spread over the FSQ levels, so that the codes vary and every path matters."""
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if name.startswith("codec_encoder.") and name.endswith("bias"):
+                p.zero_()
+            elif name.startswith(("semantic_model.", "codec_encoder.")):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+        padded = torch.nn.functional.pad(clip, (0, 320 - clip.shape[-1] % 320))
+        values = torch.from_numpy(raw_values(padded[0, 0].numpy(), 160, ours.cfg.distill.hubert.normalize))
+        sem = ours.SemanticEncoder_module(ours.semantic_model(values).transpose(1, 2))
+        z = torch.cat([sem, ours.fc_sq_prior(ours.codec_encoder(padded)).transpose(1, 2)], 1).transpose(1, 2)
+        ours.fc_prior.bias.copy_(-(z.mean(1) @ ours.fc_prior.weight.T)[0])
+        q = ours.generator.quantizer.project_in
+        lat = q(ours.fc_prior(z)) - q.bias
+        q.bias.copy_(-lat.mean((0, 1)))
+        q.weight.div_(lat.std((0, 1))[:, None])
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """(ours, the official DistillNeuCodec) on the same weights: the released encoder (DistilHuBERT
+    built from transformers' HubertConfig as distilhubert's, DistillCodecEncoder's defaults), one
+    decoder block of 12 (encode reads the decoder for its quantizer only)."""
+    from transformers import HubertConfig, HubertModel, Wav2Vec2FeatureExtractor
+
+    nc = official_neucodec()
+    torch.manual_seed(0)
+    hubert = HubertConfig(num_hidden_layers=2, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                          conv_bias=False, feat_extract_norm="group", do_stable_layer_norm=False)
+    one_block = functools.partial(nc.codec_decoder_vocos.CodecDecoderVocos, depth=1)
+    with mock.patch.object(nc.model, "CodecDecoderVocos", one_block), \
+            mock.patch.object(nc.model.HubertModel, "from_pretrained", lambda *a, **k: HubertModel(hubert)), \
+            mock.patch.object(nc.model.AutoFeatureExtractor, "from_pretrained",
+                              lambda *a, **k: Wav2Vec2FeatureExtractor(do_normalize=True)):
+        official = nc.model.DistillNeuCodec(24000, 480).eval()
+    with skipped_init():
+        ours = NeuCodec(dataclasses.replace(PRESETS["distill"], depth=1)).eval()
+    sd = fold_weight_norm({k: v for k, v in official.state_dict().items() if not ours.unused(k)})
+    ours.load_state_dict(sd, strict=True)  # the official keys, every one
+    _spread(ours, torch.from_numpy(noise(16000, seed=9))[None])
+    # Back into the official model: its weight-normed layers get (g, v) = (||w||, w).
+    from torch.nn.utils import parametrize
+
+    back = ours.state_dict()
+    normed = {n: m for n, m in official.named_modules() if parametrize.is_parametrized(m, "weight")}
+    assert len(normed) > 25  # the distilled encoder's convs and linears, DistilHuBERT's position conv
+    with torch.no_grad():
+        official.load_state_dict({k: v for k, v in back.items() if k[:-len(".weight")] not in normed}, strict=False)
+        for name, m in normed.items():
+            w, g = back[name + ".weight"], m.parametrizations.weight.original0
+            dims = [d for d in range(w.dim()) if not g.shape[d] == w.shape[d] > 1]
+            m.parametrizations.weight.original1.copy_(w)
+            m.parametrizations.weight.original0.copy_(w.pow(2).sum(dims, keepdim=True).sqrt())
+            torch.testing.assert_close(m.weight, w)
+    return ours, official
+
+
+def _prepared(audio: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """(16 kHz audio padded as the official `_prepare_audio` pads it, DistilHuBERT's input from
+    the runtime's numpy `raw_values`)."""
+    x = torch.from_numpy(audio)[None]
+    padded = torch.nn.functional.pad(x, (0, 320 - x.shape[-1] % 320))
+    return padded, torch.from_numpy(raw_values(padded[0, 0].numpy(), 160, True))
+
+
+def test_official_parity_encode_code(pair):
+    ours, official = pair
+    fsq = Fsq(PRESETS["distill"].levels)
+    long, short = noise(24000 + 123, seed=3), noise(9000, seed=4)  # 1.5 s and a bit, 0.56 s at 16 kHz
+    with torch.no_grad():
+        padded, values = _prepared(long)
+        torch.testing.assert_close(ours.codec_encoder(padded), official.codec_encoder(padded), atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(ours.semantic_model(values), official.semantic_model(values).last_hidden_state,
+                                   atol=1e-4, rtol=1e-4)
+        for audio in (long, short):
+            want = official.encode_code(torch.from_numpy(audio)[None]).numpy()  # [1, 1, F]
+            got = fsq.indices(ours.encode_latent(*_prepared(audio)).numpy())
+            assert want.shape[-1] == audio.size // 320 + 1 and len(np.unique(want)) > 10  # codes that vary
+            np.testing.assert_array_equal(got[:, None], want)
+        # The short clip at the start of the long clip's window, the rest of the window the long
+        # clip's: with the mask, the short clip's own codes (`want`, the last of the loop).
+        audio, long_values = _prepared(long)
+        short_audio, short_values = _prepared(short)
+        frames = want.shape[-1]
+        audio[..., :short_audio.shape[-1]] = short_audio
+        long_values[:, :short_values.shape[-1]] = short_values
+        mask = torch.zeros(1, 1, long_values.shape[-1] // 320 - 1)
+        mask[..., :frames] = 1.0
+        got = fsq.indices(ours.encode_latent(audio, long_values, mask).numpy())
+    np.testing.assert_array_equal(got[:, None, :frames], want)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_raw_values_are_transformers_feature_extractor(normalize):
+    """DistilHuBERT's input as the official encode makes it: `Wav2Vec2FeatureExtractor` on the
+    padded clip's tensor `[1, n]` with 160 zeros each side (normalised when its config says so)."""
+    from transformers import Wav2Vec2FeatureExtractor
+
+    clip = torch.from_numpy(noise(9000 + 320 - 9000 % 320, seed=6))
+    fe = Wav2Vec2FeatureExtractor(do_normalize=normalize)
+    want = fe(torch.nn.functional.pad(clip, (160, 160)), sampling_rate=16000, return_tensors="pt").input_values
+    got = raw_values(clip[0].numpy(), 160, normalize)
+    assert got.dtype == np.float32 and got.shape == (1, clip.shape[-1] + 320)
+    np.testing.assert_array_equal(got, want.reshape(1, -1).numpy())
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    return shared(tmp_path_factory, "neucodec-tiny-distill-b2", lambda f: cli_export(
+        f, "neucodec", "--preset", "tiny-distill", "--len", "4000", "--batch", "2"))
+
+
+def test_export_is_validated_and_portable(tiny_folder):
+    from codecport.export.check import check_graph
+
+    manifest = json.loads((tiny_folder / "manifest.json").read_text())
+    assert manifest["preset"] == "tiny-distill" and manifest["semantic_model"] == "hubert"
+    assert manifest["validation"]["encoder"] == {"codes_identical": 1.0}
+    assert manifest["validation"]["encoder_b2"]["rows_codes_identical"] == 1.0
+    eps = check_graph(tiny_folder / "encoder.onnx")["eps"]
+    for ep in ("coreml-mlprogram", "directml", "wasm", "webgpu"):
+        assert eps[ep]["full"], (ep, eps[ep])
+
+
+@pytest.mark.parametrize("samples", [320, 3333, 7679])  # one frame, a few, the graphs' 24 (16 kHz)
+def test_a_clip_that_fits_is_the_reference_on_the_clip_alone(tiny_folder, samples):
+    codec = codecport.load(tiny_folder)
+    ref = init_random(NeuCodec(PRESETS["tiny-distill"]), seed=0).eval()  # what `--random-init` exports
+    x = noise(samples, channels=2, seed=samples)
+    codes = codec.encode(x, 16000)
+    assert codes.mode == "fixed" and codes.data.shape == (2, 1, samples // 320 + 1)
+    for c, row in enumerate(x):
+        with torch.no_grad():
+            latent = ref.encode_latent(*_prepared(row[None])).numpy()
+        np.testing.assert_array_equal(codes.data[c, 0], Fsq(ref.cfg.levels).indices(latent)[0])
+    audio, sr = codec.decode(codes)
+    assert sr == 16000 and audio.shape == x.shape and np.isfinite(audio).all()
