@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import noise, official_neucodec
 from shared_exports import cli_export, shared, skipped_init
+from test_neucodec_download import env  # noqa: F401 (a fixture: a clean huggingface_hub environment)
 
 import codecport
 from codecport.models.checkpoint import fold_weight_norm
@@ -168,3 +169,118 @@ def test_a_clip_that_fits_is_the_reference_on_the_clip_alone(tiny_folder, sample
         np.testing.assert_array_equal(codes.data[c, 0], Fsq(ref.cfg.levels).indices(latent)[0])
     audio, sr = codec.decode(codes)
     assert sr == 16000 and audio.shape == x.shape and np.isfinite(audio).all()
+
+
+# ---- weights -------------------------------------------------------------------------------
+LOAD = """
+import json, sys, torch
+from codecport.errors import CodecportError
+from codecport.models.neucodec_weights import load
+try:
+    model, sha = load(sys.argv[1])
+except CodecportError as e:
+    print(json.dumps({"error": str(e)}))
+else:
+    torch.save(model.state_dict(), sys.argv[2])
+    h = model.cfg.distill.hubert
+    print(json.dumps({"sha": sha, "heads": h.heads, "normalize": h.normalize, "eps": h.eps}))
+"""
+
+
+def _normed(sd: dict[str, torch.Tensor], prefix: str, dim: int = 0) -> dict[str, torch.Tensor]:
+    """`sd` with the weights of keys under `prefix` as torch's weight-norm parametrisation spells
+    them (`g` over every dim but `dim`, the official layers' own spelling)."""
+    out = {}
+    for k, v in sd.items():
+        if k.startswith(prefix) and k.endswith(".weight") and v.dim() > 1:
+            stem = k[:-len(".weight")]
+            dims = [d for d in range(v.dim()) if d != dim]
+            out[f"{stem}.parametrizations.weight.original0"] = v.pow(2).sum(dims, keepdim=True).sqrt()
+            out[f"{stem}.parametrizations.weight.original1"] = v
+        else:
+            out[k] = v
+    return out
+
+
+def official_files(model: NeuCodec, heads: int, normalize: bool) -> dict[str, bytes]:
+    """The distilled release as the Hub holds it: `pytorch_model.bin` without the semantic model
+    (weight-normed encoder, the empty cache tokens), and distilhubert's `model.safetensors` (its
+    position conv normed over its kernel axis, as transformers does; the masked-prediction
+    embedding) with its config files."""
+    import io
+
+    from safetensors.torch import save as save_safetensors
+
+    from codecport.models.neucodec_config import DISTILL_REPO
+
+    sd = model.state_dict()
+    prefix = "semantic_model."
+    bin_sd = _normed({k: v for k, v in sd.items() if not k.startswith(prefix)}, "codec_encoder.")
+    bin_sd["codec_encoder.en_encoder.cache_token"] = torch.zeros(1, 0, model.cfg.distill.feature)
+    hub = _normed({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}, "encoder.pos_conv_embed.", 2)
+    hub["masked_spec_embed"] = torch.rand(model.cfg.semantic_dim)
+    buf = io.BytesIO()
+    torch.save(bin_sd, buf)
+    h = model.cfg.distill.hubert
+    config = {"architectures": ["HubertModel"], "hidden_size": h.hidden, "num_hidden_layers": h.layers,
+              "num_attention_heads": heads, "intermediate_size": h.intermediate, "feat_extract_norm": "group",
+              "do_stable_layer_norm": False, "conv_bias": False, "num_conv_pos_embeddings": h.pos_kernel,
+              "num_conv_pos_embedding_groups": h.pos_groups, "layer_norm_eps": 1e-5}
+    return {"bin": buf.getvalue(), "hubert": save_safetensors(hub), "repo": DISTILL_REPO,
+            "config.json": json.dumps(config).encode(),
+            "preprocessor_config.json": json.dumps({"do_normalize": normalize, "sampling_rate": 16000}).encode()}
+
+
+def test_release_by_name_reads_distilhuberts_weights_and_configs(env, tmp_path):
+    """`--weights distill`: the checkpoint from neuphonic/distill-neucodec, DistilHuBERT's weights,
+    heads and normalisation from ntu-spml/distilhubert (served from 127.0.0.1 as the Hub does)."""
+    import hashlib
+    import subprocess
+    import sys
+
+    from test_neucodec_download import hubs
+
+    from codecport.models.neucodec_config import RELEASES
+
+    tiny = init_random(NeuCodec(PRESETS["tiny-distill"]), seed=0).eval()
+    f = official_files(tiny, heads=1, normalize=False)
+    repos = {RELEASES["distill"]: {"main": {"pytorch_model.bin": f["bin"]}},
+             f["repo"]: {"main": {"model.safetensors": f["hubert"], "config.json": f["config.json"],
+                                  "preprocessor_config.json": f["preprocessor_config.json"]}}}
+    with hubs(repos) as (url, h):
+        proc = subprocess.run([sys.executable, "-c", LOAD, "distill", str(tmp_path / "sd.pt")], capture_output=True,
+                              text=True, env={**env, "HF_ENDPOINT": url}, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (got["heads"], got["normalize"]) == (1, False)  # the configs', not the preset's (2, True)
+    files = f["bin"] + f["hubert"] + f["config.json"] + f["preprocessor_config.json"]
+    assert got["sha"] == hashlib.sha256(files).hexdigest()
+    sd = torch.load(tmp_path / "sd.pt")
+    for k, v in tiny.state_dict().items():
+        torch.testing.assert_close(sd[k], v, rtol=1e-6, atol=1e-7)
+    assert sorted(h[f["repo"]].gets) == sorted(f"/{f['repo']}/resolve/main/{n}" for n in
+                                               ("model.safetensors", "config.json", "preprocessor_config.json"))
+
+
+def test_a_folder_needs_distilhuberts_configs(tmp_path):
+    from codecport.errors import CheckpointError
+    from codecport.models.neucodec_weights import load
+
+    tiny = init_random(NeuCodec(PRESETS["tiny-distill"]), seed=0).eval()
+    f = official_files(tiny, heads=2, normalize=True)
+    (tmp_path / "pytorch_model.bin").write_bytes(f["bin"])
+    sub = tmp_path / "distilhubert"
+    sub.mkdir()
+    (sub / "model.safetensors").write_bytes(f["hubert"])
+    with pytest.raises(CheckpointError, match="config.json: missing; the distilled NeuCodec needs"):
+        load(str(tmp_path))
+    (sub / "config.json").write_bytes(f["config.json"])
+    (sub / "preprocessor_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="preprocessor_config.json: not a JSON config"):
+        load(str(tmp_path))
+    (sub / "preprocessor_config.json").write_bytes(f["preprocessor_config.json"])
+    model, _ = load(str(tmp_path))
+    assert model.cfg == PRESETS["tiny-distill"]
+    (sub / "config.json").write_text(json.dumps({**json.loads(f["config.json"]), "do_stable_layer_norm": True}))
+    with pytest.raises(CheckpointError, match="do_stable_layer_norm is True; codecport computes"):
+        load(str(tmp_path))
