@@ -231,7 +231,7 @@ def official_files(model: NeuCodec, heads: int, normalize: bool) -> dict[str, by
             "preprocessor_config.json": json.dumps({"do_normalize": normalize, "sampling_rate": 16000}).encode()}
 
 
-def test_release_by_name_reads_distilhuberts_weights_and_configs(env, tmp_path):
+def test_release_by_name_reads_distilhuberts_weights_and_configs(env, tmp_path):  # noqa: F811
     """`--weights distill`: the checkpoint from neuphonic/distill-neucodec, DistilHuBERT's weights,
     heads and normalisation from ntu-spml/distilhubert (served from 127.0.0.1 as the Hub does)."""
     import hashlib
