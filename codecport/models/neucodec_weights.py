@@ -185,7 +185,8 @@ def load(weights: str, preset: str | None = None, revision: str | None = None,
     file = _weights_file(path, family)
     files, sd = [file], family.to_ours(read_state(file, family.hint))
     distill = any(k.startswith("fc_sq_prior.") for k in sd)  # the distilled variant's projection
-    repo, folder = (DISTILL_REPO, DISTILL_DIR) if distill else (SEMANTIC_REPO, SEMANTIC_DIR)
+    repo, folder, what = (DISTILL_REPO, DISTILL_DIR, "DistilHuBERT") if distill else \
+        (SEMANTIC_REPO, SEMANTIC_DIR, "w2v-BERT 2.0")
     if not any(k.startswith(PREFIX) for k in sd):
         # The official checkpoint leaves the semantic model out: it comes from its own repo.
         if released:
@@ -194,7 +195,7 @@ def load(weights: str, preset: str | None = None, revision: str | None = None,
             semantic = file.parent / folder / SEMANTIC_FILE
             if not semantic.is_file():
                 raise CheckpointError(
-                    f"{file}: the checkpoint holds no semantic model; put {repo}'s "
+                    f"{file}: the checkpoint holds no semantic model ({what}); put {repo}'s "
                     f"{SEMANTIC_FILE} in {file.parent / folder}/, or pass a state dict that "
                     f"includes {PREFIX}*")
         files.append(semantic)
