@@ -13,21 +13,25 @@ import numpy as np
 from .facts import BenchFacts, Official
 from .measure import clip, flat_codes, summary, timed, timings
 
-RELEASED = "neucodec"  # the official package builds this config only (its sizes are fixed)
+RELEASED = ("neucodec", "distill")  # the official package builds these configs only (its sizes are fixed)
 
 
 def torch_codes(model, x, k) -> list[np.ndarray]:
     """Codes `[B, 1, frames]` of the torch reference for 16 kHz audio `x` `[B, 1, T]`: padded as the
     official `_prepare_audio`, fbank features in numpy (of the padded clip, itself padded by
-    `fbank_pad` for XCodec2), the FSQ in numpy."""
+    `fbank_pad` for XCodec2; the distilled variant's DistilHuBERT samples), the FSQ in numpy."""
     import torch
 
-    from ..runtime.fbank import Fbank
+    from ..runtime.fbank import Fbank, raw_values
     from ..runtime.fsq import Fsq
 
     hop, pad = int(np.prod(model.cfg.enc_strides)), model.cfg.fbank_pad
     x = torch.nn.functional.pad(x, (0, hop - x.shape[-1] % hop))
-    feats = torch.from_numpy(np.stack([Fbank().features(np.pad(row[0].numpy(), pad)) for row in x]))
+    if model.cfg.distill:  # DistilHuBERT's samples
+        normalize = model.cfg.distill.hubert.normalize
+        feats = torch.from_numpy(np.concatenate([raw_values(row[0].numpy(), pad, normalize) for row in x]))
+    else:
+        feats = torch.from_numpy(np.stack([Fbank().features(np.pad(row[0].numpy(), pad)) for row in x]))
     with torch.no_grad():
         latent = model.encode_latent(x, feats).numpy()
     return [Fsq(model.cfg.levels).indices(latent)[:, None]]
@@ -86,6 +90,46 @@ def build_official(nc, semantic_layers: int = 24):
     return offline(nc.model, lambda: nc.NeuCodec(24000, 480), semantic_layers)
 
 
+def build_distill(nc, cfg):
+    """The official `DistillNeuCodec(24000, 480)`, built offline: DistilHuBERT from a transformers
+    config of `cfg`'s sizes and its feature extractor's normalisation."""
+    from unittest import mock
+
+    from transformers import HubertConfig, HubertModel, Wav2Vec2FeatureExtractor
+
+    h = cfg["distill"]["hubert"]
+    hubert = HubertConfig(num_hidden_layers=h["layers"], hidden_size=h["hidden"], num_attention_heads=h["heads"],
+                          intermediate_size=h["intermediate"], conv_bias=False, feat_extract_norm="group",
+                          do_stable_layer_norm=False, layer_norm_eps=h["eps"])
+    with mock.patch.object(nc.model.HubertModel, "from_pretrained", lambda *a, **k: HubertModel(hubert)), \
+            mock.patch.object(nc.model.AutoFeatureExtractor, "from_pretrained",
+                              lambda *a, **k: Wav2Vec2FeatureExtractor(do_normalize=h["normalize"])):
+        return nc.model.DistillNeuCodec(24000, 480).eval()
+
+
+def parametrized(official):
+    """A function that spells our folded weight-normed weights as `official`'s parametrised
+    layers hold them (g over the dims its own g spans, v the weight): the distilled encoder's."""
+    from torch.nn.utils import parametrize
+
+    gs = {n: m.parametrizations.weight.original0.shape for n, m in official.named_modules()
+          if parametrize.is_parametrized(m, "weight")}
+
+    def spell(sd: dict) -> dict:
+        out = {}
+        for k, v in sd.items():
+            stem = k[:-len(".weight")]
+            if k.endswith(".weight") and stem in gs:
+                dims = [d for d in range(v.dim()) if not gs[stem][d] == v.shape[d] > 1]
+                out[f"{stem}.parametrizations.weight.original0"] = v.pow(2).sum(dims, keepdim=True).sqrt()
+                out[f"{stem}.parametrizations.weight.original1"] = v
+            else:
+                out[k] = v
+        return out
+
+    return spell
+
+
 def run_official(job: dict) -> dict:
     """The official package on the bench's weights, as its users run it: `encode_code` on 16 kHz
     audio `[B, 1, T]`, `decode_code`."""
@@ -93,6 +137,10 @@ def run_official(job: dict) -> dict:
         nc = import_official()
     except ImportError as e:
         return {"skipped": f"neucodec does not import ({e})"}
+    cfg = json.loads((Path(job["dir"]) / "config.json").read_text())
+    if cfg.get("distill"):
+        official = build_distill(nc, cfg)
+        return run_package(job, official, "neucodec", lambda x: x, parametrized(official))
     return run_package(job, build_official(nc), "neucodec", lambda x: x)
 
 
@@ -112,9 +160,10 @@ def run_package(job: dict, official, package: str, shape, to_official=lambda sd:
     sd = load_file(folder / "weights.safetensors")
     sd = to_official({**sd, **unfold_weight_norm({k: v for k, v in sd.items() if k.startswith("CodecEnc.")})})
     missing, _ = official.load_state_dict(sd, strict=False)
-    # What may stay random: w2v-BERT past the layers NeuCodec reads, and the ISTFT window (a
-    # constant the official model holds as a buffer).
-    lacking = [k for k in missing if not k.startswith("semantic_model.") and not k.endswith("istft.window")]
+    # What may stay random: w2v-BERT past the layers NeuCodec reads (and DistilHuBERT's
+    # masked-prediction embedding), and the ISTFT window (a constant the official model holds as a buffer).
+    # The distilled encoder's cache tokens are empty.
+    lacking = [k for k in missing if not k.startswith("semantic_model.") and not k.endswith(("istft.window", "cache_token"))]
     if lacking:
         return {"skipped": f"the official model has parameters the bench's weights lack ({lacking[0]})"}
     geo = json.loads((folder / "model" / "manifest.json").read_text())["geometry"]
@@ -132,22 +181,23 @@ def clip_samples(cfg, seconds: float) -> int:
     return max(2, round(seconds * cfg.sample_rate / cfg.hop)) * cfg.hop
 
 
-def family_facts(package: str, released: str, run) -> BenchFacts:
+def family_facts(package: str, released: tuple[str, ...], run) -> BenchFacts:
     """The bench facts of a codec on NeuCodec's model, its official `package` run by `run` on
     the `released` config only (the official sizes are fixed)."""
     return BenchFacts(
         # The released models are about 630 M parameters; the demo's export stays small.
-        demo_preset="tiny", demo_seconds=1.0, clip_samples=clip_samples, web_preset=released,
+        demo_preset="tiny", demo_seconds=1.0, clip_samples=clip_samples, web_preset=released[0],
         torch_encode=torch_encode, torch_codes=torch_codes,
         official=Official(package, package, "pip install --no-deps -r scripts/official-neucodec.txt (its own "
                                             "pins would replace codecport's torch)"),
         contenders={"official": run},
-        skip=lambda contender, preset: "the released config only (the official sizes are fixed)"
-        if contender == "official" and preset != released else None,
+        skip=lambda contender, preset: "the released configs only (the official sizes are fixed)"
+        if contender == "official" and preset not in released else None,
         # Where the time of our graphs goes: torch module paths, which the ONNX nodes keep in their names.
-        parts={"the ISTFT": ("decoder", "head.istft"), "the semantic model (w2v-BERT)": ("encoder", "semantic_model"),
+        parts={"the ISTFT": ("decoder", "head.istft"), "the semantic model": ("encoder", "semantic_model"),
                "the semantic encoder": ("encoder", "SemanticEncoder_module"),
-               "the acoustic encoder": ("encoder", "CodecEnc")},
+               "the acoustic encoder": ("encoder", "CodecEnc"),
+               "the distilled acoustic encoder": ("encoder", "codec_encoder")},
     )
 
 

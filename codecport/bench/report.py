@@ -98,7 +98,7 @@ def table(report: dict) -> list[str]:
         if "parts" in r:
             lines.append(f"{name} time in: " + ", ".join(
                 f"{label} {p['ms']:.1f} ms a call ({p['share_pct']:.0f}% of the {p['graph']})"
-                for label, p in r["parts"].items()))
+                for label, p in r["parts"].items() if p["ms"] > 0))  # a part this model has not: 0
     for pair, sp in report["speedups"].items():
         lines.append(f"{pair}: " + ", ".join(f"{d} {x:.2f}x" for d, x in sp.items()) + " faster")
     first: dict[str, dict] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .neucodec import family_facts, import_stubbed, offline, run_package
 
-RELEASED = "xcodec2"  # the official package builds this config only (its sizes are fixed)
+RELEASED = ("xcodec2",)  # the official package builds this config only (its sizes are fixed)
 
 
 def import_official():
