@@ -154,6 +154,14 @@ def test_export_is_validated_and_portable(tiny_folder):
     eps = check_graph(tiny_folder / "encoder.onnx")["eps"]
     for ep in ("coreml-mlprogram", "directml", "wasm", "webgpu"):
         assert eps[ep]["full"], (ep, eps[ep])
+    # codec-bench's split of the encoder's time (BenchFacts.parts) finds the distilled encoder's parts.
+    from codecport import registry
+    from codecport.bench.measure import node_times
+
+    parts = {k: m for k, (g, m) in registry.get("neucodec").bench.parts.items() if g == "encoder"}
+    enc = node_times(tiny_folder / "encoder.onnx", parts, runs=1)
+    assert enc.pop("the acoustic encoder")["ms"] == 0  # NeuCodec's, not in this model
+    assert all(p["ms"] > 0 for p in enc.values()) and 90 < sum(p["share_pct"] for p in enc.values()) <= 100.01
 
 
 @pytest.mark.parametrize("samples", [320, 3333, 7679])  # one frame, a few, the graphs' 24 (16 kHz)

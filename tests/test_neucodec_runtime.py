@@ -103,22 +103,23 @@ def test_under_a_frame_is_refused(codec):
 
 def test_batched_in_graph_encoders_give_the_numpy_folders_codes(tmp_path_factory, codec):
     """`--in-graph-quantizer --batch 2` (features and FSQ in the graphs, a mask a row): clips of
-    different lengths, one past the graphs (windows), through the tokenizer's batches give the
-    codes the numpy folder encodes, clip by clip."""
+    different lengths through the tokenizer's batches give, for a clip that fits, the codes the
+    numpy folder encodes, and for a longer one (windows) the folder's own clip-by-clip encode."""
     from shared_exports import cli_export, shared
 
     from codecport.runtime.audio import ArraySource
     from codecport.tokenize.batch import Batcher
 
     folder = shared(tmp_path_factory, "neucodec-graph-b2", lambda f: cli_export(
-        f, "neucodec", "--preset", "tiny", "--len", "4000", "--in-graph-quantizer", "--batch", "2"))
+        f, "neucodec", "--preset", "tiny", "--len", "2000", "--in-graph-quantizer", "--batch", "2"))
     batched = codecport.load(folder)
-    assert batched.rvq is None and batched.batches == {"encoder": [2]}
-    clips = [noise(n, channels=c, seed=n) for n, c in ((3333, 1), (7999, 2), (20000, 1), (640, 1))]
+    assert batched.rvq is None and batched.batches == {"encoder": [2]} and batched.frames == 13
+    clips = [noise(n, channels=c, seed=n) for n, c in ((3333, 2), (6000, 1), (640, 1))]
     batcher, done = Batcher(batched, 2), []
     for i, x in enumerate(clips):
         done += batcher.add(i, batched.window_plan(ArraySource(x, 16000), None))
     got = dict(done + batcher.flush())
     for i, x in enumerate(clips):
-        want = codec.encode(x, 16000)
+        want = (batched if x.shape[1] > 12 * 320 else codec).encode(x, 16000)
         assert got[i].mode == want.mode and np.array_equal(got[i].data, want.data), i
+    assert got[1].mode == "windowed"
