@@ -292,3 +292,17 @@ def test_a_folder_needs_distilhuberts_configs(tmp_path):
     (sub / "config.json").write_text(json.dumps({**json.loads(f["config.json"]), "do_stable_layer_norm": True}))
     with pytest.raises(CheckpointError, match="do_stable_layer_norm is True; codecport computes"):
         load(str(tmp_path))
+
+
+def test_the_web_folder_gives_the_numpy_folders_codes_and_audio(tiny_folder, tmp_path_factory):
+    """`--target web` (DistilHuBERT's normalised samples and the FSQ in the graphs, the browser's
+    form: test_web_windows.py runs it there) against the numpy folder of the same weights."""
+    web = codecport.load(shared(tmp_path_factory, "web-neucodec-distill", lambda f: cli_export(
+        f, "neucodec", "--preset", "tiny-distill", "--len", "4000", "--target", "web")))
+    numpy_folder = codecport.load(tiny_folder)
+    assert web.rvq is None and web.raw_semantic and web.normalize
+    for n in (3333, 20000):  # in one call, and through windows
+        x = noise(n, channels=1, seed=n)
+        got, want = web.encode(x, 16000), numpy_folder.encode(x, 16000)
+        assert got.mode == want.mode and np.array_equal(got.data, want.data), n
+        np.testing.assert_allclose(web.decode(got)[0], numpy_folder.decode(want)[0], atol=1e-5)

@@ -162,3 +162,28 @@ def test_browser_on_webgpu(browser, tmp_path_factory):
         agree = (np.array(trip["codes"]).reshape(trip["shape"]) == want).mean()
         assert agree > 0.9, agree
         page.close()
+
+
+def test_the_distilled_encoder_in_the_browser(browser, tmp_path_factory):
+    """The distilled NeuCodec (`--preset tiny-distill --target web`: DistilHuBERT's normalised
+    samples and the FSQ in the graph): every node on WebGPU's kernel table in one partition, and
+    on wasm the Python runtime's codes, a clip that fits and one through windows, and audio
+    within 1e-4 of Python's."""
+    folder = shared(tmp_path_factory, "web-neucodec-distill", lambda f: cli_export(
+        f, "neucodec", "--preset", "tiny-distill", "--len", "4000", "--target", "web"))
+    for r in check(folder):
+        assert r["eps"]["wasm"]["full"] and r["eps"]["webgpu"]["partitions"] == 1, (r["file"], r["eps"]["webgpu"])
+    py = codecport.load(folder)
+    with served(folder) as server:
+        page = Page(browser, server.url)
+        assert page.state == "ready", page.error()
+        for n in (3000, 20001):
+            x = clip(n, seed=n)
+            want = py.encode(x, 16000)
+            got = page.run(ROUND_TRIP, x.tolist())
+            np.testing.assert_array_equal(np.array(got["codes"]).reshape(got["shape"]), want.data[0], err_msg=f"{n}")
+            bare = py.decode(want.data[0])[0][0]
+            audio = np.array(page.run(DECODE, [want.data[0].ravel().tolist(), list(want.data[0].shape)]), np.float32)
+            assert audio.shape == bare.shape and np.abs(audio - bare).max() < 1e-4, n
+        assert page.problems == []
+        page.close()

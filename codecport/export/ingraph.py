@@ -1,6 +1,7 @@
 """The runtime's numpy ends of NeuCodec and XCodec2 as graph ops, for graphs a browser (or an app
-without numpy) runs whole: w2v-BERT's fbank features (runtime/fbank.py) and the FSQ
-(runtime/fsq.py), built from the runtime's own constants so that the two cannot drift apart.
+without numpy) runs whole: w2v-BERT's fbank features (runtime/fbank.py; DistilHuBERT's
+normalised samples for the distilled NeuCodec) and the FSQ (runtime/fsq.py), built from the
+runtime's own constants so that the two cannot drift apart.
 
 Written for every runtime, WebGPU's kernel table included (export/web.py): no DFT (static slices
 cut the frames, whose DC removal, pre-emphasis, window and real DFT are all linear in the frame:
@@ -70,6 +71,32 @@ class FbankFeatures(nn.Module):
         centred = (mel - (mel * m).sum(1, keepdim=True) / count) * m
         var = (centred * centred).sum(1, keepdim=True) / (count - 1)
         return (centred / torch.sqrt(var + 1e-7)).reshape(b, frames, fb.FEATURES)
+
+
+class RawValues(nn.Module):
+    """16 kHz audio `[B, 1, n]` and the codes' `mask` `[B, 1, frames]` -> DistilHuBERT's input
+    `[B, n + 2 pad]` of the clip the mask marks: runtime/fbank.raw_values in the graph (the clip,
+    `pad` zeros each side, normalised over those when `normalize`). Past the clip's padded end
+    the values are not the runtime's zeros; the model never reads them (its conv frames there
+    are masked)."""
+
+    def __init__(self, pad: int, hop: int, extra: int, normalize: bool):
+        super().__init__()
+        self.pad, self.hop, self.extra, self.normalize = pad, hop, extra, normalize
+
+    def forward(self, audio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b = mask.shape[0]
+        clip = torch.cat([torch.ones_like(mask[..., :1])] * self.extra + [mask], -1)
+        m = clip[..., None].expand(*clip.shape, self.hop).reshape(b, -1)  # the clip's samples
+        x = F.pad(audio.reshape(b, -1) * m, (self.pad, self.pad))
+        if not self.normalize:
+            return x
+        # The padded clip: its samples and the 2 pad zeros around them, from the start.
+        v = torch.cat([torch.ones_like(m[:, :2 * self.pad]), m], -1)
+        count = v.sum(-1, keepdim=True)
+        mean = (x * v).sum(-1, keepdim=True) / count
+        d = x - mean
+        return d / torch.sqrt((d * d * v).sum(-1, keepdim=True) / count + 1e-7)
 
 
 def round_half_even(x: torch.Tensor) -> torch.Tensor:

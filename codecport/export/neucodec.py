@@ -37,7 +37,7 @@ from torch import nn
 
 from ..errors import ExportError
 from ..models.neucodec import NeuCodec
-from ..runtime.fbank import Fbank
+from ..runtime.fbank import Fbank, raw_values
 from ..runtime.folder import sized_name
 from ..runtime.fsq import Fsq
 from ..runtime.neucodec import NeuCodecCodec, clip_mask
@@ -45,7 +45,7 @@ from .batch import check_batch, export_batched
 from .builds import Build, finish_export
 from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated
-from .ingraph import FbankFeatures, FsqOps
+from .ingraph import FbankFeatures, FsqOps, RawValues
 from .validate import AUDIO_ATOL, check_close, check_codes, run
 
 FEATURES_ATOL = 1e-4  # in-graph fbank features against the runtime's (measured: 1e-5)
@@ -87,7 +87,9 @@ class AudioEncoderGraph(nn.Module):
         super().__init__()
         self.model, self.fsq = model, FsqOps(model.cfg.levels)
         cfg = model.cfg
-        self.fbank = FbankFeatures(cfg.fbank_pad, math.prod(cfg.enc_strides), cfg.acoustic_extra)
+        hop = math.prod(cfg.enc_strides)
+        self.fbank = RawValues(cfg.fbank_pad, hop, cfg.acoustic_extra, cfg.distill.hubert.normalize) \
+            if cfg.distill else FbankFeatures(cfg.fbank_pad, hop, cfg.acoustic_extra)
 
     def forward(self, audio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         latent = self.model.encode_latent(audio, self.fbank(audio, mask), mask)
@@ -167,10 +169,15 @@ def validate(spec: GraphSpec, onnx_model, model: NeuCodec, seed: int = 1) -> dic
     check_codes(spec.name, got[..., :valid], want[..., :valid])
     # The features inside against the runtime's numpy ones, on the clip the mask marks.
     cfg, hop_in = model.cfg, int(spec.metadata["input_frame_size"])
-    clip = np.pad(x[0][0, 0, :(valid + cfg.acoustic_extra) * hop_in], cfg.fbank_pad)
+    clip = x[0][0, 0, :(valid + cfg.acoustic_extra) * hop_in]
     with torch.no_grad():
-        inside = spec.module.fbank(*map(torch.from_numpy, (x[0], mask))).numpy()[0, :valid]
-    err = check_close(f"{spec.name} features", inside, Fbank().features(clip), FEATURES_ATOL)
+        inside = spec.module.fbank(*map(torch.from_numpy, (x[0], mask))).numpy()[0]
+    if cfg.distill:
+        outside = raw_values(clip, cfg.fbank_pad, cfg.distill.hubert.normalize)[0]
+        inside = inside[:outside.size]
+    else:
+        inside, outside = inside[:valid], Fbank().features(np.pad(clip, cfg.fbank_pad))
+    err = check_close(f"{spec.name} features", inside, outside, FEATURES_ATOL)
     return {"codes_identical": 1.0, "features_max_abs_err": err}
 
 
@@ -224,9 +231,6 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
             "frames": str(frames), "fbank_pad": str(cfg.fbank_pad), "acoustic_extra": str(cfg.acoustic_extra),
             "weights": weights, "weights_sha256": weights_sha256}
     if cfg.distill:  # DistilHuBERT's input: the padded clip's samples (runtime/fbank.raw_values)
-        if in_graph_codebooks is not None:
-            raise ExportError(f"{label}'s distilled encoder runs its quantizer in numpy only; leave out "
-                              "--in-graph-quantizer (and --target web)")
         meta.update(semantic_model="hubert", semantic_normalize=str(int(cfg.distill.hubert.normalize)))
     meta["export_id"] = export_id(meta, geo)
     models, report = {}, {"files": {}, "validation": {}, "geometry": geo}
