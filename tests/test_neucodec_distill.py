@@ -292,6 +292,16 @@ def test_a_folder_needs_distilhuberts_configs(tmp_path):
     (sub / "config.json").write_text(json.dumps({**json.loads(f["config.json"]), "do_stable_layer_norm": True}))
     with pytest.raises(CheckpointError, match="do_stable_layer_norm is True; codecport computes"):
         load(str(tmp_path))
+    # A DistilHuBERT without the projection's LayerNorm, as its config says.
+    from safetensors.torch import load as load_safetensors
+    from safetensors.torch import save as save_safetensors
+
+    (sub / "config.json").write_text(json.dumps({**json.loads(f["config.json"]), "feat_proj_layer_norm": False}))
+    hub = {k: v for k, v in load_safetensors(f["hubert"]).items() if not k.startswith("feature_projection.layer_norm.")}
+    (sub / "model.safetensors").write_bytes(save_safetensors(hub))
+    model, _ = load(str(tmp_path))
+    assert not model.cfg.distill.hubert.proj_norm
+    assert isinstance(model.semantic_model.feature_projection.layer_norm, torch.nn.Identity)
 
 
 def test_the_web_folder_gives_the_numpy_folders_codes_and_audio(tiny_folder, tmp_path_factory):

@@ -28,6 +28,7 @@ class HubertConfig:
     pos_kernel: int = 128  # the convolutional position embedding (even: its last output is dropped)
     pos_groups: int = 16
     eps: float = 1e-5
+    proj_norm: bool = True  # `feat_proj_layer_norm`: a LayerNorm before the feature projection
     # The feature extractor's `do_normalize`: zero mean, unit variance over the padded clip.
     normalize: bool = True
 

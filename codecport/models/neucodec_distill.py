@@ -94,7 +94,7 @@ class Hubert(nn.Module):
             HubertConv(dims[i], dims[i + 1], k, s, norm=i == 0)
             for i, (k, s) in enumerate(zip(cfg.conv_kernels, cfg.conv_strides)))
         self.feature_projection = nn.Module()
-        self.feature_projection.layer_norm = nn.LayerNorm(cfg.conv_dim, eps=cfg.eps)
+        self.feature_projection.layer_norm = nn.LayerNorm(cfg.conv_dim, eps=cfg.eps) if cfg.proj_norm else nn.Identity()
         self.feature_projection.projection = nn.Linear(cfg.conv_dim, cfg.hidden)
         self.encoder = nn.Module()
         self.encoder.pos_conv_embed = nn.Module()

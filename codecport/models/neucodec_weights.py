@@ -97,7 +97,7 @@ def _dims(cfg: NeuCodecConfig) -> dict[str, tuple[int, ...]]:
 
 # transformers' HubertConfig settings this model is written for (models/neucodec_distill.py).
 HUBERT_FIXED = {"feat_extract_norm": "group", "do_stable_layer_norm": False, "conv_bias": False,
-                "hidden_act": "gelu", "feat_extract_activation": "gelu", "feat_proj_layer_norm": True}
+                "hidden_act": "gelu", "feat_extract_activation": "gelu"}
 
 
 def _json(path: Path) -> dict:
@@ -128,13 +128,15 @@ def hubert_facts(cfg: NeuCodecConfig, config: Path, preprocessor: Path) -> NeuCo
     for key, want in sizes.items():
         if key in conf and conf[key] != want:
             raise CheckpointError(f"{config}: {key} is {conf[key]!r}, the weights' preset has {want!r}")
+    # transformers' defaults where a file leaves a key out
     heads, eps, normalize = conf.get("num_attention_heads"), conf.get("layer_norm_eps", hubert.eps), \
-        pre.get("do_normalize", True)  # transformers' default when the file leaves it out
+        pre.get("do_normalize", True)
+    proj_norm = conf.get("feat_proj_layer_norm", True)
     if not isinstance(heads, int) or heads < 1 or hubert.hidden % heads or not isinstance(eps, float) or \
-            not isinstance(normalize, bool):
-        raise CheckpointError(f"{config}: num_attention_heads, layer_norm_eps or do_normalize is missing or "
-                              "not valid for these weights")
-    hubert = replace(hubert, heads=heads, eps=eps, normalize=normalize)
+            not isinstance(normalize, bool) or not isinstance(proj_norm, bool):
+        raise CheckpointError(f"{config}: num_attention_heads, layer_norm_eps, feat_proj_layer_norm or "
+                              "do_normalize is missing or not valid for these weights")
+    hubert = replace(hubert, heads=heads, eps=eps, normalize=normalize, proj_norm=proj_norm)
     return replace(cfg, distill=replace(cfg.distill, hubert=hubert))
 
 

@@ -7,6 +7,8 @@ the encoder graph with the clip's frames masked in, and quantizes its output wit
 codes into FSQ levels and runs the decoder graph, masked the same way: the official
 `decode_code`'s audio, 480 samples a frame. XCodec2 (runtime/xcodec2.py) runs through this class:
 its graphs' metadata (`fbank_pad`, `acoustic_extra`) says how its encoder's two paths line up.
+So does the distilled NeuCodec (`semantic_model: hubert`), whose semantic model reads the padded
+clip's samples (fbank.raw_values) instead of fbank features.
 
 A folder exported with the quantizer in its graphs (`--in-graph-quantizer`, `--target web`)
 takes and gives codes instead: its encoder computes the features itself from the same padded
