@@ -497,5 +497,6 @@ def test_codec_run_web_answers_its_own_host_serves_no_link_out_and_streams(dac_w
         peak_kb = int(next(line for line in status_lines if line.startswith("VmHWM:")).split()[1])
         assert peak_kb < 300 << 10, f"the server held {peak_kb >> 10} MB serving a 400 MB file"
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGTERM)  # as a process manager stops it
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -31,7 +32,15 @@ def web_cmd(model_dir, port, ort_web, verbose) -> None:
                f"{server.ort_dir}")
     click.echo(f"open {server.url}  (Ctrl-C stops)", nl=True)
     sys.stdout.flush()
+    # Ctrl-C and a process manager's SIGTERM both stop it cleanly; installed here because a shell
+    # starts background jobs with SIGINT ignored, which Python would otherwise keep.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         click.echo("stopped")
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
