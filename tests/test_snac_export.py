@@ -57,7 +57,7 @@ def _export(*args):
 @pytest.mark.parametrize("args, match", [
     (["--len", "100"], "too short for windows that keep their receptive field: pass at least 360 samples"),
     (["--len", "720", "--in-graph-quantizer"], "quantizer runs in numpy"),
-    (["--len", "720", "--batch", "4"], "no batched encoder"),
+    (["--len", "720", "--batch", "4", "--precision", "int8"], "--batch writes fp32 graphs"),
     (["--len", "720", "--stream-frames", "0"], "0 is not in the range"),
     ([], "pass --len N"),
 ])

@@ -31,7 +31,9 @@ from ..errors import ExportError
 from ..models.snac import SNAC
 from ..models.snac_stream import SnacStepDecoder
 from ..runtime.rvq import SnacRvq
+from ..runtime.snac import SnacCodec
 from ..runtime.snac_stream import END_UNKNOWN
+from .batch import check_batch, export_batched
 from .builds import Build, finish_export
 from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated, factorised_rvq_arrays
@@ -224,6 +226,27 @@ def validate(spec: GraphSpec, model, snac: SNAC, rvq: SnacRvq, seed: int = 1) ->
     return {"codes_identical": 1.0}
 
 
+def batch_rows(spec: GraphSpec, unit: int, seed: int = 3) -> list[dict[str, np.ndarray]]:
+    """Rows for checking a batched encoder: random audio at different levels, each row masked to
+    a window that ends where its own clip does (whole units), the last one silent."""
+    rng = np.random.default_rng(seed)
+    batch, frames = spec.inputs[-1].shape[0], spec.inputs[-1].shape[-1]
+    rows = []
+    for i in range(batch):
+        x = (rng.standard_normal((1, *spec.inputs[0].shape[1:])) * 0.3 * (i + 1) / batch).astype(np.float32)
+        mask = np.zeros((1, 1, frames), np.float32)
+        mask[..., :max(unit, frames - i * unit)] = 1.0
+        rows.append({"audio": x * np.float32(i < batch - 1), "mask": mask})
+    return rows
+
+
+def _row_codes(y: np.ndarray, row: dict[str, np.ndarray], rvq: SnacRvq) -> np.ndarray:
+    """Every time scale's codes `[1, 1, n]` of an encoder's output `y` (one row) on the frames
+    `row`'s mask keeps."""
+    valid = int(row["mask"].sum())
+    return np.concatenate(rvq.encode_levels(y[0][:, :valid]))[None, None]
+
+
 def export_snac(snac: SNAC, out_dir: Path, samples: int, step_coarse: int = 1, *, preset: str,
                 weights: str, weights_sha256: str, in_graph_codebooks: int | None = None,
                 build: Build | None = None, batch: int | None = None, slots: int | None = None) -> dict:
@@ -234,9 +257,7 @@ def export_snac(snac: SNAC, out_dir: Path, samples: int, step_coarse: int = 1, *
     if in_graph_codebooks is not None:
         raise ExportError("SNAC's quantizer runs in numpy beside the graphs (rvq.npz); leave out "
                           "--in-graph-quantizer")
-    if batch is not None:
-        raise ExportError("SNAC has no batched encoder yet (its window graph takes a mask beside the "
-                          "audio); tokenize SNAC without --batch")
+    check_batch(batch, build)
     if slots is not None and not 1 < slots <= 4096:
         raise ExportError(f"--slots must be 2 to 4096 (streams one step graph call holds), got {slots}")
     cfg = snac.cfg
@@ -253,6 +274,8 @@ def export_snac(snac: SNAC, out_dir: Path, samples: int, step_coarse: int = 1, *
     models, report = {}, {"files": {}, "validation": {}, "geometry": asdict(geo)}
     specs = graph_specs(snac, geo, meta)
     export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, snac, rvq))
+    export_batched(specs, models, batch, SnacCodec.batchable, lambda s, y, row: _row_codes(y, row, rvq), report,
+                   build, lambda s: batch_rows(s, cfg.unit_frames))
     manifest = {**meta, "n_codebooks": cfg.n_codebooks, **report}
     report.update(finish_export(out_dir, models, rvq.arrays(), manifest, build, probe(manifest, specs)))
     return report

@@ -155,8 +155,9 @@ class Codec(GraphFolder):
         """`Codes` of a `WindowPlan` (plan.py), one window at a time (`parallel` at once on
         sliding graphs)."""
         g = self.graph(plan.graph)
-        call = lambda x: self.latent_codes(g(call_input(x))[0], plan.k)
-        codes = self.map_windows(call, plan.windows) if plan.graph in self.sliding else map(call, plan.windows)
+        call = lambda ix: plan.codes_of(self, g(call_input(ix[1]))[0], ix[0])
+        windows = enumerate(plan.windows)
+        codes = self.map_windows(call, windows) if plan.graph in self.sliding else map(call, windows)
         return plan.finish(list(tqdm(codes, desc="encode", unit="window", disable=None if progress else True)))
 
     def latent_codes(self, y: np.ndarray, k: int) -> np.ndarray:

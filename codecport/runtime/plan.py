@@ -38,6 +38,13 @@ class WindowPlan:
     windows: Iterator[np.ndarray | dict[str, np.ndarray]]
     k: int
     finish: Callable[[list[np.ndarray]], Codes]
+    # The codes of window `i`'s output row `y` (`codes(y, i)`), where the codec's `latent_codes(y,
+    # k)` is not what `finish` takes (SNAC's: each time scale's codes of the frames it keeps).
+    codes: Callable[[np.ndarray, int], object] | None = None
+
+    def codes_of(self, codec, y: np.ndarray, i: int):
+        """What `finish` takes of window `i`'s output row `y`."""
+        return codec.latent_codes(y, self.k) if self.codes is None else self.codes(y, i)
 
 
 def call_input(window: np.ndarray | dict[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:

@@ -36,7 +36,7 @@ from .codec import Codec
 from .codes import Codes
 from .graph import Graph
 from .noise import Noise
-from .plan import overlap_windows
+from .plan import WindowPlan, overlap_windows
 from .rvq import SnacRvq
 from .snac_stream import SnacStepStream, SnacWindowStream
 
@@ -53,6 +53,7 @@ class SnacCodec(Codec):
     shared = (*Codec.shared, "vq_strides", "unit_frames", "decoder_rates", "noise", "latent_dim")
     in_graph_quantizer = False
     streams = ("decoder",)
+    batchable = ("encoder",)  # `--batch`: for tokenizing corpora (window_plan)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -78,9 +79,10 @@ class SnacCodec(Codec):
         if frames % unit or margin % unit or frames <= 2 * margin or g.int("samples") != frames * hop:
             raise ModelFileError(f"{g.path}: its frames, margin and samples do not make windows; the "
                                  "file is damaged, re-export the folder")
-        mask = (1, 1, frames)
-        if name == "encoder":
-            want = ([(1, 1, frames * hop), mask], [(1, latent, frames)])
+        b = g.batch
+        mask = (b, 1, frames)
+        if name.startswith("encoder"):
+            want = ([(b, 1, frames * hop), mask], [(b, latent, frames)])
         else:
             noise = [(1, 1, frames * int(u)) for u in np.cumprod(g.ints("decoder_rates"))] \
                 if g.meta.get("noise") == "1" else []
@@ -140,6 +142,34 @@ class SnacCodec(Codec):
         arrays = [np.stack([np.concatenate(levels[c][lv]) for c in range(channels)])[:, None]
                   for lv in range(self.levels)]
         return self.codes(arrays, source, counted.counted, mode="whole")
+
+    def window_plan(self, source, n_codebooks, mode=None) -> WindowPlan | None:
+        """`encode_source`'s windows as a plan for batched graphs (`codec-export --batch`): each
+        channel of each window one row (its audio and mask), the codes of the frames it keeps
+        computed as `encode_source` computes them. Without batched graphs, None: a clip then runs
+        through `encode_source` (its windows side by side on the CPU's cores)."""
+        if not self.batches.get("encoder"):
+            return None
+        k = self.codebooks(n_codebooks)
+        if mode not in (None, "whole"):
+            raise CodesError(f"{self.label} encodes in the whole mode only (overlapping windows)")
+        g, counted, spans = self.graph("encoder"), Counted(source), []
+
+        def windows():
+            for x, mask, lo, hi, _ in self._encoder_windows(self.model_rate(counted), source.channels,
+                                                             g.int("frames"), g.int("margin")):
+                for row in x:
+                    spans.append((lo, hi))
+                    yield {"audio": row[None, None], "mask": mask}
+
+        def finish(codes: list[list[np.ndarray]]) -> Codes:
+            n = source.channels
+            arrays = [np.stack([np.concatenate([w[lv] for w in codes[c::n]]) for c in range(n)])[:, None]
+                      for lv in range(self.levels)]
+            return self.codes(arrays, source, counted.counted, mode="whole")
+
+        return WindowPlan("encoder", windows(), k, finish,
+                          codes=lambda y, i: self.rvq.encode_levels(y[:, spans[i][0]:spans[i][1]]))
 
     def _encoder_windows(self, blocks, channels: int, window: int, margin: int):
         """(audio `[C, window * hop]`, mask, keep_from - start, keep_to - start, last) of each

@@ -102,7 +102,7 @@ class Batcher:
             return self._fail(list({id(c): c for c, _, _ in rows}.values()), e)
         done = []
         for (clip, index, _), y in zip(rows, ys):
-            clip.codes[index] = self.codec.latent_codes(y, clip.plan.k)
+            clip.codes[index] = clip.plan.codes_of(self.codec, y, index)
             clip.waiting -= 1
             done += self._finished(clip)
         return done
