@@ -89,6 +89,33 @@ def pair():
     return ours, official
 
 
+def test_the_local_attention_over_several_windows_is_the_officials():
+    """The released encoder's attention windows are 6 s, longer than the parity clips: the official
+    acoustic encoder at the tiny preset's sizes (its windows of 4 frames, 20 before the
+    compression) against ours on 25 frames, several windows and a partial one at both rates."""
+    from codecport.models.neucodec_distill import DistillCodecEncoder
+
+    ce = official_neucodec().codec_encoder_distill
+    cfg = PRESETS["tiny-distill"]
+    d = dataclasses.replace(cfg.distill, heads=6)  # the official builder's heads
+    torch.manual_seed(1)
+    official = torch.nn.Module()
+    official.encoder = ce.Encoder(feature_dim=d.feature, strides=cfg.enc_strides[:-1], depths=d.depths, dims=d.dims)
+    official.en_encoder = ce.CompressedLocalEncoderWithCache(
+        feature_dim=d.feature, local_window_size=d.window, compress_rate=cfg.enc_strides[-1], cache_size=0,
+        depth=d.depth, use_dynamic_pos_bias=True)
+    ours = DistillCodecEncoder(d, cfg.enc_strides).eval()
+    sd = {k: v + 0.1 * torch.randn(v.shape) if v.is_floating_point() else v for k, v in official.state_dict().items()}
+    official.load_state_dict(sd)
+    ours.load_state_dict(fold_weight_norm({k: v for k, v in official.state_dict().items() if not ours.unused(k)}))
+    x = torch.from_numpy(noise(25 * 320, seed=11))[None]
+    with torch.no_grad():
+        want = ce.DistillCodecEncoder.forward(official.eval(), x)
+        got = ours(x)
+    assert want.shape == got.shape == (1, 25, d.feature)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 def _prepared(audio: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """(16 kHz audio padded as the official `_prepare_audio` pads it, DistilHuBERT's input from
     the runtime's numpy `raw_values`)."""
