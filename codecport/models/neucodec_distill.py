@@ -263,17 +263,21 @@ class LocalAttention(nn.Module):
         q, k, v = (y.reshape(b, t, h, d).transpose(1, 2) for y in self.to_qkv(self.norm(x)).chunk(3, -1))
         q = q * d ** -0.5
         if t <= w:  # one window: causal attention over the whole graph
-            allowed = np.tril(np.ones((t, t), np.float32))
-            scores = q @ k.transpose(-1, -2) + bias_of(t, 0)
+            masks = [(np.tril(np.ones((t, t), np.float32)) - 1.0) * 1e9]
         else:  # windows of `w`, each with the one before (zeros, masked, before the first)
             n = (t + w - 1) // w  # positive: the tracer divides shape tensors truncating
             q, k, v = (zero_pad(y.transpose(-1, -2), 0, n * w - t).transpose(-1, -2).reshape(b, h, n, w, d)
                        for y in (q, k, v))
             k, v = (torch.cat([zero_pad(y.transpose(2, -1), 1, 0)[..., :-1].transpose(2, -1), y], 3) for y in (k, v))
-            allowed = np.tril(np.ones((n, w, 2 * w), np.float32), w)
-            allowed[0, :, :w] = 0.0
-            scores = q @ k.transpose(-1, -2) + bias_of(w, w)[:, None]
-        y = torch.softmax(scores + torch.from_numpy((allowed - 1.0) * 1e9), -1) @ v  # a constant
+            # Causal within each pair of windows, the same for every window ([w, 2 w]); the
+            # first window's keys before it, which do not exist, masked apart ([n, 1, 2 w]): two
+            # small constants rather than one that grows with the graph.
+            masks = [(np.tril(np.ones((w, 2 * w), np.float32), w) - 1.0) * 1e9,
+                     np.pad(np.full((1, 1, w), -1e9, np.float32), ((0, n - 1), (0, 0), (0, w)))]
+        scores = q @ k.transpose(-1, -2) + (bias_of(t, 0) if t <= w else bias_of(w, w)[:, None])
+        for m in masks:  # added one by one: each stays its own small constant
+            scores = scores + torch.from_numpy(m.astype(np.float32))
+        y = torch.softmax(scores, -1) @ v
         return self.to_out(y.reshape(b, h, -1, d)[:, :, :t].transpose(1, 2).reshape(b, t, h * d))
 
 
