@@ -20,7 +20,7 @@ from shared_exports import cli_export, shared, skipped_init
 from test_neucodec_download import env  # noqa: F401 (a fixture: a clean huggingface_hub environment)
 
 import codecport
-from codecport.models.checkpoint import fold_weight_norm
+from codecport.models.checkpoint import fold_weight_norm, unfold_parametrized, weight_norm_dims
 from codecport.models.neucodec import PRESETS, NeuCodec, init_random
 from codecport.runtime.fbank import raw_values
 from codecport.runtime.fsq import Fsq
@@ -73,19 +73,14 @@ def pair():
     ours.load_state_dict(sd, strict=True)  # the official keys, every one
     _spread(ours, torch.from_numpy(noise(16000, seed=9))[None])
     # Back into the official model: its weight-normed layers get (g, v) = (||w||, w).
-    from torch.nn.utils import parametrize
-
     back = ours.state_dict()
-    normed = {n: m for n, m in official.named_modules() if parametrize.is_parametrized(m, "weight")}
-    assert len(normed) > 25  # the distilled encoder's convs and linears, DistilHuBERT's position conv
+    kept = weight_norm_dims(official)
+    assert len(kept) > 25  # the distilled encoder's convs and linears, DistilHuBERT's position conv
     with torch.no_grad():
-        official.load_state_dict({k: v for k, v in back.items() if k[:-len(".weight")] not in normed}, strict=False)
-        for name, m in normed.items():
-            w, g = back[name + ".weight"], m.parametrizations.weight.original0
-            dims = [d for d in range(w.dim()) if not g.shape[d] == w.shape[d] > 1]
-            m.parametrizations.weight.original1.copy_(w)
-            m.parametrizations.weight.original0.copy_(w.pow(2).sum(dims, keepdim=True).sqrt())
-            torch.testing.assert_close(m.weight, w)
+        official.load_state_dict(unfold_parametrized(back, kept), strict=False)
+        for name, m in official.named_modules():
+            if name in kept:
+                torch.testing.assert_close(m.weight, back[name + ".weight"])
     return ours, official
 
 
@@ -225,17 +220,9 @@ else:
 
 def _normed(sd: dict[str, torch.Tensor], prefix: str, dim: int = 0) -> dict[str, torch.Tensor]:
     """`sd` with the weights of keys under `prefix` as torch's weight-norm parametrisation spells
-    them (`g` over every dim but `dim`, the official layers' own spelling)."""
-    out = {}
-    for k, v in sd.items():
-        if k.startswith(prefix) and k.endswith(".weight") and v.dim() > 1:
-            stem = k[:-len(".weight")]
-            dims = [d for d in range(v.dim()) if d != dim]
-            out[f"{stem}.parametrizations.weight.original0"] = v.pow(2).sum(dims, keepdim=True).sqrt()
-            out[f"{stem}.parametrizations.weight.original1"] = v
-        else:
-            out[k] = v
-    return out
+    them (`g` keeping `dim`, the official layers' own spelling)."""
+    return unfold_parametrized(sd, {k[:-len(".weight")]: dim for k, v in sd.items()
+                                    if k.startswith(prefix) and k.endswith(".weight") and v.dim() > 1})
 
 
 def official_files(model: NeuCodec, heads: int, normalize: bool) -> dict[str, bytes]:

@@ -107,29 +107,6 @@ def build_distill(nc, cfg):
         return nc.model.DistillNeuCodec(24000, 480).eval()
 
 
-def parametrized(official):
-    """A function that spells our folded weight-normed weights as `official`'s parametrised
-    layers hold them (g over the dims its own g spans, v the weight): the distilled encoder's."""
-    from torch.nn.utils import parametrize
-
-    gs = {n: m.parametrizations.weight.original0.shape for n, m in official.named_modules()
-          if parametrize.is_parametrized(m, "weight")}
-
-    def spell(sd: dict) -> dict:
-        out = {}
-        for k, v in sd.items():
-            stem = k[:-len(".weight")]
-            if k.endswith(".weight") and stem in gs:
-                dims = [d for d in range(v.dim()) if not gs[stem][d] == v.shape[d] > 1]
-                out[f"{stem}.parametrizations.weight.original0"] = v.pow(2).sum(dims, keepdim=True).sqrt()
-                out[f"{stem}.parametrizations.weight.original1"] = v
-            else:
-                out[k] = v
-        return out
-
-    return spell
-
-
 def run_official(job: dict) -> dict:
     """The official package on the bench's weights, as its users run it: `encode_code` on 16 kHz
     audio `[B, 1, T]`, `decode_code`."""
@@ -138,9 +115,12 @@ def run_official(job: dict) -> dict:
     except ImportError as e:
         return {"skipped": f"neucodec does not import ({e})"}
     cfg = json.loads((Path(job["dir"]) / "config.json").read_text())
-    if cfg.get("distill"):
+    if cfg.get("distill"):  # its weight-normed layers are torch parametrisations
+        from ..models.checkpoint import unfold_parametrized, weight_norm_dims
+
         official = build_distill(nc, cfg)
-        return run_package(job, official, "neucodec", lambda x: x, parametrized(official))
+        kept = weight_norm_dims(official)
+        return run_package(job, official, "neucodec", lambda x: x, lambda sd: unfold_parametrized(sd, kept))
     return run_package(job, build_official(nc), "neucodec", lambda x: x)
 
 

@@ -64,6 +64,22 @@ def audio_rows(spec: GraphSpec, seed: int = 3) -> Rows:
     return [{name: row[None]} for row in x]
 
 
+def masked_rows(spec: GraphSpec, valid: Callable[[int, int], int], seed: int = 3) -> Rows:
+    """A batch of random rows for a graph whose last input is a clip's `mask` `[B, 1, frames]`:
+    the audio at different levels, the last row silent, row `i` masked to its first
+    `valid(i, frames)` frames (a clip of its own length)."""
+    rng = np.random.default_rng(seed)
+    batch, frames = spec.inputs[-1].shape[0], spec.inputs[-1].shape[-1]
+    rows = []
+    for i in range(batch):
+        row = {t.name: rng.standard_normal((1, *t.shape[1:])).astype(np.float32) for t in spec.inputs[:-1]}
+        row["audio"] *= np.float32(0.3 * (i + 1) / batch if i < batch - 1 else 0.0)
+        row["mask"] = np.zeros((1, 1, frames), np.float32)
+        row["mask"][..., :valid(i, frames)] = 1.0
+        rows.append(row)
+    return rows
+
+
 def validate_batched(spec: GraphSpec, model: onnx.ModelProto, single: onnx.ModelProto,
                      codes_of: Callable[[np.ndarray, dict[str, np.ndarray]], np.ndarray],
                      rows: Rows) -> dict[str, float]:

@@ -41,7 +41,7 @@ from ..runtime.fbank import Fbank, raw_values
 from ..runtime.folder import sized_name
 from ..runtime.fsq import Fsq
 from ..runtime.neucodec import NeuCodecCodec, clip_mask
-from .batch import check_batch, export_batched
+from .batch import check_batch, export_batched, masked_rows
 from .builds import Build, finish_export
 from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated
@@ -181,19 +181,6 @@ def validate(spec: GraphSpec, onnx_model, model: NeuCodec, seed: int = 1) -> dic
     return {"codes_identical": 1.0, "features_max_abs_err": err}
 
 
-def batch_rows(spec: GraphSpec, seed: int = 3) -> list[dict[str, np.ndarray]]:
-    """Rows for checking a batched encoder: random audio (and features) at different levels,
-    each row masked to a clip of its own length, the last one silent."""
-    rng = np.random.default_rng(seed)
-    batch, frames = spec.inputs[-1].shape[0], spec.inputs[-1].shape[-1]
-    rows = []
-    for i in range(batch):
-        x = {t.name: rng.standard_normal((1, *t.shape[1:])).astype(np.float32) for t in spec.inputs[:-1]}
-        x["audio"] *= np.float32(0.3 * (i + 1) / batch if i < batch - 1 else 0.0)
-        rows.append({**x, "mask": clip_mask(frames, max(2, frames - i * frames // (2 * batch)))})
-    return rows
-
-
 def _row_codes(spec: GraphSpec, y: np.ndarray, row: dict[str, np.ndarray], fsq: Fsq) -> np.ndarray:
     """Codes `[1, 1, valid]` of an encoder's output `y` (one row) on the clip `row` masks in."""
     valid = int(row["mask"].sum())
@@ -241,7 +228,7 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
     export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, model))
     fsq = Fsq(cfg.levels)
     export_batched(specs, models, batch, runtime.batchable, lambda s, y, row: _row_codes(s, y, row, fsq),
-                   report, build, batch_rows)
+                   report, build, lambda s: masked_rows(s, lambda i, n: max(2, n - i * n // (2 * batch))))
     manifest = {**meta, "n_codebooks": 1, **report}
     report.update(finish_export(out_dir, models, None, manifest, build, probe(manifest, specs, runtime)))
     return report

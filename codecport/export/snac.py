@@ -33,7 +33,7 @@ from ..models.snac_stream import SnacStepDecoder
 from ..runtime.rvq import SnacRvq
 from ..runtime.snac import SnacCodec
 from ..runtime.snac_stream import END_UNKNOWN
-from .batch import check_batch, export_batched
+from .batch import check_batch, export_batched, masked_rows
 from .builds import Build, finish_export
 from .deviation import Probe
 from .graph import GraphSpec, Tensor, export_id, export_validated, factorised_rvq_arrays
@@ -226,20 +226,6 @@ def validate(spec: GraphSpec, model, snac: SNAC, rvq: SnacRvq, seed: int = 1) ->
     return {"codes_identical": 1.0}
 
 
-def batch_rows(spec: GraphSpec, unit: int, seed: int = 3) -> list[dict[str, np.ndarray]]:
-    """Rows for checking a batched encoder: random audio at different levels, each row masked to
-    a window that ends where its own clip does (whole units), the last one silent."""
-    rng = np.random.default_rng(seed)
-    batch, frames = spec.inputs[-1].shape[0], spec.inputs[-1].shape[-1]
-    rows = []
-    for i in range(batch):
-        x = (rng.standard_normal((1, *spec.inputs[0].shape[1:])) * 0.3 * (i + 1) / batch).astype(np.float32)
-        mask = np.zeros((1, 1, frames), np.float32)
-        mask[..., :max(unit, frames - i * unit)] = 1.0
-        rows.append({"audio": x * np.float32(i < batch - 1), "mask": mask})
-    return rows
-
-
 def _row_codes(y: np.ndarray, row: dict[str, np.ndarray], rvq: SnacRvq) -> np.ndarray:
     """Every time scale's codes `[1, 1, n]` of an encoder's output `y` (one row) on the frames
     `row`'s mask keeps."""
@@ -275,7 +261,7 @@ def export_snac(snac: SNAC, out_dir: Path, samples: int, step_coarse: int = 1, *
     specs = graph_specs(snac, geo, meta)
     export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, snac, rvq))
     export_batched(specs, models, batch, SnacCodec.batchable, lambda s, y, row: _row_codes(y, row, rvq), report,
-                   build, lambda s: batch_rows(s, cfg.unit_frames))
+                   build, lambda s: masked_rows(s, lambda i, n: max(cfg.unit_frames, n - i * cfg.unit_frames)))
     manifest = {**meta, "n_codebooks": cfg.n_codebooks, **report}
     report.update(finish_export(out_dir, models, rvq.arrays(), manifest, build, probe(manifest, specs)))
     return report

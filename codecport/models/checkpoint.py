@@ -105,6 +105,31 @@ def unfold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def unfold_parametrized(sd: dict[str, torch.Tensor], kept: dict[str, int]) -> dict[str, torch.Tensor]:
+    """`sd` with the weight of each layer of `kept` (its name -> the dim its `g` keeps) spelled as
+    torch's weight-norm parametrisation writes it: `parametrizations.weight.original0` = `g`, the
+    norm over every other dim, and `original1` = the weight; `fold_weight_norm` turns them back."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in sd.items():
+        stem = key[: -len(".weight")]
+        if key.endswith(".weight") and stem in kept:
+            dims = [d for d in range(value.dim()) if d != kept[stem]]
+            out[f"{stem}.parametrizations.weight.original0"] = value.pow(2).sum(dims, keepdim=True).sqrt()
+            out[f"{stem}.parametrizations.weight.original1"] = value
+        else:
+            out[key] = value
+    return out
+
+
+def weight_norm_dims(module: torch.nn.Module) -> dict[str, int]:
+    """The weight-normed layers of `module` (torch's parametrisation) -> the dim each `g` keeps:
+    what `unfold_parametrized` needs to spell a state dict as `module` holds it."""
+    from torch.nn.utils import parametrize
+
+    return {name: next((d for d, n in enumerate(m.parametrizations.weight.original0.shape) if n > 1), 0)
+            for name, m in module.named_modules() if parametrize.is_parametrized(m, "weight")}
+
+
 def sniff_torch_file(path: Path, hint: str) -> None:
     """`CheckpointError` unless `path` starts like a torch checkpoint (a zip archive, or a legacy
     pickle): a WAV or a text file passed as --weights is named as what it is."""
