@@ -208,3 +208,22 @@ def test_the_folder_is_checked_for_its_model_once_locked(tmp_path, smoke_exports
     with pytest.raises(registry.CodecportError, match="holds codes of another model"), waiting.lock():
         pass
     assert {r["codec"] for r in rows(out).values()} == {JOB}
+
+
+def test_a_worker_sends_its_result_in_one_atomic_write(tmp_path, monkeypatch):
+    """A result the pool's pipe carried in pieces hung the job when its worker was killed between
+    them (the pool's reader waits for the rest forever): the worker writes its table to a file and
+    sends the path, a message the kernel writes whole (under PIPE_BUF)."""
+    import pickle
+    import select
+
+    import pyarrow as pa
+
+    from codecport.tokenize import local
+
+    table = pa.table({"id": [f"clip-{i}" for i in range(20000)], "codes": [list(range(64))] * 20000})
+    monkeypatch.setattr(local, "_worker", lambda items: table)
+    sent = local._work([], str(tmp_path))
+    assert len(pickle.dumps(sent)) < select.PIPE_BUF < len(pickle.dumps(table))
+    assert local._take(sent).equals(table)
+    assert list(tmp_path.iterdir()) == []  # taken: nothing left in the spool

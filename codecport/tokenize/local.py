@@ -5,13 +5,18 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
+import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
+
+import pyarrow as pa
 
 from ..errors import CodecportError
 from ..runtime.providers import cpu_cores
@@ -46,10 +51,27 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _work(items: list[Item]):
+def _work(items: list[Item], spool: str) -> str:
+    """The result table of `items`, written to a file in `spool`: its path. A result sent back
+    through the pool's pipe in pieces, by a worker killed between them, would leave the pool's
+    reader waiting for the rest of it forever (every live worker holds the pipe open), and the
+    job would hang instead of replacing the worker; a path is one short atomic write."""
     if isinstance(_worker, CodecportError):
         raise _worker
-    return _worker(items)
+    table = _worker(items)
+    path = os.path.join(spool, uuid.uuid4().hex)
+    with pa.OSFile(path + ".part", "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    os.replace(path + ".part", path)
+    return path
+
+
+def _take(path: str):
+    """The result table a worker wrote, its file gone."""
+    with pa.OSFile(path, "rb") as source:
+        table = pa.ipc.open_file(source).read_all()
+    os.remove(path)
+    return table
 
 
 def run_local(todo: list[Item], settings: Settings, workers: int | None, per_task: int,
@@ -63,6 +85,14 @@ def run_local(todo: list[Item], settings: Settings, workers: int | None, per_tas
     settings = replace(settings, threads=threads)
     tasks = deque((0, todo[i:i + per_task]) for i in range(0, len(todo), per_task))
     context = multiprocessing.get_context("spawn")  # ORT's threads do not survive a fork
+    spool = tempfile.mkdtemp(prefix="codecport-tokenize-")
+    try:
+        _run(tasks, settings, workers, context, spool, emit)
+    finally:
+        shutil.rmtree(spool, ignore_errors=True)
+
+
+def _run(tasks: deque, settings: Settings, workers: int, context, spool: str, emit: Callable) -> None:
     while tasks:
         pool = ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context, initializer=_init_worker,
                                    initargs=(settings, os.getpid()))
@@ -71,18 +101,18 @@ def run_local(todo: list[Item], settings: Settings, workers: int | None, per_tas
             while tasks or running:
                 while tasks and len(running) < 2 * workers:
                     attempt, task = tasks[0]  # taken off only once submitted: a broken pool refuses
-                    running[pool.submit(_work, task)] = (attempt, task)
+                    running[pool.submit(_work, task, spool)] = (attempt, task)
                     tasks.popleft()
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in finished:
-                    result = f.result()  # a worker's CodecportError (its model, its provider) ends the job
+                    path = f.result()  # a worker's CodecportError (its model, its provider) ends the job
                     running.pop(f)
-                    emit(result)
+                    emit(_take(path))
         except BrokenProcessPool:
             log.warning("a tokenize worker died (killed, or out of memory); its tasks run again")
             for f, (attempt, task) in running.items():
                 if f.done() and not f.cancelled() and f.exception() is None:
-                    emit(f.result())  # finished before the pool broke: its rows are good
+                    emit(_take(f.result()))  # finished before the pool broke: its rows are good
                 elif attempt + 1 < MAX_ATTEMPTS:
                     tasks.append((attempt + 1, task))
                 else:
