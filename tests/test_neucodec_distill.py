@@ -13,6 +13,7 @@ import json
 from unittest import mock
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from conftest import noise, official_neucodec
@@ -176,6 +177,14 @@ def test_export_is_validated_and_portable(tiny_folder):
     eps = check_graph(tiny_folder / "encoder.onnx")["eps"]
     for ep in ("coreml-mlprogram", "directml", "wasm", "webgpu"):
         assert eps[ep]["full"], (ep, eps[ep])
+    # The local attention's distance bias is built in the graph from its MLP, not stored: as a
+    # constant it is heads x w x 2 w floats a layer stack (108 MB at the released window).
+    from codecport.models.neucodec_distill import LocalAttention
+
+    model = onnx.load(str(tiny_folder / "encoder.onnx"))
+    shapes = {tuple(t.dims) for t in model.graph.initializer}
+    windows = {(m.heads, m.window) for m in NeuCodec(PRESETS["tiny-distill"]).modules() if isinstance(m, LocalAttention)}
+    assert len(windows) == 2 and not {(h, 1, w, 2 * w) for h, w in windows} & shapes, shapes
     # codec-bench's split of the encoder's time (BenchFacts.parts) finds the distilled encoder's parts.
     from codecport import registry
     from codecport.bench.measure import node_times

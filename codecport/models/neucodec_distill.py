@@ -238,9 +238,10 @@ class ConvEncoder(nn.Module):
 def toeplitz(z: torch.Tensor, rows: int, shift: int) -> torch.Tensor:
     """`[..., rows, D - 1]` whose `(i, j)` is `z[..., D - 1 - shift - i + j]` (`z` `[..., D]`),
     where that index is in range: a bias that depends on `i - j` only, by static slices and
-    reshapes of `z` repeated (no Gather)."""
+    reshapes of `z` repeated (no Gather; the copies a broadcast Add, which every target runs,
+    where Tile is not on CoreML's list)."""
     d = z.shape[-1]
-    flat = z.repeat(*([1] * (z.dim() - 1)), rows + 1)
+    flat = (z[..., None, :] + torch.zeros(rows + 1, 1)).reshape(*z.shape[:-1], (rows + 1) * d)
     start = d - 1 - shift
     return flat[..., start:start + rows * (d - 1)].reshape(*z.shape[:-1], rows, d - 1)
 
@@ -257,7 +258,7 @@ class LocalAttention(nn.Module):
         self.to_qkv = nn.Linear(dim, 3 * heads * self.dim_head, bias=False)
         self.to_out = nn.Linear(heads * self.dim_head, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, bias_of) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         w, h, d = self.window, self.heads, self.dim_head
         q, k, v = (y.reshape(b, t, h, d).transpose(1, 2) for y in self.to_qkv(self.norm(x)).chunk(3, -1))
@@ -274,7 +275,7 @@ class LocalAttention(nn.Module):
             # small constants rather than one that grows with the graph.
             masks = [(np.tril(np.ones((w, 2 * w), np.float32), w) - 1.0) * 1e9,
                      np.pad(np.full((1, 1, w), -1e9, np.float32), ((0, n - 1), (0, 0), (0, w)))]
-        scores = q @ k.transpose(-1, -2) + (bias_of(t, 0) if t <= w else bias_of(w, w)[:, None])
+        scores = q @ k.transpose(-1, -2) + bias
         for m in masks:  # added one by one: each stays its own small constant
             scores = scores + torch.from_numpy(m.astype(np.float32))
         y = torch.softmax(scores, -1) @ v
@@ -295,15 +296,24 @@ class LocalTrans(nn.Module):
         self.dynamic_pos_bias.mlp = nn.Sequential(nn.Linear(1, dim // 2), nn.SiLU(), nn.Linear(dim // 2, dim // 2),
                                                   nn.SiLU(), nn.Linear(dim // 2, heads))
 
-    def bias(self, rows: int, shift: int) -> torch.Tensor:
-        """`[heads, rows, rows + shift]`: the MLP of the distance `shift + i - j`."""
+    def bias(self, x: torch.Tensor) -> torch.Tensor:
+        """What each layer adds to its scores for `x` `[B, T, dim]`: the MLP of the distance
+        `shift + i - j`, `[heads, T, T]` within one window, `[heads, 1, w, 2 w]` over windows."""
+        t, w = x.shape[1], self.layers[0][0].window
+        rows, shift = (t, 0) if t <= w else (w, w)
         d = rows + shift + 1
         dist = torch.arange(d - 1, -1, -1, dtype=torch.float32)[:, None]  # reversed: toeplitz reads it so
-        return toeplitz(self.dynamic_pos_bias.mlp(dist).T, rows, shift)
+        # Plus a zero the graph computes from its input: a bias of constants only would be folded
+        # by the exporter into one constant of heads x w x 2 w floats (108 MB at the released
+        # window); this way the file holds the MLP and the graph builds the bias once a call.
+        dist = dist + x[:1, :1, :1].reshape(1, 1) * 0.0
+        bias = toeplitz(self.dynamic_pos_bias.mlp(dist).T, rows, shift)
+        return bias if t <= w else bias[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias(x)
         for attn, ff in self.layers:
-            x = x + attn(x, self.bias)
+            x = x + attn(x, bias)
             inner, gate = ff[1](ff[0](x)).chunk(2, -1)
             x = x + ff[4](inner * F.gelu(gate))
         return x
