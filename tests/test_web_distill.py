@@ -1,0 +1,70 @@
+"""The distilled NeuCodec in the browser (`--preset tiny-distill --target web`): on wasm against the
+Python runtime, and run on WebGPU. Apart from test_web_windows.py so that the test processes share
+the browser's work (each file runs whole in one process)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from shared_exports import cli_export, shared
+from web_support import DECODE, ROUND_TRIP, Page, clip, served
+
+import codecport
+from codecport.export.check import check
+
+pytestmark = pytest.mark.browser
+
+
+def distilled_web_folder(tmp_path_factory):
+    return shared(tmp_path_factory, "web-neucodec-distill", lambda f: cli_export(
+        f, "neucodec", "--preset", "tiny-distill", "--len", "4000", "--target", "web"))
+
+
+def test_the_distilled_encoder_in_the_browser(browser, tmp_path_factory):
+    """The distilled NeuCodec (`--preset tiny-distill --target web`: DistilHuBERT's normalised
+    samples and the FSQ in the graph): every node on WebGPU's kernel table in one partition, and
+    on wasm the Python runtime's codes, a clip that fits and one through windows, and audio
+    within 1e-4 of Python's."""
+    folder = distilled_web_folder(tmp_path_factory)
+    for r in check(folder):
+        assert r["eps"]["wasm"]["full"] and r["eps"]["webgpu"]["partitions"] == 1, (r["file"], r["eps"]["webgpu"])
+    py = codecport.load(folder)
+    with served(folder) as server:
+        page = Page(browser, server.url)
+        assert page.state == "ready", page.error()
+        for n in (3000, 20001):  # one graph call, and windows
+            x = clip(n, seed=n)
+            want = py.encode(x, 16000)
+            got = page.run(ROUND_TRIP, x.tolist())
+            np.testing.assert_array_equal(np.array(got["codes"]).reshape(got["shape"]), want.data[0], err_msg=f"{n}")
+            bare = py.decode(want.data[0])[0][0]
+            audio = np.array(page.run(DECODE, [want.data[0].ravel().tolist(), list(want.data[0].shape)]), np.float32)
+            assert audio.shape == bare.shape and np.abs(audio - bare).max() < 1e-4, n
+        assert page.problems == []
+        page.close()
+
+
+def test_the_distilled_encoder_on_webgpu(browser, tmp_path_factory):
+    """The distilled NeuCodec run on WebGPU (SwiftShader here), not only its kernel table's
+    verdict: its codes of a clip (its local attention over several of its windows, in one graph call) agree with
+    the Python runtime's (FSQ rounds what a GPU's float order moves, so not all), and Python's
+    codes decode within 1e-3; skipped, saying so, where no adapter appears."""
+    folder = distilled_web_folder(tmp_path_factory)
+    py = codecport.load(folder)
+    with served(folder) as server:
+        page = Page(browser, f"{server.url}?ep=webgpu&threads=1", wait=False)
+        if not page.run("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())"):
+            pytest.skip("no WebGPU adapter in this Chromium (navigator.gpu.requestAdapter() gave none)")
+        page.page.wait_for_function("document.body.dataset.state !== 'loading'")
+        assert page.state == "ready", page.error()
+        x = clip(3000, seed=5)  # one graph call
+        want = py.encode(x, 16000).data[0]
+        trip = page.run(ROUND_TRIP, x.tolist())
+        assert trip["shape"] == list(want.shape)
+        agree = (np.array(trip["codes"]).reshape(trip["shape"]) == want).mean()
+        assert agree > 0.9, agree
+        bare = py.decode(want)[0][0]
+        audio = np.array(page.run(DECODE, [want.ravel().tolist(), list(want.shape)]), np.float32)
+        assert audio.shape == bare.shape and np.abs(audio - bare).max() < 1e-3
+        assert page.problems == []
+        page.close()
