@@ -227,3 +227,14 @@ def test_a_worker_sends_its_result_in_one_atomic_write(tmp_path, monkeypatch):
     assert len(pickle.dumps(sent)) < select.PIPE_BUF < len(pickle.dumps(table))
     assert local._take(sent).equals(table)
     assert list(tmp_path.iterdir()) == []  # taken: nothing left in the spool
+
+
+def test_a_spool_that_cannot_be_written_is_one_line_that_says_what_to_do(tmp_path, monkeypatch):
+    import pyarrow as pa
+
+    from codecport.errors import CodecportError
+    from codecport.tokenize import local
+
+    monkeypatch.setattr(local, "_worker", lambda items: pa.table({"id": ["a"]}))
+    with pytest.raises(CodecportError, match="set TMPDIR to a folder with room"):
+        local._work([], str(tmp_path / "gone"))

@@ -60,10 +60,18 @@ def _work(items: list[Item], spool: str) -> str:
         raise _worker
     table = _worker(items)
     path = os.path.join(spool, uuid.uuid4().hex)
-    with pa.OSFile(path + ".part", "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
-        w.write_table(table)
-    os.replace(path + ".part", path)
+    try:
+        with pa.OSFile(path + ".part", "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+        os.replace(path + ".part", path)
+    except OSError as e:
+        raise _no_room(spool, e) from None
     return path
+
+
+def _no_room(spool: str, e: OSError) -> CodecportError:
+    return CodecportError(f"tokenize could not write its workers' results under {spool}: "
+                          f"{e.strerror or e}; free space there or set TMPDIR to a folder with room")
 
 
 def _take(path: str):
@@ -85,7 +93,10 @@ def run_local(todo: list[Item], settings: Settings, workers: int | None, per_tas
     settings = replace(settings, threads=threads)
     tasks = deque((0, todo[i:i + per_task]) for i in range(0, len(todo), per_task))
     context = multiprocessing.get_context("spawn")  # ORT's threads do not survive a fork
-    spool = tempfile.mkdtemp(prefix="codecport-tokenize-")
+    try:
+        spool = tempfile.mkdtemp(prefix="codecport-tokenize-")
+    except OSError as e:
+        raise _no_room(tempfile.gettempdir(), e) from None
     try:
         _run(tasks, settings, workers, context, spool, emit)
     finally:
