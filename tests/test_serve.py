@@ -627,17 +627,3 @@ def test_a_folder_without_streams_is_refused_in_one_line(smoke_exports):
     r = CliRunner().invoke(serve_cli, ["-m", str(smoke_exports["dac"])])
     assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "DAC has no encoder or decoder stream" in r.stderr and "codec-run" in r.stderr, r.stderr
-
-
-def test_a_duplex_codec_shares_the_cores_between_its_sides_unless_told(monkeypatch):
-    """The scheduler steps a duplex codec's encoder and decoder at once, so codec-serve opens each
-    side's sessions on its share of the cores; threads the user set, one side, or a GPU: as given."""
-    from codecport.cli import serve as cli
-
-    monkeypatch.setattr(cli, "cpu_cores", lambda: 8)
-    assert cli.share_cores(("encoder", "decoder"), "cpu", {}) == {"threads": "4"}
-    assert cli.share_cores(("encoder", "decoder"), "cpu", {"threads": "8"}) == {"threads": "8"}
-    assert cli.share_cores(("decoder",), "cpu", {}) == {}
-    assert cli.share_cores(("encoder", "decoder"), "cuda", {}) == {}
-    monkeypatch.setattr(cli, "cpu_cores", lambda: 1)
-    assert cli.share_cores(("encoder", "decoder"), "cpu", {}) == {"threads": "1"}

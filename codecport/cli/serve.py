@@ -10,7 +10,6 @@ import click
 
 from .. import registry
 from ..errors import CodecportError
-from ..runtime.providers import cpu_cores, intra_op_threads
 from ..version import __version__
 from .common import guard, provider_options, setup_logging, verbose_option
 
@@ -60,7 +59,6 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
     except ImportError as e:
         raise CodecportError(f"codec-serve needs aiohttp ({e}); pip install 'codecport[serve]'") from None
     spec = registry.codec_of_folder(model_dir)
-    options = share_cores(spec.runtime(model_dir, sessions=False).streams, provider, options)
     codec = spec.runtime(model_dir, provider, fallback, options)
     if not codec.streams:
         raise CodecportError(f"{model_dir}: {codec.no_stream('encoder or decoder')}; codec-serve serves "
@@ -78,13 +76,3 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
 
     run(codec, config, announce)
     click.echo("stopped")
-
-
-def share_cores(sides, provider: str, options: dict) -> dict:
-    """The sessions' threads when the user set none: the scheduler steps a duplex codec's sides at
-    once, so on the CPU each gets its share of the cores instead of each asking for all of them
-    (measured on the released Mimi's step graphs, 2 cores: an encoder and a decoder step, 21.1 ms
-    one after the other on 2 threads each, 17.1 ms at once on 1 thread each)."""
-    if provider != "cpu" or len(sides) < 2 or intra_op_threads(options) is not None:
-        return options
-    return {**options, "threads": str(max(1, cpu_cores() // len(sides)))}

@@ -4,9 +4,8 @@ asyncio task for the connections' streams (live.py), and the admission of new on
 One pool per side the codec streams (runtime/slots.py: a `SlotPool` stepping step graphs, or a
 `WindowPool` whose streams run whole windows), `--slots` slots each; a connection holds a slot of
 each side its op needs. The scheduler wakes when a stream gets input (an `asyncio.Event`), and
-runs one `pool.step(ready slots)` per pool, the pools at once in an executor of one thread each
-(ONNX Runtime releases the GIL), for the slots that have something to do, as soon as any has: it
-never waits to fill a batch,
+runs one `pool.step(ready slots)` per pool in a one-thread executor (ONNX Runtime releases the
+GIL) for the slots that have something to do, as soon as any has: it never waits to fill a batch,
 and a slot with nothing to do costs the others nothing. Each output piece goes to its stream's
 outgoing queue; a sender task per connection (server.py) writes it to the socket.
 
@@ -74,10 +73,7 @@ class Scheduler:
         self.draining = False
         self._wake = asyncio.Event()
         self._stepping = self._stopping = False
-        # One thread a pool: a duplex codec's encoder and decoder steps run at once, each on its
-        # share of the cores (codec-serve opens the sessions so), rather than one after the other
-        # on all of them: small step graphs use a second core poorly within one call.
-        self._executor = ThreadPoolExecutor(len(self.pools), thread_name_prefix="codec-serve-step")
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="codec-serve-step")
         self._task: asyncio.Task | None = None
 
     # ---- facts -------------------------------------------------------------------------------
@@ -245,10 +241,8 @@ class Scheduler:
         # is closed by the _settle after, so no piece can reach the stream that gets its slot.
         self._stepping = True
         try:
-            loop = asyncio.get_running_loop()
-            results = await asyncio.gather(*(loop.run_in_executor(self._executor, _step, self.pools, {side: slots})
-                                             for side, slots in work.items()))
-            self._deliver([r for rs in results for r in rs])
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, _step, self.pools, work)
+            self._deliver(results)
         finally:
             self._stepping = False
         self._settle()
