@@ -44,27 +44,32 @@ def test_the_distilled_encoder_in_the_browser(browser, tmp_path_factory):
         page.close()
 
 
+ENCODE = """async (x) => {
+  const c = await window.demo.codec.encode(Float32Array.from(x));
+  return {codes: Array.from(c.data), shape: c.shape};
+}"""
+
+
 def test_the_distilled_encoder_on_webgpu(browser, tmp_path_factory):
-    """The distilled NeuCodec run on WebGPU (SwiftShader here), not only its kernel table's
-    verdict: its codes of a clip (its local attention over several of its windows, in one graph call) agree with
-    the Python runtime's (FSQ rounds what a GPU's float order moves, so not all), and Python's
-    codes decode within 1e-3; skipped, saying so, where no adapter appears."""
+    """The distilled encoder run on WebGPU (SwiftShader here), not only its kernel table's
+    verdict: its codes of a clip (its local attention over several of its windows, in one graph
+    call) agree with the Python runtime's (FSQ rounds what a GPU's float order moves, so not
+    all); skipped, saying so, where no adapter appears. The page opens the encoder alone: the
+    decoder is tiny NeuCodec's, which test_web_windows.py runs on WebGPU (each graph's first call
+    compiles its shaders, the cost of these tests)."""
     folder = distilled_web_folder(tmp_path_factory)
     py = codecport.load(folder)
     with served(folder) as server:
-        page = Page(browser, f"{server.url}?ep=webgpu&threads=1", wait=False)
+        page = Page(browser, f"{server.url}?ep=webgpu&threads=1&sides=encode", wait=False)
         if not page.run("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())"):
             pytest.skip("no WebGPU adapter in this Chromium (navigator.gpu.requestAdapter() gave none)")
         page.page.wait_for_function("document.body.dataset.state !== 'loading'")
         assert page.state == "ready", page.error()
         x = clip(3000, seed=5)  # one graph call
         want = py.encode(x, 16000).data[0]
-        trip = page.run(ROUND_TRIP, x.tolist())
-        assert trip["shape"] == list(want.shape)
-        agree = (np.array(trip["codes"]).reshape(trip["shape"]) == want).mean()
+        got = page.run(ENCODE, x.tolist())
+        assert got["shape"] == list(want.shape)
+        agree = (np.array(got["codes"]).reshape(got["shape"]) == want).mean()
         assert agree > 0.9, agree
-        bare = py.decode(want)[0][0]
-        audio = np.array(page.run(DECODE, [want.ravel().tolist(), list(want.shape)]), np.float32)
-        assert audio.shape == bare.shape and np.abs(audio - bare).max() < 1e-3
         assert page.problems == []
         page.close()
