@@ -238,3 +238,26 @@ def test_a_spool_that_cannot_be_written_is_one_line_that_says_what_to_do(tmp_pat
     monkeypatch.setattr(local, "_worker", lambda items: pa.table({"id": ["a"]}))
     with pytest.raises(CodecportError, match="set TMPDIR to a folder with room"):
         local._work([], str(tmp_path / "gone"))
+
+
+def test_a_killed_drivers_spool_is_removed_by_the_next_job(tmp_path, monkeypatch):
+    """A driver SIGKILLed never removes its results spool: the next job removes those of drivers
+    that are gone, and leaves a live driver's alone."""
+    import sys
+    import tempfile
+
+    from codecport.tokenize import local
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{local.SPOOL}{gone.pid}-abc"
+    live = tmp_path / f"{local.SPOOL}{os.getppid()}-def"
+    for d in (dead, live):
+        d.mkdir()
+        (d / "result").write_bytes(b"rows")
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    spool = Path(local._new_spool())
+    assert spool.parent == tmp_path and spool.name.startswith(f"{local.SPOOL}{os.getpid()}-")
+    assert not dead.exists() and live.exists() and other.exists()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -74,6 +75,33 @@ def _no_room(spool: str, e: OSError) -> CodecportError:
                           f"{e.strerror or e}; free space there or set TMPDIR to a folder with room")
 
 
+SPOOL = "codecport-tokenize-"  # + the driver's pid: the spools of drivers killed before their cleanup
+
+
+def _new_spool() -> str:
+    """A folder of this job's for its workers' results, after removing those of jobs whose driver
+    is gone (killed, so it never removed its own)."""
+    root = tempfile.gettempdir()
+    for old in Path(root).glob(SPOOL + "*"):
+        pid = old.name[len(SPOOL):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    try:
+        return tempfile.mkdtemp(prefix=f"{SPOOL}{os.getpid()}-")
+    except OSError as e:
+        raise _no_room(root, e) from None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _take(path: str):
     """The result table a worker wrote, its file gone."""
     with pa.OSFile(path, "rb") as source:
@@ -93,10 +121,7 @@ def run_local(todo: list[Item], settings: Settings, workers: int | None, per_tas
     settings = replace(settings, threads=threads)
     tasks = deque((0, todo[i:i + per_task]) for i in range(0, len(todo), per_task))
     context = multiprocessing.get_context("spawn")  # ORT's threads do not survive a fork
-    try:
-        spool = tempfile.mkdtemp(prefix="codecport-tokenize-")
-    except OSError as e:
-        raise _no_room(tempfile.gettempdir(), e) from None
+    spool = _new_spool()
     try:
         _run(tasks, settings, workers, context, spool, emit)
     finally:
