@@ -30,6 +30,7 @@ from web_support import (
     clip,
     same_fields,
     served,
+    webgpu_page,
 )
 
 import codecport
@@ -179,12 +180,7 @@ def test_browser_on_webgpu(browser, folders, codec):
     codes agree with Python's; skipped, saying so, where no adapter appears."""
     folder = folders[codec]
     with served(folder) as server:
-        page = Page(browser, f"{server.url}?ep=webgpu&threads=1", wait=False)
-        adapter = page.run("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())")
-        if not adapter:
-            pytest.skip("no WebGPU adapter in this Chromium (navigator.gpu.requestAdapter() gave none)")
-        page.page.wait_for_function("document.body.dataset.state !== 'loading'")
-        assert page.state == "ready", page.error()
+        page = webgpu_page(browser, server.url)
         py = codecport.load(folder)
         x = clip(LENGTHS[codec][0], seed=3)
         want = py.encode(x, py.sample_rate).data[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from shared_exports import cli_export, shared
-from web_support import DECODE, ROUND_TRIP, Page, clip, served
+from web_support import DECODE, ROUND_TRIP, Page, clip, served, webgpu_page
 
 import codecport
 from codecport.export.check import check
@@ -60,11 +60,7 @@ def test_the_distilled_encoder_on_webgpu(browser, tmp_path_factory):
     folder = distilled_web_folder(tmp_path_factory)
     py = codecport.load(folder)
     with served(folder) as server:
-        page = Page(browser, f"{server.url}?ep=webgpu&threads=1&sides=encode", wait=False)
-        if not page.run("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())"):
-            pytest.skip("no WebGPU adapter in this Chromium (navigator.gpu.requestAdapter() gave none)")
-        page.page.wait_for_function("document.body.dataset.state !== 'loading'")
-        assert page.state == "ready", page.error()
+        page = webgpu_page(browser, f"{server.url}?sides=encode")
         x = clip(3000, seed=5)  # one graph call
         want = py.encode(x, 16000).data[0]
         got = page.run(ENCODE, x.tolist())

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from shared_exports import cli_export, shared
-from web_support import DECODE, ROUND_TRIP, Page, clip, same_fields, served
+from web_support import DECODE, ROUND_TRIP, Page, clip, same_fields, served, webgpu_page
 
 import codecport
 from codecport.export.check import check
@@ -147,11 +147,7 @@ def test_browser_on_webgpu(browser, tmp_path_factory):
     where no adapter appears."""
     folder = shared(tmp_path_factory, "web-neucodec", lambda f: cli_export(f, "neucodec", *WEB_ARGS))
     with served(folder) as server:
-        page = Page(browser, f"{server.url}?ep=webgpu&threads=1", wait=False)
-        if not page.run("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())"):
-            pytest.skip("no WebGPU adapter in this Chromium (navigator.gpu.requestAdapter() gave none)")
-        page.page.wait_for_function("document.body.dataset.state !== 'loading'")
-        assert page.state == "ready", page.error()
+        page = webgpu_page(browser, server.url)
         py = codecport.load(folder)
         x = clip(LENGTHS[1], seed=3)
         want = py.encode(x, 16000).data[0]

@@ -105,6 +105,18 @@ class Page:
         self.page.close()
 
 
+def webgpu_page(browser, url: str) -> Page:
+    """The demo at `url` (its query without `ep`) on WebGPU, one thread, ready; skips the test,
+    saying so, where this Chromium gives no WebGPU adapter."""
+    page = Page(browser, f"{url}{'&' if '?' in url else '?'}ep=webgpu&threads=1", wait=False)
+    if not page.run("async () => !!(navigator.gpu && await navigator.gpu.requestAdapter())"):
+        page.close()
+        pytest.skip("no WebGPU adapter in this Chromium (navigator.gpu.requestAdapter() gave none)")
+    page.page.wait_for_function("document.body.dataset.state !== 'loading'")
+    assert page.state == "ready", page.error()
+    return page
+
+
 def clip(n: int, seed: int = 0) -> np.ndarray:
     """A test clip: a tone with a moving pitch and some noise, float32 in [-1, 1]."""
     rng = np.random.default_rng(seed)
