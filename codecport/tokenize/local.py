@@ -52,13 +52,15 @@ def _watch_parent(parent: int) -> None:
     os._exit(1)
 
 
-def _work(items: list[Item], spool: str) -> str:
+def _work(items: list[Item], spool: str) -> str | CodecportError:
     """The result table of `items`, written to a file in `spool`: its path. A result sent back
     through the pool's pipe in pieces, by a worker killed between them, would leave the pool's
     reader waiting for the rest of it forever (every live worker holds the pipe open), and the
     job would hang instead of replacing the worker; a path is one short atomic write."""
     if isinstance(_worker, CodecportError):
-        raise _worker
+        # Returned, not raised: a raised exception goes back with its traceback, which may take
+        # the pipe several pieces again; the error itself is a short message.
+        return _worker
     table = _worker(items)
     path = os.path.join(spool, uuid.uuid4().hex)
     try:
@@ -102,8 +104,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _take(path: str):
-    """The result table a worker wrote, its file gone."""
+def _take(path: str | CodecportError):
+    """The result table a worker wrote, its file gone; a worker's CodecportError (its model, its
+    provider), which ends the job, raised."""
+    if isinstance(path, CodecportError):
+        raise path
     with pa.OSFile(path, "rb") as source:
         table = pa.ipc.open_file(source).read_all()
     os.remove(path)
@@ -141,7 +146,7 @@ def _run(tasks: deque, settings: Settings, workers: int, context, spool: str, em
                     tasks.popleft()
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in finished:
-                    path = f.result()  # a worker's CodecportError (its model, its provider) ends the job
+                    path = f.result()
                     running.pop(f)
                     emit(_take(path))
         except BrokenProcessPool:
