@@ -237,7 +237,7 @@ def test_a_spool_that_cannot_be_written_is_one_line_that_says_what_to_do(tmp_pat
 
     monkeypatch.setattr(local, "_worker", lambda items: pa.table({"id": ["a"]}))
     with pytest.raises(CodecportError, match="set TMPDIR to a folder with room"):
-        local._work([], str(tmp_path / "gone"))
+        local._take(local._work([], str(tmp_path / "gone")))
 
 
 def test_a_killed_drivers_spool_is_removed_by_the_next_job(tmp_path, monkeypatch):

@@ -68,7 +68,7 @@ def _work(items: list[Item], spool: str) -> str | CodecportError:
             w.write_table(table)
         os.replace(path + ".part", path)
     except OSError as e:
-        raise _no_room(spool, e) from None
+        return _no_room(spool, e)  # returned, as the error above
     return path
 
 
