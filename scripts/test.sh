@@ -10,4 +10,7 @@ bash scripts/setup_web.sh
 # busier than two. The exports the files share are built once a run (tests/shared_exports.py).
 # The longest files start first (tests/conftest.py); the 25 slowest tests are printed at the end:
 # the next regression shows there.
+# Nothing spins waiting for work: ONNX Runtime's threads (CODECPORT_ORT_SPIN) and torch's OpenMP
+# threads (OMP_WAIT_POLICY) would spin in the time of the other two processes, on cores they share.
+export CODECPORT_ORT_SPIN=0 OMP_WAIT_POLICY=PASSIVE
 exec .venv/bin/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@"

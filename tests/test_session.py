@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from cli_support import invoke
 
+from codecport.errors import ProviderError
 from codecport.runtime.mimi import MimiCodec
-from codecport.runtime.providers import DEFAULT_OPTIONS, provider_options
+from codecport.runtime.providers import DEFAULT_OPTIONS, SPIN_ENV, provider_options, session_options
 
 BIN = Path(sys.executable).parent
 
@@ -31,6 +33,17 @@ def test_options_reach_the_session(tiny_mimi_export):
     assert codec.graph("encoder").provider == "CPUExecutionProvider"  # CPU takes no options
     codes = codec.encode(np.zeros((1, 480), np.float32), 24000)
     assert codes.n_frames == (20,)
+
+
+def test_spinning_is_on_unless_the_environment_turns_it_off(tiny_mimi_export, monkeypatch):
+    spin = lambda: session_options().get_session_config_entry("session.intra_op.allow_spinning")
+    monkeypatch.delenv(SPIN_ENV, raising=False)
+    assert spin() == "1"
+    monkeypatch.setenv(SPIN_ENV, "0")
+    assert spin() == "0"
+    monkeypatch.setenv(SPIN_ENV, "off")
+    with pytest.raises(ProviderError, match=f"{SPIN_ENV} must be 0 or 1, got 'off'"):
+        MimiCodec(tiny_mimi_export).encode(np.zeros((1, 480), np.float32), 24000)
 
 
 def test_cli_option_syntax(tmp_path, tiny_mimi_export):

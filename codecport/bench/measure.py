@@ -166,7 +166,7 @@ def graph_flops(path) -> int:
 
 def node_times(path: Path, modules: dict[str, str], runs: int = 3) -> dict[str, dict]:
     """Where one call of graph `path` spends its time, from ORT's per-node profile of `runs`
-    calls on random inputs (a node's time does not depend on the values): for each label, the
+    calls on random inputs (each node's median) (a node's time does not depend on the values): for each label, the
     ms a call in the nodes of the torch module it names (`"semantic_model"`, `"head.istft"`) and
     their share of all nodes' time. A node is the module's when its name or a tensor it reads or
     writes carries the module's path: the exporter names a Linear's Gemm after nothing but its
@@ -194,15 +194,20 @@ def node_times(path: Path, modules: dict[str, str], runs: int = 3) -> dict[str, 
             sess.run(None, feeds)
         events = [e for e in json.loads(Path(sess.end_profiling()).read_text()) if e.get("cat") == "Node"
                   and e.get("name", "").endswith("_kernel_time")]
-    total = sum(e["dur"] for e in events) or 1
-    spent = dict.fromkeys(modules, 0)
+    # Each node's median over the calls: a kernel the OS preempted once (the machine is shared)
+    # does not move a part's share.
+    durs: dict[str, list[int]] = {}
     for e in events:
-        name = e["name"][:-len("_kernel_time")]
+        durs.setdefault(e["name"][:-len("_kernel_time")], []).append(e["dur"])
+    median = {name: float(np.median(d)) for name, d in durs.items()}
+    total = sum(median.values()) or 1
+    spent = dict.fromkeys(modules, 0.0)
+    for name, t in median.items():
         # ORT's fusions name a node after one of the nodes they fused; else the path decides.
         label = owner.get(name) or next((lb for lb, (a, _) in marks.items() if name.startswith(a)), None)
         if label is not None:
-            spent[label] += e["dur"]
-    return {label: {"ms": t / runs / 1000, "share_pct": 100 * t / total} for label, t in spent.items()}
+            spent[label] += t
+    return {label: {"ms": t / 1000, "share_pct": 100 * t / total} for label, t in spent.items()}
 
 
 _PEAKS: dict[tuple, dict] = {}  # (seconds, sizes) -> the peak measured in this process

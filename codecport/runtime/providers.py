@@ -50,6 +50,8 @@ DEFAULT_OPTIONS = {
 #   (one per core), shared out between the parallel windows above; a number fixes it, as each worker of
 #   `codec-run tokenize` does with its share of the cores.
 CODECPORT_OPTIONS = {"io_binding": "1", "parallel": "auto", "threads": "auto"}
+# The environment variable that turns ONNX Runtime's spinning off (see `session_options`).
+SPIN_ENV = "CODECPORT_ORT_SPIN"
 # Older names of those keys, still taken (codecport 0.2 called `parallel` `windows`).
 OLD_OPTIONS = {"windows": "parallel"}
 
@@ -119,9 +121,19 @@ def session_options() -> ort.SessionOptions:
     # step graph's ~600 small kernels cost an int8 Mimi step a fifth of its time), and stop
     # spinning when the run returns: left spinning, they starve the next session (Mimi runs
     # encoder and decoder steps back to back; an encode step took 47 ms, not 32, on 2 cores).
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    # A process whose cores are shared with other busy processes spins in their time instead:
+    # `CODECPORT_ORT_SPIN=0` is for it (three pytest processes on two cores ran 1.5x faster).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", spin_setting())
     opts.add_session_config_entry("session.force_spinning_stop", "1")
     return opts
+
+
+def spin_setting() -> str:
+    """`CODECPORT_ORT_SPIN` (1, the default, or 0) as ORT's `allow_spinning` value."""
+    value = os.environ.get(SPIN_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ProviderError(f"{SPIN_ENV} must be 0 or 1, got {value!r}; unset it for the default (1)")
+    return value
 
 
 def resolve_provider(provider: str, fallback: str | None = None) -> str:
