@@ -4,6 +4,7 @@ output file left."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -16,7 +17,12 @@ from mimi_cli_support import assert_one_line_error
 from shared_exports import damaged_copy
 
 import codecport
-from codecport.errors import CodecportError, CodesError, ModelFileError
+from codecport.errors import AudioError, CodecportError, CodesError, ModelFileError
+from codecport.runtime.audio import ArraySource, audio_format
+from codecport.runtime.codes import Codes
+from codecport.runtime.fsq import Fsq
+from codecport.runtime.neucodec import NeuCodecCodec
+from codecport.runtime.stream import StreamState, as_pcm
 
 
 def run(*args):
@@ -82,6 +88,7 @@ def test_bad_calls_of_the_api(model):
     ("decoder", "levels", "4,4", "does not belong|disagree"),
     ("encoder", "levels", "4,x", "not a list of integers"),
     ("decoder", "input_rate", "8000", "does not belong|disagree"),
+    ("encoder", "levels", "64,1,1", r"levels='64,1,1' is outside \[2, .*damaged"),  # an FSQ level of 1
 ])
 def test_a_damaged_graph_is_refused_when_opened(model, tmp_path, graph, key, value, match):
     bad = damaged_copy(model, tmp_path / "model", graph, key, value)
@@ -89,3 +96,77 @@ def test_a_damaged_graph_is_refused_when_opened(model, tmp_path, graph, key, val
         c = codecport.load(bad)
         c.graph("encoder")
         c.graph("decoder")
+
+
+def test_an_output_format_that_cannot_hold_the_audio_is_refused_before_decoding(model, tmp_path, monkeypatch):
+    np.save(tmp_path / "nine.npy", np.zeros((9, 1, 4), np.int64))  # 9 channels: FLAC holds 8
+    monkeypatch.setattr(NeuCodecCodec, "_decode_window", lambda *a: pytest.fail("decoded before refusing"))
+    out = tmp_path / "y.flac"
+    proc = run("decode", tmp_path / "nine.npy", "-m", model, "-o", out)
+    line = assert_one_line_error(proc, out)
+    assert proc.returncode == 1 and "FLAC holds at most 8 channels" in line and ".wav" in line, line
+    with pytest.raises(AudioError, match="MP3 cannot be written at 1000 Hz .*8000, 11025"):
+        codecport.write_audio(tmp_path / "a.mp3", np.zeros((1, 10), np.float32), 1000)
+    with pytest.raises(AudioError, match="at most 200000 Hz"):  # libvorbis would crash the process
+        audio_format(tmp_path / "a.ogg", 1, 0, 250_000)
+    assert not list(tmp_path.glob("a.*"))
+
+
+def test_audio_of_absurd_amplitude_is_refused_not_encoded(model, tmp_path):
+    sf.write(tmp_path / "loud.wav", np.full(4000, 1e20, np.float32), 16000, subtype="FLOAT")
+    out = tmp_path / "c.npz"
+    proc = run("encode", tmp_path / "loud.wav", "-m", model, "-o", out)
+    line = assert_one_line_error(proc, out)
+    assert proc.returncode == 1 and "samples reach 1e+20" in line and "[-1, 1]" in line, line
+    codec = codecport.load(model)
+    with pytest.raises(AudioError, match="samples reach"):
+        codec.encode(noise(3000) * np.float32(1e30), 16000)
+    with pytest.raises(AudioError, match="samples reach"):  # what every encoder stream (Mimi's, a server's) takes
+        as_pcm(np.full(4, -1e20, np.float32))
+    # Past the reader: an encoder output that overflowed anyway is refused, not quantized or written.
+    with pytest.raises(AudioError, match="not finite"):
+        Fsq([4, 4, 4]).indices(np.full((3, 3), np.nan, np.float32))
+    with pytest.raises(AudioError, match=r"codes outside \[0, 64\)"):
+        codec.codes([np.full((1, 1, 3), -(1 << 31), np.int64)], ArraySource(noise(3000), 16000), 3000)
+
+
+def test_codes_of_more_channels_than_audio_has_are_refused(model, tmp_path):
+    np.save(tmp_path / "tokens.npy", np.zeros((2000, 1, 1), np.int64))  # LLM tokens saved as [T, 1, 1]
+    out = tmp_path / "o.wav"
+    line = assert_one_line_error(run("decode", tmp_path / "tokens.npy", "-m", model, "-o", out), out)
+    assert "2000 channels" in line and "[channels, codebooks, frames]" in line, line
+    with pytest.raises(CodesError, match="65 channels, more than 64"):
+        Codes((np.zeros((65, 1, 1), np.int64),))
+
+
+@pytest.mark.parametrize("changes, match", [
+    (lambda m: {"levels": "64,1,1"}, r"levels='64,1,1' is outside \[2, "),
+    # Twice the rate in and out: the frame sizes still agree, the 16 kHz features would not.
+    (lambda m: {"input_rate": "32000", "sample_rate": str(2 * int(m["sample_rate"]))},
+     "input rate is 32000 Hz, NeuCodec encodes 16000 Hz"),
+])
+def test_a_manifest_of_impossible_facts_is_a_damaged_folder(model, tmp_path, changes, match):
+    """A folder opened for its facts alone (a tokenizing driver's) reads them from its manifest,
+    through the same checks as the graphs' metadata."""
+    bad = tmp_path / "model"
+    bad.mkdir()
+    for f in model.iterdir():
+        if f.name != "manifest.json":
+            (bad / f.name).symlink_to(f)
+    manifest = json.loads((model / "manifest.json").read_text())
+    (bad / "manifest.json").write_text(json.dumps({**manifest, **changes(manifest)}))
+    with pytest.raises(ModelFileError, match=match):
+        NeuCodecCodec(bad, sessions=False)
+
+
+@pytest.mark.parametrize("arrays, faded, match", [
+    ({"codes": np.array([1.5, 2.0])}, False, "must be integers"),
+    ({"codes": np.array([3, 64])}, False, r"codes must be in \[0, 64\)"),
+    ({"codes": np.zeros(25, np.int64)}, False, "holds 25 codes"),  # a whole window push would have run
+    ({"codes": np.zeros(6, np.int64), "tail": np.zeros(3, np.float32)}, True, "3 samples of overlap"),
+])
+def test_a_stream_state_that_is_not_this_streams_is_refused(model, arrays, faded, match):
+    stream = codecport.load(model).decoder_stream()
+    state = StreamState(stream.kind, {"tail": np.zeros(0, np.float32), **arrays}, {"faded": faded})
+    with pytest.raises(CodesError, match=match):
+        stream.state = state

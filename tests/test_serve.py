@@ -225,6 +225,8 @@ BAD_HANDSHAKES = [
     ('{"op": "decode", "noise": 3}', "bad_request"),
     ('{"op": "encode", "protocol": 2}', "bad_request"),
     (b"\x00\x00\x80\x3f", "bad_request"),  # binary before the handshake
+    ('{"op": "encode", "pcm": ["f32"]}', "bad_request"),
+    ("[" * 5000, "bad_request"),  # past the JSON parser's recursion
 ]
 
 
@@ -281,6 +283,19 @@ def test_a_bad_message_ends_that_stream_only(mimi, mimi_codec, op, messages, cod
     assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
     status, health = mimi.get("/health")
     assert status == 200 and health["ok"]
+
+
+def test_a_broken_websocket_frame_is_answered_in_a_json_error(mimi):
+    """Text that is not UTF-8: aiohttp closes the connection itself (1007), after the error."""
+    async def go():
+        c = await connect(mimi.url, "encode")
+        await c.ws.send_frame(b"\xff\xfe", aiohttp.WSMsgType.TEXT)
+        with pytest.raises(ServeError, match="not a valid WebSocket message") as e:
+            await c.receive(timeout=10)
+        await c.close()
+        return e.value.code
+
+    assert run(go()) == "bad_request"
 
 
 def test_snac_refuses_what_it_cannot_stream(snac):
@@ -503,8 +518,9 @@ def test_sigterm_lets_streams_finish_then_exits_0(tiny_mimi_export, tmp_path, mi
             await lingering.send_pcm(x[:100])
             server.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.3)
-            with pytest.raises((aiohttp.ClientError, OSError)):  # no longer accepting
+            with pytest.raises(ServeError, match="is codec-serve running there") as e:  # no longer accepting
                 await connect(server.url, "encode")
+            assert e.value.code == "unreachable"
             await finishing.send_pcm(x[2000:])
             await finishing.end()
             done = Result(finishing.info, [p async for p in finishing])
@@ -520,18 +536,69 @@ def test_sigterm_lets_streams_finish_then_exits_0(tiny_mimi_export, tmp_path, mi
 
 
 def test_a_stream_that_sends_nothing_gives_its_slot_back(tiny_mimi_export, tmp_path, mimi_codec):
-    """--idle-timeout: a client that holds a slot and sends nothing is ended (timeout), the slot
-    free for the next; a client that ended its input may wait as long as its output takes."""
+    """--idle-timeout: a client that holds a slot and sends nothing (pings are not input) is ended
+    (timeout), the slot free for the next; a client that ended its input may wait as long as its
+    output takes. --handshake-timeout: a connection that sends no HTTP request, or no stream
+    request, is closed."""
     x = noise(2000, seed=8)[0]
-    with serving(tiny_mimi_export, tmp_path / "log", "--slots", 1, "--idle-timeout", 0.5) as server:
+    with serving(tiny_mimi_export, tmp_path / "log", "--slots", 1, "--idle-timeout", 0.5,
+                 "--handshake-timeout", 0.5) as server:
+        async def pings(ws):
+            while not ws.closed:
+                await ws.ping()
+                await asyncio.sleep(0.1)
+
         async def go():
             idle = await connect(server.url, "encode")
-            await closed_with(idle, "timeout")
+            pinging = asyncio.ensure_future(pings(idle.ws))
+            assert "no input for 0.5 s" in str(await closed_with(idle, "timeout"))
+            pinging.cancel()
+            async with aiohttp.ClientSession() as s, s.ws_connect(server.url + "/stream") as ws:
+                pinging = asyncio.ensure_future(pings(ws))
+                error = json.loads((await ws.receive(timeout=5)).data)
+                pinging.cancel()
+                assert error["code"] == "timeout" and "no request in 0.5 s" in error["message"]
+            reader, writer = await asyncio.open_connection(*server.url[len("http://"):].split(":"))
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed: no request came
+            writer.close()
             async with await connect(server.url, "encode") as again:
                 return await stream(again, [x])
 
         got = run(go())
         assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
+
+
+def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(tiny_mimi_export, mimi_codec, monkeypatch):
+    """A client that sends faster than the engine steps is no longer read (its input waits); if
+    it leaves meanwhile, its slot goes back at once, not after the engine has stepped through all
+    it had sent. In process, each step made 0.3 s slower, so that its input outlasts the test."""
+    from codecport.serve import engine
+    from codecport.serve.server import ServeConfig, Server
+
+    real = engine._step
+    monkeypatch.setattr(engine, "_step", lambda *a: (time.sleep(0.3), real(*a))[1])
+
+    async def go():
+        server = Server(mimi_codec, ServeConfig(slots=1, port=0, max_message=4096, heartbeat=None))
+        url = await server.start()
+        try:
+            c = await connect(url, "encode")
+            for _ in range(32):  # 64 KB: past the 16 KB the server takes before it stops reading
+                await c.send_pcm(np.zeros(512, np.float32))
+            await asyncio.sleep(1)
+            assert len(server.scheduler.lives) == 1, server.scheduler.metrics.errors
+            (live,) = server.scheduler.lives
+            assert not live.room.is_set() and server.health()["slots"]["active"] == 1
+            await c.session.close()  # the socket closed with its input still waiting
+            left = time.monotonic()
+            while server.health()["slots"]["active"] and time.monotonic() - left < 20:
+                await asyncio.sleep(0.05)
+            return time.monotonic() - left, server.health()["slots"]["active"]
+        finally:
+            await server.close()
+
+    took, active = run(go())
+    assert active == 0 and took < 2.5, took  # a step or two: 8 KB waiting in the slot is 14 steps
 
 
 def test_a_message_that_would_grow_past_the_bound_when_resampled_is_refused(mimi):

@@ -243,3 +243,31 @@ def test_the_24khz_step_decoder_gives_the_official_decode():
     got = np.concatenate(out)[step.plan.delay:step.plan.delay + len(want)]
     assert got.shape == want.shape
     assert float(np.abs(got - want).max()) <= 1e-4
+
+
+def test_a_window_pool_runs_one_window_a_slot_a_step(smoke_exports):
+    """A NeuCodec stream that sends a whole utterance at once gets one window a step, as a stream
+    sending a frame at a time does: the others in the pool wait one window, not all of its
+    windows, and what it gets in the end is what its stream alone gives."""
+    from codecport.runtime.slots import open_pool
+
+    codec = codecport.load(smoke_exports["neucodec"])
+    rng = np.random.default_rng(7)
+    burst = rng.integers(0, codec.codebook_size, (1, 4 * codec.frames + 3))
+    other = rng.integers(0, codec.codebook_size, (1, codec.frames))
+    pool = open_pool(codec, "decoder", 2)
+    a, b = pool.open(), pool.open()
+    a.feed(burst)
+    a.end()
+    b.feed(other)
+    step = (codec.frames - codec.overlap) * codec.frame_size  # a first window's final audio
+    out, failed = pool.step([a, b])
+    assert not failed and out[a].size == step and out[b].size == step and a.ready() and not b.ready()
+    pieces = [out[a]]
+    while not a.finished:
+        out, failed = pool.step([a])
+        assert not failed and out[a].size <= step + codec.overlap * codec.frame_size
+        pieces.append(out[a])
+    alone = codec.decoder_stream()
+    want = np.concatenate([alone.push(burst), alone.flush()])
+    assert len(pieces) > 4 and np.array_equal(np.concatenate(pieces), want)

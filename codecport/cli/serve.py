@@ -13,7 +13,7 @@ from ..errors import CodecportError
 from ..version import __version__
 from .common import guard, provider_options, setup_logging, verbose_option
 
-DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idle_timeout": 30.0, "max_message": 1 << 20,
+DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idle_timeout": 30.0, "handshake_timeout": 10.0, "max_message": 1 << 20,
             "max_backlog": 4 << 20, "send_buffer": 1 << 18}
 
 
@@ -33,6 +33,8 @@ DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idl
 @click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=DEFAULTS["idle_timeout"],
               help="Seconds a stream may send nothing (before its end) until it is ended (timeout) and its "
                    "slots go back.")
+@click.option("--handshake-timeout", type=click.FloatRange(min=0.1), default=DEFAULTS["handshake_timeout"],
+              help="Seconds a new connection has to send its HTTP request, then its stream's JSON request.")
 @click.option("--grace", type=click.FloatRange(min=0), default=DEFAULTS["grace"],
               help="Seconds SIGTERM lets the streams in flight finish before it ends them.")
 @click.option("--max-message", type=click.IntRange(min=1024), default=DEFAULTS["max_message"],
@@ -48,7 +50,7 @@ DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idl
 @provider_options
 @verbose_option
 @guard
-def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, grace, max_message, max_backlog,
+def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, handshake_timeout, grace, max_message, max_backlog,
               send_buffer, batched, provider, fallback, options, verbose) -> None:
     """Serve live streams of an exported codec over WebSocket: PCM in and codes out (encode),
     codes in and PCM out (decode), or both (duplex), one stream per connection at
@@ -64,7 +66,7 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
         raise CodecportError(f"{model_dir}: {codec.no_stream('encoder or decoder')}; codec-serve serves "
                              "streams: use codec-run for whole files")
     config = ServeConfig(slots=slots, host=host, port=port, queue=queue, queue_timeout=queue_timeout,
-                         idle_timeout=idle_timeout, grace=grace, max_message=max_message, max_backlog=max_backlog,
+                         idle_timeout=idle_timeout, handshake_timeout=handshake_timeout, grace=grace, max_message=max_message, max_backlog=max_backlog,
                          send_buffer=send_buffer, batched=batched)
 
     def announce(url: str) -> None:

@@ -22,6 +22,13 @@ log = logging.getLogger(__name__)
 BLOCK = 1 << 16  # frames read, resampled and measured at a time
 RATES = (1_000, 1_000_000)  # sample rates codecport takes, in Hz
 MAX_CHANNELS = 64
+# Samples past this are not audio: audio is in [-1, 1], and int16 PCM passed as floats (a common
+# slip, which DAC's peak limit still takes) reaches it at most. Far past it a codec's arithmetic
+# overflows into NaN features and codes of nothing, and DAC's loudness leaves what a codes file holds.
+MAX_AMPLITUDE = float(1 << 15)
+# libvorbis crashes the process (SIGSEGV) on a rate past this instead of refusing it, so an Ogg
+# Vorbis file is refused past it before libsndfile is asked.
+VORBIS_MAX_RATE = 200_000
 # Past this many bytes of samples a RIFF WAV's 32-bit sizes overflow: write RF64 instead.
 WAV_LIMIT = 0xFFFFFFFF - (1 << 16)
 
@@ -51,9 +58,19 @@ def check_audio(audio, what: str = "audio") -> np.ndarray:
     if audio.shape[0] > MAX_CHANNELS:
         raise AudioError(f"{what}: {audio.shape[0]} channels is more than {MAX_CHANNELS}; is it "
                          "[samples, channels]? pass [channels, samples]")
-    if not np.isfinite(audio).all():
-        raise AudioError(f"{what}: contains NaN or infinite samples; fix the input before encoding")
+    check_samples(audio, what)
     return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def check_samples(x: np.ndarray, what: str = "audio") -> None:
+    """Samples that are audio, else an `AudioError`: none NaN or infinite, none past
+    `MAX_AMPLITUDE` (a codec's arithmetic overflows on those into codes of nothing)."""
+    peak = float(np.abs(x).max()) if x.size else 0.0  # NaN where any sample is
+    if not np.isfinite(peak):
+        raise AudioError(f"{what}: contains NaN or infinite samples; fix the input before encoding")
+    if peak > MAX_AMPLITUDE:
+        raise AudioError(f"{what}: samples reach {peak:.3g}, which no audio in [-1, 1] does; scale "
+                         "it to [-1, 1] (integer PCM divided by its full scale, e.g. 32768)")
 
 
 class ArraySource:
@@ -105,9 +122,7 @@ class FileSource:
                     raise AudioError(f"{self.path}: cannot read audio after {n} samples ({e})") from e
                 if not len(block):
                     break
-                if not np.isfinite(block).all():
-                    raise AudioError(f"{self.path}: contains NaN or infinite samples; fix the file "
-                                     "before encoding")
+                check_samples(block, self.what)
                 n += len(block)
                 yield np.ascontiguousarray(block.T)
         if n == 0:
@@ -169,18 +184,46 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
     return np.concatenate(list(src.blocks()), axis=1), src.sample_rate
 
 
-def audio_format(path: Path, channels: int = 1, frames: int = 0) -> str:
+def audio_format(path: Path, channels: int = 1, frames: int = 0, sample_rate: int | None = None) -> str:
     """The soundfile format for `path` by its suffix; a WAV too big for RIFF's 32-bit sizes
-    becomes RF64 (which players and soundfile read as WAV)."""
+    becomes RF64 (which players and soundfile read as WAV). With `sample_rate`, libsndfile is
+    asked whether the format holds `channels` channels at that rate (FLAC holds 8, MP3 takes a
+    few rates...): an `AudioError` naming the limit where it does not, before any work."""
     import soundfile as sf
 
     fmt = path.suffix.lstrip(".").upper()
     if fmt not in sf.available_formats() or fmt == "RAW":
         raise AudioError(f"{path}: {fmt or 'no suffix'} is not an audio format codecport writes; "
                          "use .wav or .flac")
+    if sample_rate is not None and _unwritable(fmt, channels, sample_rate):
+        if _unwritable(fmt, 1, sample_rate) is None:  # the channels: the most the format holds
+            most = next(c for c in range(channels - 1, 0, -1) if _unwritable(fmt, c, sample_rate) is None)
+            raise AudioError(f"{path}: {fmt} holds at most {most} channels, this audio has {channels}; "
+                             "write a .wav")
+        raise AudioError(f"{path}: {fmt} cannot be written at {sample_rate} Hz "
+                         f"({_unwritable(fmt, 1, sample_rate)}); write a .wav")
     if fmt == "WAV" and channels * frames * 4 > WAV_LIMIT:
         return "RF64"
     return fmt
+
+
+def _subtype(fmt: str) -> str | None:
+    return "FLOAT" if fmt in ("WAV", "RF64") else None
+
+
+def _unwritable(fmt: str, channels: int, sample_rate: int) -> str | None:
+    """Why libsndfile cannot write `fmt` with `channels` at `sample_rate` (its words), or None
+    where it can: it is asked by opening such a file in memory."""
+    import soundfile as sf
+
+    if fmt == "OGG" and sample_rate > VORBIS_MAX_RATE:
+        return f"Ogg Vorbis takes at most {VORBIS_MAX_RATE} Hz"
+    try:
+        with sf.SoundFile(io.BytesIO(), "w", sample_rate, channels, format=fmt, subtype=_subtype(fmt)):
+            pass
+    except (sf.LibsndfileError, RuntimeError, ValueError, TypeError) as e:
+        return (getattr(e, "error_string", None) or str(e)).strip().removeprefix("Error : ").rstrip(".")
+    return None
 
 
 def write_audio(path: Path, audio: np.ndarray, sr: int) -> None:
@@ -198,11 +241,10 @@ def write_audio_pieces(path: Path, pieces: Iterable[np.ndarray], sr: int,
 
     it = iter(pieces)
     first = next(it)  # before the file exists: a bad first piece leaves nothing behind
-    fmt = audio_format(path, first.shape[0], frames or 0)
+    fmt = audio_format(path, first.shape[0], frames or 0, sr)
     n = 0
-    subtype = "FLOAT" if fmt in ("WAV", "RF64") else None
     with atomic_path(path) as tmp, sf.SoundFile(tmp, "w", sr, first.shape[0], format=fmt,
-                                                 subtype=subtype) as f:
+                                                 subtype=_subtype(fmt)) as f:
         for piece in itertools.chain([first], it):
             f.write(np.clip(piece, -1.0, 1.0).T)
             n += piece.shape[1]

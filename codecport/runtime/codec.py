@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..errors import CodecportError, CodesError
+from ..errors import AudioError, CodecportError, CodesError
 from .audio import ArraySource, FileSource, audio_format, resampled, resampled_length, write_audio_pieces
 from .codes import Codes
 from .folder import GraphFolder
@@ -172,7 +172,12 @@ class Codec(GraphFolder):
         return resampled(source.blocks(), source.sample_rate, self.input_rate, source.channels)
 
     def codes(self, arrays, source, counted: int, **fields) -> Codes:
-        """`Codes` made by this model from `source` (`counted` samples at its rate)."""
+        """`Codes` made by this model from `source` (`counted` samples at its rate). Codes out of
+        range (an encoder whose output overflowed) are an `AudioError`, never written."""
+        for a in arrays:
+            if a.size and (a.min() < 0 or a.max() >= self.codebook_size):
+                raise AudioError(f"encoding gave codes outside [0, {self.codebook_size}) ({a.min()} to "
+                                 f"{a.max()}): the encoder's output overflowed; pass audio in [-1, 1]")
         return Codes(tuple(arrays), codec=self.name, preset=self.preset, export_id=self.export_id,
                      sample_rate=source.sample_rate, num_samples=counted, **fields)
 
@@ -191,7 +196,9 @@ class Codec(GraphFolder):
         """`decode` into an audio file (format by suffix), piece by piece and atomically;
         returns (channels, samples, sample rate)."""
         path = Path(path)
-        audio_format(path)
+        codes = self.check_codes(codes)
+        # What the file must hold, asked of its format before any work (FLAC holds 8 channels...).
+        audio_format(path, codes.channels * self.channels_per_row, 0, codes.sample_rate or self.sample_rate)
         path.parent.mkdir(parents=True, exist_ok=True)  # the loudness pass spills beside it
         pieces, sr, total = self.decode_pieces(codes, mode=mode, progress=progress, spill=path.parent,
                                                noise=noise)

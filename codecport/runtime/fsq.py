@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .rvq import check_latent
+
 
 class Fsq:
     """`levels` (e.g. `[4] * 8`: 65 536 codes)."""
@@ -47,6 +49,7 @@ class Fsq:
         z = np.asarray(z, np.float32)
         if z.shape[-1] != self.dim:
             raise ValueError(f"FSQ of {self.dim} levels takes [..., {self.dim}], got {list(z.shape)}")
+        check_latent(z)
         q = np.round(self._bound(self._bound(z)))  # half to even, as torch.round
         return ((q + self.half_width).astype(np.int64) * self.basis).sum(-1)
 

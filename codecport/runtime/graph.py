@@ -36,6 +36,7 @@ INT_RANGES = {
     "positions_per_step": (1, 1 << 20), "batch": (1, 4096), "slots": (1, 4096), "context": (1, 1 << 20), "n_semantic": (0, 1024),
     "unit_frames": (1, 1 << 16), "step_frames": (1, 1 << 20), "margin": (0, 1 << 20), "vq_strides": (1, 4096), "decoder_rates": (1, 64),
     "channels": (1, 8), "fbank_pad": (0, 1 << 16), "acoustic_extra": (0, 8),
+    "input_rate": (1_000, 1_000_000), "input_frame_size": (1, 1 << 20), "levels": (2, 1 << 16),
 }
 RERUN = "re-export it with this version of codec-export"
 # Metadata and manifest keys that codecport 0.2 wrote under other names: folders it exported

@@ -31,7 +31,7 @@ from ..errors import AudioError, CodesError, ModelFileError
 from .audio import Counted
 from .codec import Codec
 from .codes import Codes
-from .fbank import FEATURES, Fbank, raw_values
+from .fbank import FEATURES, RATE, Fbank, raw_values
 from .folder import sized_name
 from .fsq import Fsq
 from .graph import Graph
@@ -70,6 +70,9 @@ class NeuCodecCodec(Codec):
             if "semantic_model" in g.meta else False
         self.normalize = g.meta.get("semantic_normalize") == "1"
         self.fsq = self.rvq or Fsq(g.ints("levels"))  # the levels' facts, whichever side quantizes
+        if self.input_rate != RATE:  # the features (fbank.py) and the semantic models are 16 kHz's
+            raise ModelFileError(f"{g.path}: its input rate is {self.input_rate} Hz, {self.label} encodes "
+                                 f"{RATE} Hz; the file is damaged, re-export the folder")
         if self.fsq.size != self.codebook_size or self.n_codebooks != 1 or \
                 self.input_rate * self.frame_size != self.sample_rate * self.input_frame:
             raise ModelFileError(f"{g.path}: its levels, rates and frame sizes disagree; the file is "
@@ -311,6 +314,11 @@ class NeuCodecWindowStream(DecoderStream):
         """Code frames whose audio one window makes final: a window less its overlap."""
         return self.window - self.overlap
 
+    @property
+    def frames_to_window(self) -> int:
+        """Code frames that complete the next window (a server steps one window at a time)."""
+        return self.window - self.codes.size
+
     def check_input(self, codes) -> np.ndarray:
         """`codes` as `push` takes them, checked: their frames `[n]` (a server's pool checks each
         message with this as it arrives, so a bad one is refused before any window runs)."""
@@ -353,5 +361,12 @@ class NeuCodecWindowStream(DecoderStream):
         codes, tail = arrays.get("codes"), arrays.get("tail")
         if codes is None or tail is None or codes.ndim != 1 or not isinstance(values.get("faded"), bool):
             raise CodesError("this stream state lacks the codes or the overlap of a NeuCodec decoder stream")
-        self.codes = np.array(codes, np.int64)
+        # What push leaves: codes short of a window, and once faded the overlap's audio.
+        overlap = self.overlap * self.codec.frame_size if values["faded"] else 0
+        if codes.size >= self.window or tail.ndim != 1 or tail.dtype.kind != "f" or tail.size != overlap or \
+                not np.isfinite(tail).all():
+            raise CodesError(f"this stream state holds {codes.size} codes and {tail.size} samples of overlap; "
+                             f"a {self.codec.label} decoder stream's holds under {self.window} codes and "
+                             f"{overlap} samples: it is not this stream's")
+        self.codes = self.check_input(codes[None]) if codes.size else np.zeros(0, np.int64)
         self.tail = np.array(tail, np.float32) if values["faded"] else None

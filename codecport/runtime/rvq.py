@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CodesError, ModelFileError
+from ..errors import AudioError, CodesError, ModelFileError
 from .npyfile import read_npz
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,14 @@ def check_n_codebooks(k: int | None, n: int) -> int:
     return k
 
 
+def check_latent(latent: np.ndarray) -> None:
+    """A latent the quantizer can take: NaN or infinite values (an encoder that overflowed on
+    the audio) would quantize to codes of nothing, so they are an `AudioError`."""
+    if not np.isfinite(latent).all():
+        raise AudioError("the encoder's output is not finite (it overflowed on this audio); pass "
+                         "audio in [-1, 1]")
+
+
 def check_code_values(codes: np.ndarray, codebook_size: int) -> None:
     """Integer codes within `[0, codebook_size)`, else `CodesError`."""
     if codes.dtype.kind not in "ui":
@@ -129,6 +137,7 @@ class DacRvq:
     def encode(self, latent: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
         """Codes `[K, T]` (int64) for a latent `[L, T]`, with the official distance formula."""
         k = check_n_codebooks(n_codebooks, self.n_codebooks)
+        check_latent(latent)
         residual = latent.T.astype(np.float32)  # [T, L]
         codes = np.empty((k, residual.shape[0]), dtype=np.int64)
         for i in range(k):
@@ -202,6 +211,7 @@ class MimiRvq:
     def encode(self, latent: np.ndarray, n_codebooks: int | None = None) -> np.ndarray:
         """Codes `[K, T]` (int64) for a latent `[C, T]`: Euclidean nearest row, as moshi."""
         k = check_n_codebooks(n_codebooks, self.n_codebooks)
+        check_latent(latent)
         codes = np.empty((k, latent.shape[1]), dtype=np.int64)
         for group, levels in self._groups(k):
             r = (self.a[f"{group}_in_proj"] @ latent.astype(np.float32)).T  # [T, D]
@@ -249,6 +259,7 @@ class SnacRvq(DacRvq):
     def encode_levels(self, latent: np.ndarray) -> list[np.ndarray]:
         """Codes of every level (`[T / strides[i]]` int64 each) of a latent `[L, T]`, T a
         multiple of every stride; the official distance formula."""
+        check_latent(latent)
         residual = latent.T.astype(np.float32)  # [T, L]
         t = residual.shape[0]
         out = []

@@ -305,8 +305,7 @@ class WindowSlot(Slot):
     def feed(self, x) -> None:
         if self._ended:
             raise CodecportError("this stream has ended; open another for more input")
-        self.stream.check_input(x)
-        self.pending.append(x)
+        self.pending.append(self.stream.check_input(x))
 
     def end(self) -> None:
         self._ended = True
@@ -342,17 +341,22 @@ class WindowPool(Pool):
         slot.open, slot.stream, slot.pending = False, None, []
 
     def step(self, slots: Sequence[WindowSlot]) -> tuple[dict[WindowSlot, np.ndarray], dict[WindowSlot, Exception]]:
-        """Each ready slot's waiting input through its stream (and its flush once the input has
-        ended): its output piece, or why that slot alone failed."""
+        """Each ready slot's waiting input through its stream, up to the end of its next window
+        (and its flush once the input has ended and run): its output piece, or why that slot
+        alone failed."""
         out, failed = {}, {}
         for s in [s for s in slots if s.ready()]:
-            pending, s.pending = s.pending, []
+            # One window a slot a step: a client that sends a whole utterance at once would
+            # otherwise hold every other stream (and the server's memory) for all its windows.
+            codes = np.concatenate(s.pending)
+            take = s.stream.frames_to_window
+            s.pending = [codes[take:]] if codes.size > take else []
             try:
-                pieces = [s.stream.push(x) for x in pending]
-                if s._ended:
+                pieces = [s.stream.push(codes[None, :take])]
+                if s._ended and not s.pending:
                     pieces.append(s.stream.flush())
                     s.flushed = True
-                out[s] = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+                out[s] = np.concatenate(pieces)
             except Exception as e:  # noqa: BLE001 (handed to the caller with its slot)
                 failed[s] = e
         return out, failed

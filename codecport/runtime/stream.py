@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import AudioError, CodecportError, CodesError, ModelFileError
+from .audio import check_samples
 from .codes import Codes
 from .graph import Graph, dtype_of
 from .providers import onnxruntime
@@ -81,8 +82,7 @@ def as_pcm(pcm) -> np.ndarray:
     if pcm.ndim != 1:
         raise AudioError(f"an encoder stream takes one channel, [samples] or [1, samples], got shape "
                          f"{list(pcm.shape)}; use one stream per channel")
-    if not np.isfinite(pcm).all():
-        raise AudioError("audio contains NaN or infinite samples; fix the input before encoding")
+    check_samples(pcm, "pushed audio")
     return pcm.astype(np.float32, copy=False)
 
 

@@ -29,8 +29,23 @@ from .protocol import PCM_FORMATS, TAG_AUDIO, TAG_CODES, CodeLayout, ProtocolErr
 
 class ServeError(ProtocolError):
     """The server refused or ended the stream: `code` (busy, bad_request, bad_input, too_large,
-    behind, timeout, shutting_down, internal; "closed" when it closed without a word) and its
+    behind, timeout, shutting_down, internal; "closed" when it closed without a word or the
+    connection broke, "unreachable" when no codec-serve stream answered at the URL) and its
     message. A `CodecportError`, as every codecport error."""
+
+
+def _reply(text: str) -> dict:
+    """A text message of the server's as JSON; its error as `ServeError`."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ServeError("bad_request", f"the server sent a text message that is not the protocol's JSON: "
+                                        f"{text[:80]!r}; is the URL a codec-serve stream?")
+    if data.get("op") == "error":
+        raise ServeError(str(data.get("code", "internal")), str(data.get("message", "")))
+    return data
 
 
 @dataclass(frozen=True)
@@ -64,7 +79,7 @@ class StreamClient:
         self.layout: CodeLayout | None = None
 
     async def _handshake(self, request: dict, timeout: float | None) -> None:
-        await self.ws.send_str(json.dumps(request))
+        await self._send(json.dumps(request))
         while True:
             msg = await self._next_text(timeout)
             if msg["op"] == "queued":
@@ -77,12 +92,12 @@ class StreamClient:
                 raise ServeError("bad_request", f"unexpected reply to the handshake: {msg}")
 
     async def _next_text(self, timeout: float | None) -> dict:
-        msg = await self.ws.receive(timeout=timeout)
+        try:
+            msg = await self.ws.receive(timeout=timeout)
+        except asyncio.TimeoutError:
+            raise ServeError("timeout", f"no reply from the server in {timeout:g} s") from None
         if msg.type is aiohttp.WSMsgType.TEXT:
-            data = json.loads(msg.data)
-            if data.get("op") == "error":
-                raise ServeError(data.get("code", "internal"), data.get("message", ""))
-            return data
+            return _reply(msg.data)
         raise self._gone(msg)
 
     def _gone(self, msg) -> ServeError:
@@ -92,6 +107,13 @@ class StreamClient:
                                     f"{self.ws.close_code})")
 
     # ---- sending ------------------------------------------------------------------------------
+    async def _send(self, data: bytes | str) -> None:
+        try:
+            await (self.ws.send_str(data) if isinstance(data, str) else self.ws.send_bytes(data))
+        except (ConnectionError, aiohttp.ClientError) as e:
+            raise ServeError("closed", f"the connection to the server broke ({e}); "
+                                       f"its close code: {self.ws.close_code}") from None
+
     async def send_pcm(self, samples: np.ndarray) -> float:
         """Send mono samples (float in [-1, 1], converted to the stream's format; or int16 as
         they are, for `pcm="s16"`); returns the time sent."""
@@ -102,23 +124,23 @@ class StreamClient:
                 pcm_to_bytes(samples.astype(np.float32) / 32768, fmt)
         else:
             data = pcm_to_bytes(samples.astype(np.float32, copy=False), fmt)
-        await self.ws.send_bytes(data)
+        await self._send(data)
         return time.perf_counter()
 
     async def send_codes(self, codes: np.ndarray | Sequence[np.ndarray]) -> float:
         """Send code frames: `[codebooks, frames]` (one level), or one array per level (each
         `[codebooks, frames_l]` or `[frames_l]`); returns the time sent."""
         levels = [codes] if isinstance(codes, np.ndarray) else list(codes)
-        await self.ws.send_bytes(self.layout.pack([np.atleast_2d(a) for a in levels]))
+        await self._send(self.layout.pack([np.atleast_2d(a) for a in levels]))
         return time.perf_counter()
 
     async def send_raw(self, data: bytes | str) -> None:
         """A message as it is (the tests' malformed ones)."""
-        await (self.ws.send_str(data) if isinstance(data, str) else self.ws.send_bytes(data))
+        await self._send(data)
 
     async def end(self) -> float:
         """End the input: the server sends the rest, then done."""
-        await self.ws.send_str(json.dumps({"op": "end"}))
+        await self._send(json.dumps({"op": "end"}))
         return time.perf_counter()
 
     # ---- receiving ----------------------------------------------------------------------------
@@ -128,15 +150,16 @@ class StreamClient:
         if self.done is not None:
             return None
         while True:
-            msg = await self.ws.receive(timeout=timeout)
+            try:
+                msg = await self.ws.receive(timeout=timeout)
+            except asyncio.TimeoutError:
+                raise ServeError("timeout", f"nothing from the server in {timeout:g} s") from None
             t = time.perf_counter()
             if msg.type is aiohttp.WSMsgType.BINARY:
                 return self._piece(msg.data, t)
             if msg.type is not aiohttp.WSMsgType.TEXT:
                 raise self._gone(msg)
-            data = json.loads(msg.data)
-            if data.get("op") == "error":
-                raise ServeError(data.get("code", "internal"), data.get("message", ""))
+            data = _reply(msg.data)
             if data.get("op") == "done":
                 self.done = data
                 return None
@@ -189,7 +212,7 @@ async def connect(url: str, op: str, *, pcm: str = "f32", sample_rate: int | Non
     owns = session is None
     session = session or aiohttp.ClientSession()
     try:
-        ws = await session.ws_connect(stream_url(url), max_msg_size=max_msg_size, autoping=True)
+        ws = await _open(session, url, max_msg_size)
         client = StreamClient(session, ws, owns)
         try:
             await client._handshake(request, timeout)
@@ -201,6 +224,21 @@ async def connect(url: str, op: str, *, pcm: str = "f32", sample_rate: int | Non
             await session.close()
         raise
     return client
+
+
+async def _open(session: aiohttp.ClientSession, url: str, max_msg_size: int):
+    """The WebSocket of `url`'s stream endpoint; what stands in the way as a `ServeError`."""
+    where = stream_url(url)
+    try:
+        return await session.ws_connect(where, max_msg_size=max_msg_size, autoping=True)
+    except aiohttp.WSServerHandshakeError as e:
+        raise ServeError("unreachable", f"{where} answered HTTP {e.status}, not a WebSocket stream; give "
+                                        "codec-serve's URL (http://HOST:PORT)") from None
+    except (aiohttp.InvalidURL, ValueError) as e:
+        raise ServeError("bad_request", f"{url!r} is not a server URL ({e}); give http://HOST:PORT") from None
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+        raise ServeError("unreachable", f"cannot connect to {where} ({e or type(e).__name__}); is "
+                                        "codec-serve running there?") from None
 
 
 @dataclass
@@ -248,6 +286,9 @@ async def stream(client: StreamClient, chunks: Iterable, *, interval: float | No
     finally:
         if not task.done():
             task.cancel()
+        await asyncio.wait({task})
+        if not task.cancelled():
+            task.exception()  # the receive side's error is the one raised; the sender's is seen
     result.done, result.warnings = client.done, client.warnings
     return result
 

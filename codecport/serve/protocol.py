@@ -157,6 +157,8 @@ def parse_json(text: str | bytes) -> dict:
         msg = json.loads(text)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad(f"a text message must be JSON ({e})") from None
+    except RecursionError:  # "[[[[...": json's parser recurses a level a bracket
+        raise bad("a text message nests too deep; the protocol's messages are flat JSON objects") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
         raise bad('a text message must be a JSON object with an "op"')
     return msg
@@ -179,7 +181,7 @@ def parse_request(text: str, codec) -> Request:
         raise bad(f"{codec.label} streams only its {have} side here, not its {missing[0]}; ask for "
                   + " or ".join(o for o in OPS if all(s in codec.streams for s in SIDES[o])))
     pcm = msg.get("pcm", "f32")
-    if pcm not in PCM_FORMATS:
+    if not isinstance(pcm, str) or pcm not in PCM_FORMATS:
         raise bad(f"pcm must be one of {', '.join(PCM_FORMATS)}, got {json.dumps(pcm)}")
     rate = codec.sample_rate
     if "sample_rate" in msg:

@@ -28,12 +28,12 @@ from .protocol import (
     CLOSE_CODES,
     ProtocolError,
     bad,
-    error_message,
     parse_json,
     parse_request,
     pcm_from_bytes,
     ready_message,
 )
+from .ws import Socket, receive_by
 
 log = logging.getLogger(__name__)
 GONE = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR)
@@ -62,20 +62,6 @@ class ServeConfig:
     heartbeat: float | None = 30.0  # seconds between pings (a vanished client is noticed)
 
 
-class _Socket(web.WebSocketResponse):
-    """aiohttp refuses a message past `max_msg_size` by closing (code 1009) before the handler
-    hears of it: this says why, as every refusal does, in a JSON error first."""
-
-    told = False  # an error message has gone out already (ours): nothing more to say
-
-    async def close(self, *, code: int = WSCloseCode.OK, **kwargs) -> bool:
-        if code == WSCloseCode.MESSAGE_TOO_BIG and not self.closed and not self.told:
-            with contextlib.suppress(Exception):
-                await self.send_str(error_message("too_large", f"a message holds at most {self._max_msg_size} "
-                                                               "bytes (--max-message); send smaller pieces"))
-        return await super().close(code=code, **kwargs)
-
-
 class Server:
     """The app of one codec on `config`: `await start()` (returns the URL), `await drain()`,
     `await close()`. `serve()` runs the three around the signals."""
@@ -97,8 +83,10 @@ class Server:
     async def start(self) -> str:
         cfg = self.config
         self.scheduler.start()
+        # A connection that never completes its HTTP request is closed after the handshake's
+        # time too (aiohttp's default keeps it an hour: a file descriptor each).
         self.runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
-                                    shutdown_timeout=cfg.close_timeout)
+                                    shutdown_timeout=cfg.close_timeout, keepalive_timeout=cfg.handshake_timeout)
         await self.runner.setup()
         self.site = web.TCPSite(self.runner, cfg.host, cfg.port)
         try:
@@ -161,7 +149,7 @@ class Server:
     # ---- the stream ---------------------------------------------------------------------------
     async def _stream(self, request: web.Request) -> web.StreamResponse:
         cfg, sched = self.config, self.scheduler
-        ws = _Socket(max_msg_size=cfg.max_message, compress=False, heartbeat=cfg.heartbeat,
+        ws = Socket(max_msg_size=cfg.max_message, compress=False, heartbeat=cfg.heartbeat,
                      timeout=cfg.close_timeout)
         if not ws.can_prepare(request).ok:
             return web.json_response({"op": "error", "code": "bad_request", "message":
@@ -219,7 +207,7 @@ class Server:
         cfg = self.config
         self._greeting.add(ws)
         try:
-            msg = await ws.receive(timeout=cfg.handshake_timeout)
+            msg = await receive_by(ws, asyncio.get_running_loop().time() + cfg.handshake_timeout)
         except asyncio.TimeoutError:
             raise ProtocolError("timeout", f"no request in {cfg.handshake_timeout:g} s; the first message is "
                                            "the JSON request (docs/serve.md)") from None
@@ -275,14 +263,18 @@ class Server:
         live.on_fail = lambda: closing.append(self._spawn(self._close_failed(request, ws, live, sender)))
         if live.error is not None:  # failed between its ready reply and now (a drain)
             live.on_fail()
+        loop = asyncio.get_running_loop()
         try:
+            heard = loop.time()  # the client's last message (pings and pongs are not input)
             while not live.closed:
                 if not live.room.is_set():  # the engine is behind this client's input: stop reading
-                    await live.room.wait()
+                    if await self._gone_while_paused(request, live, sender):
+                        break
                     continue
                 idle = None if any(live.end_asked.values()) else self.config.idle_timeout
                 try:
-                    msg = await ws.receive(timeout=idle)
+                    msg = await receive_by(ws, None if idle is None else heard + idle)
+                    heard = loop.time()
                 except asyncio.TimeoutError:
                     raise ProtocolError("timeout", f"no input for {idle:g} s; a stream that sends nothing "
                                                    "gives its slots back (send {\"op\": \"end\"} when done)") from None
@@ -312,6 +304,18 @@ class Server:
                     t.cancel()
                 if request.transport is not None:
                     request.transport.abort()
+
+    @staticmethod
+    async def _gone_while_paused(request: web.Request, live: Live, sender: asyncio.Task) -> bool:
+        """Wait for room for more input; True if the client went away meanwhile. Its socket is
+        not read while paused, so its leaving shows as a closing transport or a sender that
+        failed to write, checked every half second."""
+        while not live.room.is_set():
+            if sender.done() or request.transport is None or request.transport.is_closing():
+                return True
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(live.room.wait(), 0.5)
+        return False
 
     async def _send(self, ws: web.WebSocketResponse, live: Live) -> None:
         """The stream's output, in order, then the close after done."""
