@@ -124,6 +124,26 @@ def test_state_moves_between_streams_and_reset_starts_over(codecs, name, side):
             _open(codecs[other_name], other_side).state = state
 
 
+@pytest.mark.parametrize("name,side", SIDES)
+def test_a_state_whose_buffered_input_push_would_refuse_is_refused(codecs, name, side):
+    """A state's buffered input (codes, or audio for an encoder) is checked as `push` checks it:
+    codes past the codebook, or audio that is not, never reach a graph."""
+    codec = codecs[name]
+    x, _ = _input(codec, side, 3)
+    stream = _open(codec, side)
+    stream.push(next(_pieces(x, [1])))  # a coarse frame: less than a step or window, so some waits
+    state = stream.state
+    buffered = [k for k, a in state.arrays.items() if not k.endswith("_in")  # a graph's own state
+                and (a.dtype.kind in "iu" if side == "decoder" else k == "pcm")]
+    assert buffered, sorted(state.arrays)
+    for k in buffered:
+        a = state.arrays[k]
+        bad = (np.full((*a.shape[:-1], 1), codec.codebook_size, a.dtype) if side == "decoder"
+               else np.full(a.shape[:-1] + (1,), np.nan, a.dtype))
+        with pytest.raises(CodecportError, match="codes must be in|NaN"):
+            _open(codec, side).state = StreamState(state.kind, {**state.arrays, k: bad}, state.values)
+
+
 @pytest.mark.parametrize("name", [n for n, side in SIDES if side == "encoder"])
 @pytest.mark.parametrize("pcm, match", [
     (np.zeros((2, 480), np.float32), "takes one channel"),  # stereo would be interleaved

@@ -28,7 +28,7 @@ from .codec import Codec
 from .codes import Codes
 from .graph import Graph
 from .plan import WindowPlan
-from .rvq import MimiRvq
+from .rvq import MimiRvq, check_code_values
 from .stream import DecoderStream, Duplex, EncoderStream, Latency, Stepped, StepRunner, as_levels, as_pcm
 
 MOSHI_CODEBOOKS = 8  # what Moshi uses; the default unless asked for more (up to all 32)
@@ -281,6 +281,7 @@ class MimiEncoderStream(_Steps, EncoderStream):
         # A slot's state may hold steps its pool has not run yet (slots.py): any length.
         if pcm is None or pcm.ndim != 1:
             raise CodesError("this stream state has no buffered audio; it is not a Mimi encoder stream's")
+        pcm = as_pcm(pcm)  # what push takes: floats, finite, audio
         self.runner.state = arrays
         self._pcm = np.array(pcm, np.float32)
 
@@ -338,5 +339,7 @@ class MimiDecoderStream(_Steps, DecoderStream):
         if codes is not None and codes.ndim != 2:
             raise CodesError("this stream state's codes are not [codebooks, frames]; it is not a Mimi "
                              "decoder stream's")
+        if codes is not None:
+            check_code_values(codes, self.codec.codebook_size)
         self.runner.state = arrays
         self._codes = None if codes is None else np.array(codes, np.int64)

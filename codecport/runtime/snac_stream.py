@@ -140,6 +140,8 @@ class SnacStepStream(_Names02, Stepped, DecoderStream):
         if any(c is None or c.ndim != 1 for c in codes) or \
                 not all(isinstance(values.get(k), int) for k in ("received", "steps")):
             raise CodesError("this stream state lacks the buffer or counters of a SNAC step stream")
+        for c in codes:
+            check_code_values(c, self.codec.codebook_size)
         self.runner.state = arrays
         self.noise.set_state(noise, dict(values))
         self._codes = [np.array(c, np.int64) for c in codes]
@@ -228,6 +230,8 @@ class SnacWindowStream(_Names02, DecoderStream):
         if any(lv is None or lv.ndim != 1 for lv in levels) or \
                 not all(isinstance(values.get(k), int) for k in ("offset", "done", "received")):
             raise CodesError("this stream state lacks the codes or counters of a SNAC decoder stream")
+        for lv in levels:
+            check_code_values(lv, self.codec.codebook_size)
         self.noise.set_state(dict(arrays), dict(values))
         self.levels = [np.array(lv, np.int64) for lv in levels]
         self.offset, self.done, self.received = values["offset"], values["done"], values["received"]
