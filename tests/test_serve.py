@@ -600,6 +600,34 @@ def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(tiny_mimi_ex
     took, active = run(go())
     assert active == 0 and took < 2.5, took  # a step or two: 8 KB waiting in the slot is 14 steps
 
+    # A client the server stopped reading is not idle: after a pause longer than --idle-timeout
+    # its stream goes on, every code exact.
+    monkeypatch.setattr(engine, "_step", lambda *a: (time.sleep(0.06), real(*a))[1])
+    x = noise(6144, seed=12)[0]
+    pauses, paused = [], Server._gone_while_paused
+
+    async def timed(*a):
+        t = time.monotonic()
+        gone = await paused(*a)
+        pauses.append(time.monotonic() - t)
+        return gone
+
+    monkeypatch.setattr(Server, "_gone_while_paused", staticmethod(timed))
+
+    async def fast():
+        server = Server(mimi_codec, ServeConfig(slots=1, port=0, max_message=4096, idle_timeout=0.3,
+                                                heartbeat=None))
+        url = await server.start()
+        try:
+            async with await connect(url, "encode") as c:
+                return await stream(c, [x[i:i + 512] for i in range(0, len(x), 512)])
+        finally:
+            await server.close()
+
+    got = run(fast())
+    assert max(pauses) > 0.3, pauses  # paused longer than --idle-timeout
+    assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
+
 
 def test_a_message_that_would_grow_past_the_bound_when_resampled_is_refused(mimi):
     async def go():

@@ -270,6 +270,7 @@ class Server:
                 if not live.room.is_set():  # the engine is behind this client's input: stop reading
                     if await self._gone_while_paused(request, live, sender):
                         break
+                    heard = loop.time()  # the pause was the server's: its idle time starts now
                     continue
                 idle = None if any(live.end_asked.values()) else self.config.idle_timeout
                 try:
