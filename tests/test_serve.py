@@ -298,6 +298,18 @@ def test_a_broken_websocket_frame_is_answered_in_a_json_error(mimi):
     assert run(go()) == "bad_request"
 
 
+def test_the_client_says_what_stands_in_the_way_in_a_serve_error(mimi):
+    async def go():
+        for url, code, words in ((mimi.url + "/health", "unreachable", "answered HTTP 200"),
+                                 ("no-scheme:8000", "bad_request", "not a server URL"),
+                                 ("http://127.0.0.1:1", "unreachable", "is codec-serve running there")):
+            with pytest.raises(ServeError, match=words) as e:
+                await connect(url, "encode")
+            assert e.value.code == code, (url, e.value)
+
+    run(go())
+
+
 def test_snac_refuses_what_it_cannot_stream(snac):
     async def go():
         with pytest.raises(ServeError, match="decoder") as e:

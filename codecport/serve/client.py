@@ -229,6 +229,8 @@ async def connect(url: str, op: str, *, pcm: str = "f32", sample_rate: int | Non
 async def _open(session: aiohttp.ClientSession, url: str, max_msg_size: int):
     """The WebSocket of `url`'s stream endpoint; what stands in the way as a `ServeError`."""
     where = stream_url(url)
+    if urlsplit(where).scheme not in ("ws", "wss"):
+        raise ServeError("bad_request", f"{url!r} is not a server URL; give http://HOST:PORT (or ws://)")
     try:
         return await session.ws_connect(where, max_msg_size=max_msg_size, autoping=True)
     except aiohttp.WSServerHandshakeError as e:
