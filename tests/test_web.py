@@ -318,6 +318,7 @@ BAD_INPUT = """async () => {
   const c = window.demo.codec, k = c.nCodebooks;
   const tries = {
     nan: () => c.encode(Float32Array.from([0, NaN, 0])),
+    loud: () => c.encode(Float32Array.from([0, 1e20, 0])),
     empty: () => c.encode(new Float32Array(0)),
     notFloat: () => c.encode([0.1, 0.2]),
     range: () => c.decode({data: Int32Array.from({length: k * 200}, () => c.codebookSize), shape: [k, 200]}),
@@ -340,7 +341,7 @@ def test_module_refuses_bad_input(browser, dac_web):
         out = page.run(BAD_INPUT)
         page.close()
     assert all(v.startswith("CodecportError: ") for v in out.values()), out
-    assert "NaN" in out["nan"] and "empty" in out["empty"] and "Float32Array" in out["notFloat"]
+    assert "NaN" in out["nan"] and "scale it to [-1, 1]" in out["loud"] and "empty" in out["empty"] and "Float32Array" in out["notFloat"]
     assert "[0, 64)" in out["range"] and "exactly 4 codebooks" in out["codebooks"]
     assert "7 frames are not whole chunks of this model's" in out["frames"]
     assert "dac has no encoder stream: it has no step graphs" in out["stream"]
