@@ -197,8 +197,7 @@ export class Codec {
     if (pcm.length === 0) throw new CodecportError("the audio is empty; there is nothing to encode");
     for (let i = 0; i < pcm.length; i++) {
       if (!Number.isFinite(pcm[i])) throw new CodecportError("audio contains NaN or infinite samples; fix the input before encoding");
-      // As the Python runtime (MAX_AMPLITUDE): far past int16's full scale a codec's arithmetic
-      // overflows into codes of nothing.
+      // Far past int16's full scale a codec's arithmetic overflows (the Python runtime's MAX_AMPLITUDE).
       if (Math.abs(pcm[i]) > 32768) {
         throw new CodecportError(`audio samples reach ${pcm[i]}, which no audio in [-1, 1] does; scale it to [-1, 1] ` +
           "(integer PCM divided by its full scale, e.g. 32768)");
