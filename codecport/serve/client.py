@@ -91,11 +91,14 @@ class StreamClient:
             else:
                 raise ServeError("bad_request", f"unexpected reply to the handshake: {msg}")
 
-    async def _next_text(self, timeout: float | None) -> dict:
+    async def _receive(self, timeout: float | None):
         try:
-            msg = await self.ws.receive(timeout=timeout)
+            return await self.ws.receive(timeout=timeout)
         except asyncio.TimeoutError:
-            raise ServeError("timeout", f"no reply from the server in {timeout:g} s") from None
+            raise ServeError("timeout", f"nothing from the server in {timeout:g} s") from None
+
+    async def _next_text(self, timeout: float | None) -> dict:
+        msg = await self._receive(timeout)
         if msg.type is aiohttp.WSMsgType.TEXT:
             return _reply(msg.data)
         raise self._gone(msg)
@@ -150,10 +153,7 @@ class StreamClient:
         if self.done is not None:
             return None
         while True:
-            try:
-                msg = await self.ws.receive(timeout=timeout)
-            except asyncio.TimeoutError:
-                raise ServeError("timeout", f"nothing from the server in {timeout:g} s") from None
+            msg = await self._receive(timeout)
             t = time.perf_counter()
             if msg.type is aiohttp.WSMsgType.BINARY:
                 return self._piece(msg.data, t)
