@@ -116,6 +116,55 @@ def test_mimi_slots_give_each_stream_its_own_output(mimi, side, batched):
     assert pool.active == 0 and all(not a.any() for a in pool.bank.state.values())
 
 
+# Costs per call size that force each kind of plan on the tiny folder's ladder (1, 2 and 3 slots):
+# one by one; calls of 2 (a lone slot in a call of 2, rows read in place or gathered); calls of 3.
+FORCED = {"one by one": {1: 0.1, 2: 1.0, 3: 1.0}, "twos": {1: 1.0, 2: 0.1, 3: 10.0}, "threes": {1: 1.0, 2: 1.0, 3: 0.1}}
+
+
+@pytest.mark.parametrize("costs", FORCED.values(), ids=FORCED.keys())
+def test_every_size_of_the_ladder_gives_each_stream_its_own_output(mimi, costs):
+    assert [g.int("slots") for g in mimi.slot_graphs("decoder_slots")] == [3, 2]
+    rng = np.random.default_rng(5)
+    plan = []
+    # The stream of the middle slot leaves first: slots 0 and 2 then step without it.
+    for i, (join, frames) in enumerate([(0, 9), (0, 2), (0, 9), (6, 5), (7, 4)]):
+        x = _mimi_input(mimi, "decoder", rng, frames)
+        plan.append((join, _chunks(x, 2 + i % 3, "decoder", mimi), {}))
+    pool = SlotPool(mimi, "decoder", TINY_SLOTS)
+    assert sorted(pool.bank.graphs) == [1, 2, 3]
+    pool.bank.SMOOTHING = 0.0  # the forced costs stay as they are
+    pool.bank.cost = dict(costs)
+    out, _ = _run_pool(pool, plan)
+    if costs[2] < costs[1]:  # some call of 2 held slots 0 and 2: their rows were gathered
+        assert 2 in pool.bank._copies
+    for i, (_, pieces, _) in enumerate(plan):
+        want = _alone(mimi, "decoder", np.concatenate(pieces, axis=-1), {})
+        np.testing.assert_array_equal(np.concatenate(out[i]), want)
+
+
+def test_a_bank_plans_the_cheapest_calls_and_tries_each_size():
+    from codecport.runtime.slots import StepBank
+
+    bank = StepBank.__new__(StepBank)
+    bank.cost = {1: 7.5, 2: 10.3, 4: 15.4, 8: 27.0}  # ms a call, measured on the released Mimi
+    assert [bank.plan(k) for k in (1, 2, 3, 5, 9, 16)] == [[1], [2], [4], [4, 1], [8, 1], [8, 8]]
+    bank.cost = {1: 7.5, 2: None, 4: 15.4}
+    assert bank.plan(1) == [2]  # not measured yet: tried
+    bank.cost = {8: 27.0}
+    assert bank.plan(3) == [8] and bank.plan(10) == [8, 8]
+
+
+def test_a_ladder_copy_that_is_not_what_its_name_says_is_refused(tiny_mimi_export, tmp_path):
+    import shutil
+
+    from codecport.errors import ModelFileError
+
+    folder = shutil.copytree(tiny_mimi_export, tmp_path / "m")
+    shutil.copy(folder / "encoder_slots.onnx", folder / "encoder_slots_s2.onnx")
+    with pytest.raises(ModelFileError, match="holds 3 slots, its name says 2; re-export"):
+        codecport.load(folder).slot_graphs("encoder_slots")
+
+
 def test_snac_slots_give_each_stream_its_own_output(snac):
     rng = np.random.default_rng(2)
     plan = []
@@ -183,7 +232,7 @@ def test_an_int8_build_measures_its_slot_graphs(tiny_mimi_export, tmp_path):
     from codecport.export.builds import Build, build_of_folder
 
     report = build_of_folder(registry.get("mimi"), tiny_mimi_export, tmp_path / "int8", Build("cpu", "int8"))
-    for name in ("encoder_slots", "decoder_slots"):
+    for name in ("encoder_slots", "decoder_slots", "encoder_slots_s2"):
         d = report["deviation"][name]
         assert d["calls"] > 0 and "one call at a time" in d["measured"]
         assert 15 <= d["snr_db"] < 200 and 0 < d["max_abs_err"] < 1, (name, d)  # int8 is not exact, and close

@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 
 from ..errors import ExportError
+from ..runtime.folder import split_slots
 from .deviation import Probe, calibration_clips, deviation, generated_clips, record_feeds, slot_deviation
 from .graph import copy_model, export_folder, export_id, write_export, write_graphs, write_manifest
 from .precision import overflowing_nodes, quiet, to_fp16, to_int8
@@ -77,12 +78,13 @@ class Build:
 
 # ---- the whole step ------------------------------------------------------------------------
 def slot_feeds(models: dict[str, onnx.ModelProto], calib: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """Calibration feeds of each `<side>_slots` graph (B streams a call, every input batch-first)
+    """Calibration feeds of each `<side>_slots` graph and its ladder (B streams a call, every input batch-first)
     from its one-stream `<side>_step` graph's: row r of the i-th feed is the (i + r)-th one-stream
     feed, so a batch holds streams at different points, as a server's does."""
     out = {}
     for name, model in models.items():
-        one = calib.get(name.replace("_slots", "_step")) if name.endswith("_slots") else None
+        base = split_slots(name)[0]  # a ladder's copies too (encoder_slots_s4)
+        one = calib.get(base.removesuffix("_slots") + "_step") if base.endswith("_slots") else None
         if not one:
             continue
         b = model.graph.input[0].type.tensor_type.shape.dim[0].dim_value

@@ -177,13 +177,14 @@ def deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarr
 
 def slot_deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarray],
                    slot_feeds: Callable[[dict[str, list[dict]]], dict[str, list[dict]]]) -> dict[str, dict]:
-    """Each `<side>_slots` graph of the build against the fp32 one, call by call. The streams
+    """Each `<side>_slots` graph (and its ladder) of the build against the fp32 one, call by call. The streams
     `exercise` runs through the one-stream step graphs give the feeds (state included, from
     fp32), `slot_feeds` stacks them B streams a call, and both folders' slot graphs run the same
     calls: the first output's SNR and max abs error (the latent or audio), or its agreement
     (codes in the graph). One call each, not a stream: the state is fp32's every time."""
     ref = probe.open(ref_dir, options={"io_binding": "0", "parallel": "1"})
     names = [n for n in ref.present if n.endswith("_slots")]
+    names += [f"{n}_s{b}" for n in names for b in ref.ladders.get(n, [])]
     if not names:
         return {}
     var = probe.open(build_dir, options={"io_binding": "0", "parallel": "1"})

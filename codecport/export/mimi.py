@@ -34,6 +34,7 @@ from torch import nn
 from ..errors import ExportError
 from ..models.layers import StreamState
 from ..models.mimi import MimiModel
+from ..runtime.folder import slot_ladder, slots_name
 from ..runtime.rvq import MimiRvq
 from .batch import export_batched
 from .builds import Build, finish_export
@@ -127,7 +128,8 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
         ]
     if geo.step_frames is not None:
         f, n = geo.step_frames, geo.step_samples
-        for b, mode in ((1, "step"), *(((slots, "slots"),) if slots else ())):
+        ladder = [(b, "slots", slots_name("{}_slots", b, slots)) for b in slot_ladder(slots)] if slots else []
+        for b, mode, name in ((1, "step", "{}_step"), *ladder):
             offset = [Tensor("offset_in", (b,), "int64")]
             for side, x, y in (("encoder", Tensor("audio", (b, 1, n), "float32"), frames_io(f, b)),
                                ("decoder", frames_io(f, b), Tensor("audio", (b, 1, n), "float32"))):
@@ -135,7 +137,7 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
                 states_in = [Tensor(f"{name}_in", s, "float32") for name, s in shapes.items()]
                 states_out = [Tensor(f"{name}_out", s, "float32") for name, s in shapes.items()]
                 specs.append(GraphSpec(
-                    f"{side}_{mode}", StepGraph(model, side, k), [x, *offset, *states_in],
+                    name.format(side), StepGraph(model, side, k), [x, *offset, *states_in],
                     [y, Tensor("offset_out", (b,), "int64"), *states_out],
                     {**meta, **quant, **facts, "role": side, "mode": mode, "frames": str(f),
                      "samples": str(n), "positions_per_step": str(f * cfg.downsample_stride),
@@ -357,7 +359,7 @@ def describe(report: dict) -> list[str]:
         lines.append(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
                      "per call, state in/out (zeros to start)")
         if geo.get("slots"):
-            lines.append(f"  slot graphs  : the same step for {geo['slots']} independent streams a call "
-                         "(codec-serve)")
+            lines.append(f"  slot graphs  : the same step for {', '.join(map(str, slot_ladder(geo['slots'])))} "
+                         "independent streams a call (codec-serve)")
     lines.append(f"  attention    : {report['attention']}, {report['context']} positions")
     return lines

@@ -26,7 +26,7 @@ def run_streams(model: onnx.ModelProto, name: str, slots: int, streams: list[lis
     i % slots at step i (or when the stream before it in that slot has left; its row is reset),
     so some steps run part of the slots and some slots sit idle. `streams[i]` holds its steps'
     (first input `[1, ...]`, other inputs by name)."""
-    bank = StepBank(MemGraph(model, name), slots)
+    bank = StepBank([MemGraph(model, name)], slots)
     queue = {s: [i for i in range(len(streams)) if i % slots == s] for s in range(slots)}
     at = {i: 0 for i in range(len(streams))}
     out: list[list[np.ndarray]] = [[] for _ in streams]

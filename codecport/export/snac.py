@@ -30,6 +30,7 @@ from torch import nn
 from ..errors import ExportError
 from ..models.snac import SNAC
 from ..models.snac_stream import SnacStepDecoder
+from ..runtime.folder import slot_ladder, slots_name
 from ..runtime.rvq import SnacRvq
 from ..runtime.snac import SnacCodec
 from ..runtime.snac_stream import END_UNKNOWN
@@ -135,7 +136,7 @@ def graph_specs(snac: SNAC, geo: Geometry, meta: dict[str, str]) -> list[GraphSp
                    "samples": str(geo.samples), "margin": str(geo.encoder_margin)}),
         dec("decoder", geo.frames, "whole", {}),
         step("decoder_step", 1),
-        *([step("decoder_slots", geo.slots)] if geo.slots else []),
+        *(step(slots_name("decoder_slots", b, geo.slots), b) for b in (slot_ladder(geo.slots) if geo.slots else [])),
     ]
 
 
@@ -237,7 +238,8 @@ def export_snac(snac: SNAC, out_dir: Path, samples: int, step_coarse: int = 1, *
                 weights: str, weights_sha256: str, in_graph_codebooks: int | None = None,
                 build: Build | None = None, batch: int | None = None, slots: int | None = None) -> dict:
     """Export, check and validate every graph, then write them all; returns the report. `slots`
-    adds the step decoder again for that many streams a call (decoder_slots.onnx)."""
+    adds the step decoder again for that many streams a call (decoder_slots.onnx), and for each
+    power of two below it (decoder_slots_s<B>.onnx, runtime/folder.slot_ladder)."""
     build = build or Build()
     build.check()
     if in_graph_codebooks is not None:
@@ -313,5 +315,6 @@ def describe(report: dict) -> list[str]:
             (f"  step decoder  : {geo['step_frames']} frames in, {geo['step_frames'] * hop} samples out "
              f"per call, state in/out; its audio runs {geo['step_delay']} samples "
              f"({1000 * geo['step_delay'] / sr:.0f} ms) behind the codes (the decoder's right context)"),
-            *([f"  slot graph    : the same step for {geo['slots']} independent streams a call (codec-serve)"]
+            *([(f"  slot graphs   : the same step for {', '.join(map(str, slot_ladder(geo['slots'])))} "
+                "independent streams a call (codec-serve)")]
               if geo.get("slots") else [])]

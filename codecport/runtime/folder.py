@@ -26,6 +26,7 @@ MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB; a bigger one is not ours
 _BATCHED = re.compile(r"^(?P<base>.+)_b(?P<batch>[1-9][0-9]{0,3})$")
 _SIZED = re.compile(r"^(?P<base>.+)_f(?P<frames>[1-9][0-9]{0,8})$")
+_SLOTTED = re.compile(r"^(?P<base>.+_slots)_s(?P<slots>[1-9][0-9]{0,3})$")
 
 
 def batched_name(name: str, batch: int) -> str:
@@ -48,6 +49,26 @@ def split_sized(stem: str) -> tuple[str, int | None]:
     """(graph name, frames) of a file stem: `encoder_f50` -> ("encoder", 50), `encoder` -> ("encoder", None)."""
     m = _SIZED.match(stem)
     return (m["base"], int(m["frames"])) if m else (stem, None)
+
+
+def slot_ladder(top: int) -> list[int]:
+    """Slots a call of each graph `codec-export --slots top` writes: every power of two from 2
+    below `top`, and `top`. A call of b slots costs about b rows whatever few are ready, so a
+    server steps k ready slots through the smallest graph that holds them."""
+    return [*(1 << i for i in range(1, top.bit_length()) if 1 << i < top), top]
+
+
+def slots_name(name: str, slots: int, top: int) -> str:
+    """File stem of slot graph `name` (`encoder_slots`) for `slots` slots a call, in a ladder up to
+    `top`: the largest keeps the plain name (what folders of one slot graph hold), the others
+    `encoder_slots_s4`."""
+    return name if slots == top else f"{name}_s{slots}"
+
+
+def split_slots(stem: str) -> tuple[str, int | None]:
+    """(graph name, slots) of a file stem: `encoder_slots_s4` -> ("encoder_slots", 4), others -> (stem, None)."""
+    m = _SLOTTED.match(stem)
+    return (m["base"], int(m["slots"])) if m else (stem, None)
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -77,7 +98,9 @@ class GraphFolder:
     session on its share of the cores), `batchable` (graphs `codec-export --batch B` also
     writes with batch dimension B, as `<name>_b<B>`; `batches` says which the folder holds) and
     `sized` (fixed-length graphs an export may also write for fewer frames, as `<name>_f<F>`:
-    `sizes` says which the folder holds; they are in `present`).
+    `sizes` says which the folder holds; they are in `present`). A slot graph (mode `slots`)
+    may come with smaller copies, `<name>_s<B>` (a ladder): `ladders` says which B the folder
+    holds; `slot_graphs` opens them all.
 
     `options` are the provider's (see `provider_options`) plus `CODECPORT_OPTIONS`, e.g.
     `{"io_binding": "0"}` to stream through numpy state instead of IO binding.
@@ -128,6 +151,15 @@ class GraphFolder:
                     self.present.append(p.stem)
                     self.sizes.setdefault(g, []).append(frames)
             self.sizes.get(g, []).sort()
+        self.ladders: dict[str, list[int]] = {}  # slot graph -> slots a call of each of its copies
+        for g, (_, mode) in self.graphs.items():
+            if mode != "slots" or g not in self.files:
+                continue
+            for p in sorted(self.dir.glob(f"{g}_s*.onnx")) + sorted(self.dir.glob(f"{g}_s*.ort")):
+                base, b = split_slots(p.stem)
+                if base == g and p.stem not in self.files:
+                    self.files[p.stem] = p
+                    self.ladders.setdefault(g, []).append(b)
         if not self.present:
             raise ModelFileError(f"{self.dir}: holds no {self.label} graphs; run codec-export "
                                  f"{self.name} -o {self.dir}")
@@ -196,9 +228,11 @@ class GraphFolder:
                                      "re-export the folder")
         base, batch = split_batched(name)
         base, frames = split_sized(base)
-        if frames is not None and g.meta.get("frames") != str(frames):
-            raise ModelFileError(f"{g.path}: holds {g.meta.get('frames')} frames, its name says {frames}; "
-                                 "re-export the folder")
+        base, slots = split_slots(base)
+        for key, said in (("frames", frames), ("slots", slots)):
+            if said is not None and g.meta.get(key) != str(said):
+                raise ModelFileError(f"{g.path}: holds {g.meta.get(key)} {key}, its name says {said}; "
+                                     "re-export the folder")
         role, mode = self.graphs[base]
         for key, want in (("role", role), ("mode", mode), ("batch", str(batch))):
             if g.meta.get(key, "1" if key == "batch" else None) != want:
@@ -207,6 +241,10 @@ class GraphFolder:
         self.check_graph(base, g)
         self._graphs[name] = g
         return g
+
+    def slot_graphs(self, name: str) -> list[Graph]:
+        """Slot graph `name` and its smaller copies, opened."""
+        return [self.graph(name), *(self.graph(f"{name}_s{b}") for b in sorted(self.ladders.get(name, [])))]
 
     def window_graph(self, name: str) -> Graph:
         """Graph `name` for `map_windows` calls, when it also serves single calls (it is not in

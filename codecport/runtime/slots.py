@@ -38,98 +38,97 @@ log = logging.getLogger(__name__)
 
 
 class StepBank:
-    """The state of `size` slots of one step graph; a graph of batch b runs `ceil(size / b)`
-    groups of b slots, one call per group that has a slot to step.
+    """The state of `size` slots of one step, in numpy rows, stepped through `graphs`: the same
+    step for b slots a call, one graph per b (the folder's one-stream `<side>_step` and its
+    `<side>_slots` ladder, or one of them).
 
-    `single`: the same step for one slot (the folder's `<side>_step`), whose state rows are the
-    batched graph's. A batched call costs about the same however few of its slots have a step,
-    so when k slots are ready and k single calls cost less than one batched call (as measured
-    on the calls so far), the bank makes those k calls: a slot with nothing to do then costs
-    the others nothing, and a lone stream waits no longer than on a graph of its own.
+    A call of b slots costs about the same however few of them have a step, so the k slots ready
+    go through the calls that cost least for k, as measured on the calls so far (a size not yet
+    measured is tried first): one by one, the smallest graph that holds them, or a mix. A lone
+    stream then waits no longer than on a graph of its own, and four ready slots of sixteen cost
+    a call of four. A call reads the slots' rows in place when they lie within b rows, else a
+    copy of them; rows it holds without a step are fed zeros and keep their state.
     """
 
-    SMOOTHING = 0.2  # weight of the latest call in the running cost of each kind
+    SMOOTHING = 0.2  # weight of the latest call in the running cost of each size
 
-    def __init__(self, graph: Graph, size: int, single: Graph | None = None):
-        self.graph = graph
-        self.pairs, self.fed = step_io(graph)
-        args = {a.name: a for a in graph.session.get_inputs()}
-        self.b = int(args[self.fed[0]].shape[0])
+    def __init__(self, graphs: Sequence[Graph], size: int):
+        by_b = {}
+        for g in graphs:
+            first = step_io(g)[1][0]
+            by_b[int(next(a.shape[0] for a in g.session.get_inputs() if a.name == first))] = g
+        self.graph = by_b[max(by_b)]  # the largest: what the others must match
+        self.pairs, self.fed = step_io(self.graph)
+        args = {a.name: a for a in self.graph.session.get_inputs()}
+        self.b = max(by_b)
         self.size = size
-        rows = -(-size // self.b) * self.b
-        self.rows = {n: (tuple(args[n].shape[1:]), dtype_of(args[n], graph.path)) for n in args}
-        self.state = {i: np.zeros((rows, *self.rows[i][0]), self.rows[i][1]) for _, i in self.pairs}
-        self.single = single if self.b > 1 and single is not None and self._fits(single) else None
+        self.rows = {n: (tuple(args[n].shape[1:]), dtype_of(args[n], self.graph.path)) for n in args}
+        self.state = {i: np.zeros((size, *self.rows[i][0]), self.rows[i][1]) for _, i in self.pairs}
+        self.graphs = {b: g for b, g in sorted(by_b.items()) if g is self.graph or self._fits(g, b)}
         # Slots are rows of axis 0: every input must have one, and a step must carry state (the
         # window graph older SNAC folders hold as their step has none).
         self.batch_first = bool(self.pairs) and all(len(args[n].shape) > 0 and args[n].shape[0] == self.b for n in args)
-        self.cost: dict[str, float | None] = {"batch": None, "single": None}  # seconds a call
+        self.cost: dict[int, float | None] = dict.fromkeys(self.graphs)  # seconds a call, per size
+        self._copies: dict[int, dict[str, np.ndarray]] = {}  # per size: rows gathered for a call
 
-    def _fits(self, g: Graph) -> bool:
-        """Whether `g` is this step for one slot, with the same inputs and state rows (folders of
+    def _fits(self, g: Graph, b: int) -> bool:
+        """Whether `g` is this step for b slots, with the same inputs and state rows (folders of
         codecport 0.3 and older keep Mimi's attention state batch-second: no)."""
         return [a.name for a in g.session.get_inputs()] == list(self.rows) and all(
-            tuple(a.shape) == (1, *self.rows[a.name][0]) for a in g.session.get_inputs())
+            tuple(a.shape) == (b, *self.rows[a.name][0]) for a in g.session.get_inputs())
 
     def reset(self, slot: int) -> None:
         for a in self.state.values():
             a[slot] = 0
 
-    def _timed(self, kind: str, g: Graph, feeds: dict) -> list[np.ndarray]:
-        t = time.perf_counter()
-        ys = g.session.run(None, feeds)
-        dt, old = time.perf_counter() - t, self.cost[kind]
-        self.cost[kind] = dt if old is None else old + self.SMOOTHING * (dt - old)
-        return ys
-
-    def _one_by_one(self, k: int) -> bool:
-        if self.single is None or k == self.b:
-            return False
-        if self.cost["single"] is None or self.cost["batch"] is None:
-            return self.cost["single"] is None  # learn both costs first
-        return k * self.cost["single"] < self.cost["batch"]
+    def plan(self, k: int) -> list[int]:
+        """The sizes of the calls that step k ready slots at the least cost known (an unmeasured
+        size counts as free, so each is tried), largest first; each call takes the next slots."""
+        cost = {b: c or 0.0 for b, c in self.cost.items()}
+        best: list[tuple[float, list[int]]] = [(0.0, [])]
+        for n in range(1, k + 1):
+            best.append(min((best[max(0, n - b)][0] + c, [b, *best[max(0, n - b)][1]]) for b, c in cost.items()))
+        return sorted(best[k][1], reverse=True)
 
     def run(self, steps: Mapping[int, tuple[np.ndarray, dict[str, np.ndarray]]]) -> dict[int, np.ndarray]:
         """One step of each slot in `steps` (slot -> its first input `[1, ...]` and its other
         inputs): slot -> its first output `[1, ...]`."""
         out: dict[int, np.ndarray] = {}
-        b = self.b
-        for lo in sorted({s // b * b for s in steps}):
-            rows = [s - lo for s in steps if lo <= s < lo + b]
-            if self._one_by_one(len(rows)):
-                for r in rows:
-                    out[lo + r] = self._run_one(lo + r, *steps[lo + r])
-                continue
-            feeds = {}
-            for i, name in enumerate(self.fed):
-                shape, dtype = self.rows[name]
-                a = np.zeros((b, *shape), dtype)
-                for r in rows:
-                    x, extra = steps[lo + r]
-                    a[r] = (x if i == 0 else extra[name])[0]
-                feeds[name] = a
-            for _, name in self.pairs:
-                feeds[name] = self.state[name][lo:lo + b]
-            ys = self._timed("batch", self.graph, feeds)
-            idle = [r for r in range(b) if r not in rows]
-            for (_, name), v in zip(self.pairs, ys[1:]):
-                old = self.state[name]
-                if len(old) == b:  # one group: the outputs become the state, idle rows put back
-                    v[idle] = old[idle]
-                    self.state[name] = v
-                else:
-                    old[[lo + r for r in rows]] = v[rows]
-            for r in rows:
-                out[lo + r] = ys[0][r:r + 1]
+        pending = sorted(steps)
+        for b in self.plan(len(pending)):
+            slots, pending = pending[:b], pending[b:]
+            out.update(self._call(b, slots, steps))
         return out
 
-    def _run_one(self, slot: int, x: np.ndarray, extra: dict[str, np.ndarray]) -> np.ndarray:
-        feeds = {self.fed[0]: x, **{n: extra[n] for n in self.fed[1:]}}
-        feeds.update({name: self.state[name][slot:slot + 1] for _, name in self.pairs})
-        ys = self._timed("single", self.single, feeds)
+    def _call(self, b: int, slots: list[int], steps: Mapping) -> dict[int, np.ndarray]:
+        lo = min(slots[0], max(0, self.size - b))
+        inside = slots[-1] < lo + b <= self.size
+        rows = [s - lo for s in slots] if inside else list(range(len(slots)))
+        feeds = {}
+        for i, name in enumerate(self.fed):
+            shape, dtype = self.rows[name]
+            a = np.zeros((b, *shape), dtype)
+            for s, r in zip(slots, rows):
+                x, extra = steps[s]
+                a[r] = (x if i == 0 else extra[name])[0]
+            feeds[name] = a
+        for _, name in self.pairs:
+            if inside:
+                feeds[name] = self.state[name][lo:lo + b]
+            else:
+                # Rows past the slots' keep what an earlier call left there: some slot's state,
+                # which a step of zeros reads as well as any (its outputs are dropped).
+                rows_in = self._copies.setdefault(b, {}).setdefault(
+                    name, np.zeros((b, *self.rows[name][0]), self.rows[name][1]))
+                np.take(self.state[name], slots, axis=0, out=rows_in[:len(slots)])
+                feeds[name] = rows_in
+        t = time.perf_counter()
+        ys = self.graphs[b].session.run(None, feeds)
+        dt, old = time.perf_counter() - t, self.cost[b]
+        self.cost[b] = dt if old is None else old + self.SMOOTHING * (dt - old)
         for (_, name), v in zip(self.pairs, ys[1:]):
-            self.state[name][slot] = v[0]
-        return ys[0]
+            self.state[name][slots] = v[rows]
+        return {s: ys[0][r:r + 1] for s, r in zip(slots, rows)}
 
 
 class BankRow:
@@ -244,10 +243,8 @@ class SlotPool(Pool):
             raise CodecportError(f"{codec.label}'s {side} stream runs whole windows, not steps: slot pools "
                                  "step codecs with step graphs; a WindowPool (open_pool) serves it")
         step = codec.graph(f"{side}_step")
-        if batched and f"{side}_slots" in codec.present:
-            self.bank = StepBank(codec.graph(f"{side}_slots"), size, single=step)
-        else:
-            self.bank = StepBank(step, size)
+        slotted = batched and f"{side}_slots" in codec.present
+        self.bank = StepBank([step, *(codec.slot_graphs(f"{side}_slots") if slotted else [])], size)
         if not self.bank.batch_first:
             raise CodecportError(f"{codec.dir}: its {side} step graph keeps no state a batch row at a time "
                                  "(an export of codecport 0.3 or older); re-export the folder to serve it")
