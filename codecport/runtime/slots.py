@@ -10,8 +10,8 @@ empty). `step` blocks: a server runs it in a thread (ONNX Runtime releases the G
 
 The steps run in a `StepBank`: the state of every slot in numpy rows, stepped through the
 folder's batched step graphs (`<side>_slots.onnx`, written by `codec-export --slots B`: B slots
-a call) or, without them, its step graphs one slot a call; with both, whichever costs less for
-the slots ready (a few slots go one by one). A batched call feeds zeros to the slots with
+a call, and its ladder of fewer) and its one-slot step graph, the calls that cost least for the
+slots ready. A batched call feeds zeros to the slots with
 nothing to do and keeps their rows as they were, so an idle slot changes nothing,
 and a slot reset or joining never disturbs the others (every op of the graphs keeps the batch
 rows apart). A slot gives, piece by piece, exactly what one stream of stream.py gives for the
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -50,7 +51,11 @@ class StepBank:
     copy of them; rows it holds without a step are fed zeros and keep their state.
     """
 
-    SMOOTHING = 0.2  # weight of the latest call in the running cost of each size
+    # A size's cost: the least of its last `TIMES` calls (a call is never faster than its cost;
+    # the machine busy elsewhere only makes one slower), known after `TIMES` calls not counting
+    # a session's first (its memory set up), and measured again after `STALE` calls of the bank
+    # without it: one slow spell would otherwise keep a size out for good.
+    TIMES, STALE = 3, 200
 
     def __init__(self, graphs: Sequence[Graph], size: int):
         by_b = {}
@@ -69,6 +74,9 @@ class StepBank:
         # window graph older SNAC folders hold as their step has none).
         self.batch_first = bool(self.pairs) and all(len(args[n].shape) > 0 and args[n].shape[0] == self.b for n in args)
         self.cost: dict[int, float | None] = dict.fromkeys(self.graphs)  # seconds a call, per size
+        self.times: dict[int, deque] = {b: deque(maxlen=self.TIMES) for b in self.graphs}
+        self.used = dict.fromkeys(self.graphs, 0)  # the call count when each size last ran
+        self.calls = 0
         self._copies: dict[int, dict[str, np.ndarray]] = {}  # per size: rows gathered for a call
 
     def _fits(self, g: Graph, b: int) -> bool:
@@ -84,7 +92,7 @@ class StepBank:
     def plan(self, k: int) -> list[int]:
         """The sizes of the calls that step k ready slots at the least cost known (an unmeasured
         size counts as free, so each is tried), largest first; each call takes the next slots."""
-        cost = {b: c or 0.0 for b, c in self.cost.items()}
+        cost = {b: 0.0 if c is None or self.calls - self.used[b] > self.STALE else c for b, c in self.cost.items()}
         best: list[tuple[float, list[int]]] = [(0.0, [])]
         for n in range(1, k + 1):
             best.append(min((best[max(0, n - b)][0] + c, [b, *best[max(0, n - b)][1]]) for b, c in cost.items()))
@@ -101,6 +109,7 @@ class StepBank:
         return out
 
     def _call(self, b: int, slots: list[int], steps: Mapping) -> dict[int, np.ndarray]:
+        t = time.perf_counter()  # the cost of a call counts its copies in and out
         lo = min(slots[0], max(0, self.size - b))
         inside = slots[-1] < lo + b <= self.size
         rows = [s - lo for s in slots] if inside else list(range(len(slots)))
@@ -120,14 +129,20 @@ class StepBank:
                 # which a step of zeros reads as well as any (its outputs are dropped).
                 rows_in = self._copies.setdefault(b, {}).setdefault(
                     name, np.zeros((b, *self.rows[name][0]), self.rows[name][1]))
-                np.take(self.state[name], slots, axis=0, out=rows_in[:len(slots)])
+                for r, s in enumerate(slots):  # row by row: twice as fast as np.take here
+                    rows_in[r] = self.state[name][s]
                 feeds[name] = rows_in
-        t = time.perf_counter()
         ys = self.graphs[b].session.run(None, feeds)
-        dt, old = time.perf_counter() - t, self.cost[b]
-        self.cost[b] = dt if old is None else old + self.SMOOTHING * (dt - old)
         for (_, name), v in zip(self.pairs, ys[1:]):
             self.state[name][slots] = v[rows]
+        dt = time.perf_counter() - t
+        if self.calls - self.used[b] > self.STALE:
+            self.times[b].clear()
+        if self.used[b]:
+            self.times[b].append(dt)
+        self.cost[b] = min(self.times[b]) if len(self.times[b]) == self.TIMES else None
+        self.calls += 1
+        self.used[b] = self.calls
         return {s: ys[0][r:r + 1] for s, r in zip(slots, rows)}
 
 
