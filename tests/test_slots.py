@@ -142,33 +142,27 @@ def test_a_bank_plans_the_cheapest_calls_and_tries_each_size():
     from codecport.runtime.slots import StepBank
 
     bank = StepBank.__new__(StepBank)
-    bank.calls, bank.used = 10, dict.fromkeys((1, 2, 4, 8), 9)  # cost: the least of a size's last calls
     bank.cost = {1: 7.5, 2: 10.3, 4: 15.4, 8: 27.0}  # ms a call, measured on the released Mimi
     assert [bank.plan(k) for k in (1, 2, 3, 5, 9, 16)] == [[1], [2], [4], [4, 1], [8, 1], [8, 8]]
     bank.cost = {1: 7.5, 2: None, 4: 15.4}
     assert bank.plan(1) == [2]  # not measured yet: tried
     bank.cost = {1: 7.5, 2: 100.0, 4: 15.4}
     assert bank.plan(2) == [1, 1]
-    bank.calls = 10 + StepBank.STALE
-    bank.used.update({1: bank.calls, 4: bank.calls})
-    assert bank.plan(2) == [2]  # not used for long: measured again
-    bank.cost, bank.used = {8: 27.0}, {8: bank.calls}
+    bank.cost = {8: 27.0}
     assert bank.plan(3) == [8] and bank.plan(10) == [8, 8]
 
 
 def test_a_bank_knows_a_size_by_its_fastest_recent_calls(mimi):
     pool = SlotPool(mimi, "decoder", TINY_SLOTS)
     bank = pool.bank
+    # Measured when the pool opens: a session's first call not counted, then TIMES calls.
+    assert all(bank.runs[b] == bank.TIMES + 1 and bank.cost[b] == min(bank.times[b]) for b in bank.graphs)
     bank.plan = lambda k: [2]
     slot = pool.open()
     slot.feed(_mimi_input(mimi, "decoder", np.random.default_rng(6), 12))
-    for _ in range(1 + bank.TIMES):  # the session's first call is not counted
-        assert bank.cost[2] is None
-        pool.step([slot])
-    assert bank.cost[2] == min(bank.times[2]) and len(bank.times[2]) == bank.TIMES
     bank.times[2].append(10.0)  # one call slowed by something else on the machine
     pool.step([slot])
-    assert bank.cost[2] < 1.0
+    assert bank.runs[2] == bank.TIMES + 2 and bank.cost[2] < 1.0
 
 
 def test_a_ladder_copy_that_is_not_what_its_name_says_is_refused(tiny_mimi_export, tmp_path):

@@ -51,11 +51,12 @@ class StepBank:
     copy of them; rows it holds without a step are fed zeros and keep their state.
     """
 
-    # A size's cost: the least of its last `TIMES` calls (a call is never faster than its cost;
-    # the machine busy elsewhere only makes one slower), known after `TIMES` calls not counting
-    # a session's first (its memory set up), and measured again after `STALE` calls of the bank
-    # without it: one slow spell would otherwise keep a size out for good.
-    TIMES, STALE = 3, 200
+    # A size's cost: the least of its last `TIMES` calls, known after `TIMES` calls not counting
+    # a session's first (its memory set up). A call is never faster than its cost, and the
+    # machine busy elsewhere only makes one slower: one slow call must not keep a size out for
+    # good. Sizes are not tried again later: each try is a slow step for the streams in it (a
+    # size of 8 tried every 200 calls put 2 streams' p99 over 80 ms).
+    TIMES = 3
 
     def __init__(self, graphs: Sequence[Graph], size: int):
         by_b = {}
@@ -75,8 +76,7 @@ class StepBank:
         self.batch_first = bool(self.pairs) and all(len(args[n].shape) > 0 and args[n].shape[0] == self.b for n in args)
         self.cost: dict[int, float | None] = dict.fromkeys(self.graphs)  # seconds a call, per size
         self.times: dict[int, deque] = {b: deque(maxlen=self.TIMES) for b in self.graphs}
-        self.used = dict.fromkeys(self.graphs, 0)  # the call count when each size last ran
-        self.calls = 0
+        self.runs = dict.fromkeys(self.graphs, 0)  # calls of each size
         self._copies: dict[int, dict[str, np.ndarray]] = {}  # per size: rows gathered for a call
 
     def _fits(self, g: Graph, b: int) -> bool:
@@ -92,7 +92,7 @@ class StepBank:
     def plan(self, k: int) -> list[int]:
         """The sizes of the calls that step k ready slots at the least cost known (an unmeasured
         size counts as free, so each is tried), largest first; each call takes the next slots."""
-        cost = {b: 0.0 if c is None or self.calls - self.used[b] > self.STALE else c for b, c in self.cost.items()}
+        cost = {b: c or 0.0 for b, c in self.cost.items()}
         best: list[tuple[float, list[int]]] = [(0.0, [])]
         for n in range(1, k + 1):
             best.append(min((best[max(0, n - b)][0] + c, [b, *best[max(0, n - b)][1]]) for b, c in cost.items()))
@@ -107,6 +107,22 @@ class StepBank:
             slots, pending = pending[:b], pending[b:]
             out.update(self._call(b, slots, steps))
         return out
+
+    def warm(self) -> None:
+        """Every size's cost measured before a slot steps, on zero input and state (the outputs
+        dropped): a size first tried under load would be a slow step for the streams in it."""
+        for b, g in self.graphs.items() if len(self.graphs) > 1 else ():
+            feeds = {n: np.zeros((b, *shape), dtype) for n, (shape, dtype) in self.rows.items()}
+            while self.cost[b] is None:
+                t = time.perf_counter()
+                g.session.run(None, feeds)
+                self._record(b, time.perf_counter() - t)
+
+    def _record(self, b: int, seconds: float) -> None:
+        if self.runs[b]:
+            self.times[b].append(seconds)
+        self.cost[b] = min(self.times[b]) if len(self.times[b]) == self.TIMES else None
+        self.runs[b] += 1
 
     def _call(self, b: int, slots: list[int], steps: Mapping) -> dict[int, np.ndarray]:
         t = time.perf_counter()  # the cost of a call counts its copies in and out
@@ -135,14 +151,7 @@ class StepBank:
         ys = self.graphs[b].session.run(None, feeds)
         for (_, name), v in zip(self.pairs, ys[1:]):
             self.state[name][slots] = v[rows]
-        dt = time.perf_counter() - t
-        if self.calls - self.used[b] > self.STALE:
-            self.times[b].clear()
-        if self.used[b]:
-            self.times[b].append(dt)
-        self.cost[b] = min(self.times[b]) if len(self.times[b]) == self.TIMES else None
-        self.calls += 1
-        self.used[b] = self.calls
+        self._record(b, time.perf_counter() - t)
         return {s: ys[0][r:r + 1] for s, r in zip(slots, rows)}
 
 
@@ -263,6 +272,7 @@ class SlotPool(Pool):
         if not self.bank.batch_first:
             raise CodecportError(f"{codec.dir}: its {side} step graph keeps no state a batch row at a time "
                                  "(an export of codecport 0.3 or older); re-export the folder to serve it")
+        self.bank.warm()
         self.slots = [Slot(self, i) for i in range(size)]
 
     @property
