@@ -20,9 +20,10 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 def test_graphs_are_static_plain_convs_with_the_receptive_field_in_the_metadata(tiny_snac_export):
     manifest = json.loads((tiny_snac_export / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"encoder", "decoder", "decoder_step", "decoder_slots", "rvq", "manifest"}
+    assert set(manifest["files"]) == {"encoder", "decoder", "decoder_step", "decoder_slots", "decoder_slots_s2",
+                                      "rvq", "manifest"}
     enc_margin, dec_margin = PRESETS["tiny"].margins()
-    for name in ("encoder", "decoder", "decoder_step", "decoder_slots"):
+    for name in ("encoder", "decoder", "decoder_step", "decoder_slots", "decoder_slots_s2"):
         model = onnx.load(str(tiny_snac_export / f"{name}.onnx"))
         ops = {n.op_type for n in model.graph.node}
         assert "ConvTranspose" not in ops and "Pad" not in ops and "Conv" in ops
@@ -36,7 +37,7 @@ def test_graphs_are_static_plain_convs_with_the_receptive_field_in_the_metadata(
         if name in ("encoder", "decoder"):
             assert int(meta["margin"]) == (enc_margin if name == "encoder" else dec_margin)
         else:  # a step: its audio runs the decoder's right context behind, 149 samples for tiny
-            assert int(meta["delay"]) == 149 and meta["states"] and meta["slots"] in ("1", "3")
+            assert int(meta["delay"]) == 149 and meta["states"] and meta["slots"] in ("1", "2", "3")
         assert meta["vq_strides"] == "4,2,1" and meta["unit_frames"] == "4"
     inputs = [i.name for i in onnx.load(str(tiny_snac_export / "decoder.onnx")).graph.input]
     assert inputs == ["latent", "mask", "noise_0", "noise_1"]  # the noise is an input
@@ -91,7 +92,7 @@ def test_check_gives_every_graph_a_verdict(tiny_snac_export, tmp_path):
     proc = invoke("codec-export", "check", tiny_snac_export, "--json", tmp_path / "c.json")
     assert proc.returncode == 0, proc.stderr
     reports = {Path(r["file"]).stem: r for r in json.loads((tmp_path / "c.json").read_text())}
-    assert set(reports) == {"encoder", "decoder", "decoder_step", "decoder_slots"}
+    assert set(reports) == {"encoder", "decoder", "decoder_step", "decoder_slots", "decoder_slots_s2"}
     for r in reports.values():
         assert r["eps"]["directml"]["full"], r["eps"]["directml"]  # no ConvTranspose, no Conv pads
         assert set(r["eps"]) >= {"coreml-mlprogram", "nnapi", "directml"}

@@ -93,10 +93,16 @@ class StepBank:
         """The sizes of the calls that step k ready slots at the least cost known (an unmeasured
         size counts as free, so each is tried), largest first; each call takes the next slots."""
         cost = {b: c or 0.0 for b, c in self.cost.items()}
-        best: list[tuple[float, list[int]]] = [(0.0, [])]
+        best, first = [0.0], [0]  # least cost of n slots, and the size of its first call
         for n in range(1, k + 1):
-            best.append(min((best[max(0, n - b)][0] + c, [b, *best[max(0, n - b)][1]]) for b, c in cost.items()))
-        return sorted(best[k][1], reverse=True)
+            c, b = min((best[max(0, n - b)] + c, b) for b, c in cost.items())
+            best.append(c)
+            first.append(b)
+        sizes = []
+        while k > 0:
+            sizes.append(first[k])
+            k -= first[k]
+        return sorted(sizes, reverse=True)
 
     def run(self, steps: Mapping[int, tuple[np.ndarray, dict[str, np.ndarray]]]) -> dict[int, np.ndarray]:
         """One step of each slot in `steps` (slot -> its first input `[1, ...]` and its other
