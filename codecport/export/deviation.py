@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime.folder import ladder_name
+
 # Calibration feeds kept per graph (see record_feeds).
 MAX_FEEDS = 64
 
@@ -184,7 +186,7 @@ def slot_deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.
     (codes in the graph). One call each, not a stream: the state is fp32's every time."""
     ref = probe.open(ref_dir, options={"io_binding": "0", "parallel": "1"})
     names = [n for n in ref.present if n.endswith("_slots")]
-    names += [f"{n}_s{b}" for n in names for b in ref.ladders.get(n, [])]
+    names += [ladder_name(n, b) for n in names for b in ref.ladders.get(n, [])]
     if not names:
         return {}
     var = probe.open(build_dir, options={"io_binding": "0", "parallel": "1"})

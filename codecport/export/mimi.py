@@ -128,8 +128,7 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
         ]
     if geo.step_frames is not None:
         f, n = geo.step_frames, geo.step_samples
-        ladder = [(b, "slots", slots_name("{}_slots", b, slots)) for b in slot_ladder(slots)] if slots else []
-        for b, mode, name in ((1, "step", "{}_step"), *ladder):
+        for b, mode in ((1, "step"), *((b, "slots") for b in (slot_ladder(slots) if slots else []))):
             offset = [Tensor("offset_in", (b,), "int64")]
             for side, x, y in (("encoder", Tensor("audio", (b, 1, n), "float32"), frames_io(f, b)),
                                ("decoder", frames_io(f, b), Tensor("audio", (b, 1, n), "float32"))):
@@ -137,7 +136,8 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
                 states_in = [Tensor(f"{name}_in", s, "float32") for name, s in shapes.items()]
                 states_out = [Tensor(f"{name}_out", s, "float32") for name, s in shapes.items()]
                 specs.append(GraphSpec(
-                    name.format(side), StepGraph(model, side, k), [x, *offset, *states_in],
+                    f"{side}_step" if mode == "step" else slots_name(f"{side}_slots", b, slots),
+                    StepGraph(model, side, k), [x, *offset, *states_in],
                     [y, Tensor("offset_out", (b,), "int64"), *states_out],
                     {**meta, **quant, **facts, "role": side, "mode": mode, "frames": str(f),
                      "samples": str(n), "positions_per_step": str(f * cfg.downsample_stride),

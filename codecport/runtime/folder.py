@@ -62,7 +62,12 @@ def slots_name(name: str, slots: int, top: int) -> str:
     """File stem of slot graph `name` (`encoder_slots`) for `slots` slots a call, in a ladder up to
     `top`: the largest keeps the plain name (what folders of one slot graph hold), the others
     `encoder_slots_s4`."""
-    return name if slots == top else f"{name}_s{slots}"
+    return name if slots == top else ladder_name(name, slots)
+
+
+def ladder_name(name: str, slots: int) -> str:
+    """File stem of slot graph `name`'s smaller copy for `slots` slots a call (`encoder_slots_s4`)."""
+    return f"{name}_s{slots}"
 
 
 def split_slots(stem: str) -> tuple[str, int | None]:
@@ -244,7 +249,7 @@ class GraphFolder:
 
     def slot_graphs(self, name: str) -> list[Graph]:
         """Slot graph `name` and its smaller copies, opened."""
-        return [self.graph(name), *(self.graph(f"{name}_s{b}") for b in sorted(self.ladders.get(name, [])))]
+        return [self.graph(name), *(self.graph(ladder_name(name, b)) for b in sorted(self.ladders.get(name, [])))]
 
     def window_graph(self, name: str) -> Graph:
         """Graph `name` for `map_windows` calls, when it also serves single calls (it is not in
