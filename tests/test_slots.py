@@ -323,7 +323,7 @@ def test_a_window_pool_runs_one_window_a_slot_a_step(smoke_exports):
     step = (codec.frames - codec.overlap) * codec.frame_size  # a first window's final audio
     out, failed = pool.step([a, b])
     assert not failed and out[a].size == step and out[b].size == step and a.ready() and not b.ready()
-    pieces = [out[a]]
+    pieces, pieces_b = [out[a]], out[b]
     while not a.finished:
         out, failed = pool.step([a])
         assert not failed and out[a].size <= step + codec.overlap * codec.frame_size
@@ -331,3 +331,11 @@ def test_a_window_pool_runs_one_window_a_slot_a_step(smoke_exports):
     alone = codec.decoder_stream()
     want = np.concatenate([alone.push(burst), alone.flush()])
     assert len(pieces) > 4 and np.array_equal(np.concatenate(pieces), want)
+    # b's input has all run (a whole window) when its end comes: the next step is its flush alone.
+    b.end()
+    assert b.ready()
+    out, failed = pool.step([b])
+    assert not failed and b.finished
+    alone = codec.decoder_stream()
+    want = np.concatenate([alone.push(other), alone.flush()])
+    assert np.array_equal(np.concatenate([pieces_b, out[b]]), want)

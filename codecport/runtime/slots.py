@@ -376,7 +376,8 @@ class WindowPool(Pool):
         for s in [s for s in slots if s.ready()]:
             # One window a slot a step: a client that sends a whole utterance at once would
             # otherwise hold every other stream (and the server's memory) for all its windows.
-            codes = np.concatenate(s.pending)
+            # Nothing waits when the input ended after the last of it had run: the flush alone.
+            codes = np.concatenate(s.pending) if s.pending else np.zeros(0, np.int64)
             take = s.stream.frames_to_window
             s.pending = [codes[take:]] if codes.size > take else []
             try:
