@@ -31,6 +31,7 @@ import onnx
 
 from ..errors import ExportError
 from ..runtime.folder import split_slots
+from ..runtime.stream import ring_window
 from .deviation import Probe, calibration_clips, deviation, generated_clips, record_feeds, slot_deviation
 from .graph import copy_model, export_folder, export_id, write_export, write_graphs, write_manifest
 from .precision import overflowing_nodes, quiet, to_fp16, to_int8
@@ -88,8 +89,13 @@ def slot_feeds(models: dict[str, onnx.ModelProto], calib: dict[str, list[dict]])
         if not one:
             continue
         b = model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
-        out[name] = [{k: np.concatenate([one[(i + r) % len(one)][k] for r in range(b)]) for k in one[0]}
-                     for i in range(len(one))]
+        rings = {o.name.removesuffix("_new") + "_in" for o in model.graph.output if o.name.endswith("_new")}
+
+        def row(f: dict, k: str, rings=rings) -> np.ndarray:  # the caches a slot graph keeps as rings, as rings
+            return ring_window(f[k], int(f["offset_in"][0]), back=True) if k in rings else f[k]
+
+        out[name] = [{k: np.concatenate([row(one[(i + r) % len(one)], k) for r in range(b)])
+                      for k in one[0]} for i in range(len(one))]
     return out
 
 

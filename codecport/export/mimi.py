@@ -73,21 +73,23 @@ class DecoderGraph(nn.Module):
 
 
 class StepGraph(nn.Module):
-    """One streaming step of `side`: (x, offset, *states) -> (y, offset + positions, *states)."""
+    """One streaming step of `side`: (x, offset, *states) -> (y, offset + positions, *states);
+    with `ring`, (y, offset + positions, ring_at, *states), each attention cache's output its
+    step's new rows (see `Attention`)."""
 
-    def __init__(self, model: MimiModel, side: str, k: int | None):
+    def __init__(self, model: MimiModel, side: str, k: int | None, ring: bool = False):
         super().__init__()
-        self.model, self.side, self.k = model, side, k
+        self.model, self.side, self.k, self.ring = model, side, k, ring
         self.names = list(model.state_shapes(side))
         self.inner = EncoderGraph(model, k) if side == "encoder" else DecoderGraph(model, k)
 
     def forward(self, x: torch.Tensor, offset: torch.Tensor, *states: torch.Tensor):
-        st = StreamState(dict(zip(self.names, states)), offset)
+        st = StreamState(dict(zip(self.names, states)), offset, ring=self.ring)
         with self.model.streaming(st, self.side):
             y = self.inner(x)
         frames = x.shape[-1] // self.model.cfg.frame_size if self.side == "encoder" else x.shape[-1]
         return (y, offset + frames * self.model.cfg.downsample_stride,
-                *[st.outputs[n] for n in self.names])
+                *([st.ring_at] if self.ring else []), *[st.outputs[n] for n in self.names])
 
 
 @dataclass
@@ -128,23 +130,33 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
         ]
     if geo.step_frames is not None:
         f, n = geo.step_frames, geo.step_samples
-        for b, mode in ((1, "step"), *((b, "slots") for b in (slot_ladder(slots) if slots else []))):
+        t = f * cfg.downsample_stride  # transformer positions a step
+        # The slot graphs (a server's, run by the runtime's StepBank) keep attention caches as
+        # rings, written in place by the runtime, down to one slot; the step pair keeps the
+        # shifted window that any ONNX runner (the browser's, io_binding on a GPU) carries as is.
+        for b, mode in ((1, "step"), *((b, "slots") for b in ([1, *slot_ladder(slots)] if slots else []))):
             offset = [Tensor("offset_in", (b,), "int64")]
             for side, x, y in (("encoder", Tensor("audio", (b, 1, n), "float32"), frames_io(f, b)),
                                ("decoder", frames_io(f, b), Tensor("audio", (b, 1, n), "float32"))):
                 shapes = {name: (b, *s[1:]) for name, s in model.state_shapes(side).items()}
+                rings = set(model.attention_states(side)) if mode == "slots" else set()
                 states_in = [Tensor(f"{name}_in", s, "float32") for name, s in shapes.items()]
-                states_out = [Tensor(f"{name}_out", s, "float32") for name, s in shapes.items()]
+                states_out = [Tensor(f"{name}_new", (*s[:-2], t, s[-1]), "float32") if name in rings
+                              else Tensor(f"{name}_out", s, "float32") for name, s in shapes.items()]
+                at = [Tensor("ring_at", (b, t), "int64")] if rings else []
                 specs.append(GraphSpec(
                     f"{side}_step" if mode == "step" else slots_name(f"{side}_slots", b, slots),
-                    StepGraph(model, side, k), [x, *offset, *states_in],
-                    [y, Tensor("offset_out", (b,), "int64"), *states_out],
+                    StepGraph(model, side, k, ring=bool(rings)), [x, *offset, *states_in],
+                    [y, Tensor("offset_out", (b,), "int64"), *at, *states_out],
                     {**meta, **quant, **facts, "role": side, "mode": mode, "frames": str(f),
-                     "samples": str(n), "positions_per_step": str(f * cfg.downsample_stride),
+                     "samples": str(n), "positions_per_step": str(t),
                      "states": ",".join(shapes), "slots": str(b),
                      "initial_state": "every <state>_in all zeros and offset_in = 0; then feed each "
-                                      "<state>_out and offset_out back as <state>_in and offset_in; "
-                                      "each batch row is a stream of its own"}))
+                                      "<state>_out and offset_out back as <state>_in and offset_in" +
+                                      ("; write each <state>_new [..., t, D] into <state>_in's rows "
+                                       "ring_at [B, t] of its axis -2 (a ring: position p in row "
+                                       "p mod its length, p counted as offset counts)" if rings else "") +
+                                      "; each batch row is a stream of its own"}))
     return specs
 
 

@@ -194,10 +194,15 @@ class StreamState:
     module reads `inputs[its name]` and writes `outputs[its name]`, so an exported step graph
     carries the state as plain inputs/outputs. `offset` `[B]` counts the positions each batch row
     (an independent stream) has seen so far.
+
+    `ring` asks attention for its key/value cache as a ring the caller writes in place: the
+    cache comes in as it is and only this step's new rows go out, with the `ring_at` positions
+    they go to (see `Attention`). Off, the cache comes in and goes out whole, shifted.
     """
 
-    def __init__(self, inputs: dict[str, torch.Tensor], offset: torch.Tensor):
-        self.inputs, self.outputs, self.offset = inputs, {}, offset
+    def __init__(self, inputs: dict[str, torch.Tensor], offset: torch.Tensor, ring: bool = False):
+        self.inputs, self.outputs, self.offset, self.ring = inputs, {}, offset, ring
+        self.ring_at: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:

@@ -228,6 +228,11 @@ class MimiModel(nn.Module):
         """Name -> shape of each state tensor; the initial state is all zeros with offset 0."""
         return {m.state_name: m.state_shape() for m in self.stateful(side)}
 
+    def attention_states(self, side: str) -> list[str]:
+        """Names of the attention caches among `state_shapes(side)` (what a ring step carries as a
+        ring, see `Attention`)."""
+        return [m.state_name for m in self.stateful(side) if isinstance(m, Attention)]
+
     def zero_state(self, side: str) -> StreamState:
         return StreamState({k: torch.zeros(s) for k, s in self.state_shapes(side).items()},
                            torch.zeros(1, dtype=torch.int64))

@@ -38,9 +38,14 @@ class Attention(nn.Module):
 
     A key at position k is visible from a query at q iff `0 <= q - k < context` (moshi's mask).
     Streaming keeps the last `context` rotated keys and values as state `[B, 2, H, context, D]`:
-    a shifted window rather than an index-addressed ring, so the step graph needs no scatter and
-    every shape stays static; slots holding positions before 0 are masked out. Each batch row
-    is a stream of its own, at its own `offset` (`[B]`): its own rotary positions and mask.
+    by default a shifted window (the state out is the state in with the step's rows appended and
+    the oldest dropped), so the step graph needs no scatter and every shape stays static. Under
+    `StreamState.ring`, a ring instead: position p lives in row p mod context, the graph reads
+    the state where it lies and puts out only the step's new rows (`[B, 2, H, t, D]`) and where
+    they go (`ring_at`, `[B, t]`), which the caller writes in place; copying the whole cache in
+    and out of the graph was a quarter of an 8-stream step. Either way rows holding positions
+    before 0 are masked out, and each batch row is a stream of its own, at its own `offset`
+    (`[B]`): its own rotary positions and mask.
 
     `moshi_ring` (streaming only) reproduces moshi's own streaming mode instead: its ring cache
     holds `context` entries *after* a step's new positions are written, so a step's earlier
@@ -71,15 +76,26 @@ class Attention(nn.Module):
             pos_q = pos_k = steps
             q, k = apply_rope(q, pos_q, self.max_period), apply_rope(k, pos_k, self.max_period)
         else:
+            c, ring = self.context, self.stream.ring
             offset = self.stream.offset.float()[:, None]  # [B, 1], exact: far below 2**24
             pos_q = offset + steps  # [B, T]
-            pos_k = torch.cat([offset - self.context + torch.arange(self.context, dtype=torch.float32),
-                               pos_q], 1)
-            # Cached keys are already rotated; rotate only the new ones. The window
-            # `[B, 2, H, context + t, D]` is the state with this step's keys and values appended.
+            # Cached keys are already rotated; rotate only the new ones.
             q, k = apply_rope(q, pos_q, self.max_period), apply_rope(k, pos_q, self.max_period)
-            window = torch.cat([self.stream.inputs[self.state_name], torch.stack([k, v], 1)], dim=3)
-            self.stream.outputs[self.state_name] = window[:, :, :, t:]
+            cache = self.stream.inputs[self.state_name]
+            if ring:
+                # Slot j holds the one position p of the last `context` with p = j (mod context);
+                # the caller writes this step's keys and values at `ring_at`, after the step.
+                back = (torch.arange(c) - self.stream.offset[:, None]) % c  # int64: exact at any offset
+                pos_cache = offset - c + back.float()
+                self.stream.outputs[self.state_name] = torch.stack([k, v], 1)
+                self.stream.ring_at = (self.stream.offset[:, None] + torch.arange(t)) % c
+            else:
+                # The window `[B, 2, H, context + t, D]`: the state with this step's keys and
+                # values appended; the last `context` of it go out.
+                pos_cache = offset - c + torch.arange(c, dtype=torch.float32)
+                window = torch.cat([cache, torch.stack([k, v], 1)], dim=3)
+                self.stream.outputs[self.state_name] = window[:, :, :, t:]
+            pos_k = torch.cat([pos_cache, pos_q], 1)
         # Visibility as 0/1 floats from clamps rather than comparisons (none in CoreML's ML
         # Program); positions are whole numbers, so clamp(n, 0, 1) is 1 iff n >= 1.
         delta = pos_q[..., :, None] - pos_k[..., None, :]  # [T, S] or [B, T, S]
@@ -96,13 +112,20 @@ class Attention(nn.Module):
         if self.stream is None:
             scores = torch.matmul(q, k.transpose(2, 3)) / norm + mask
             y = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, H, T, D]
-        else:
+        elif not ring:
             # K and V are read straight out of the stacked window by batched MatMuls over both
             # halves, keeping the unwanted half (t x (context + t) values): slicing K and V out
             # and stacking them back copied the whole cache three more times a step (1.3 ms of
             # the preset's 13 ms one-frame step on 2 cores).
             scores = torch.matmul(q[:, None], window.transpose(-1, -2)).unbind(1)[0] / norm + mask
             y = torch.matmul(torch.softmax(scores, dim=-1)[:, None], window).unbind(1)[1]
+        else:
+            # The cache is read where it lies (both halves, as above) and the new keys apart:
+            # nothing as large as the cache is written in the graph.
+            scores = torch.cat([torch.matmul(q[:, None], cache.transpose(-1, -2)).unbind(1)[0],
+                                torch.matmul(q, k.transpose(2, 3))], -1) / norm + mask
+            p_cache, p_new = torch.softmax(scores, dim=-1).split([c, t], -1)
+            y = torch.matmul(p_cache[:, None], cache).unbind(1)[1] + torch.matmul(p_new, v)
         return self.out_proj(y.transpose(1, 2).reshape(b, t, dim))
 
 

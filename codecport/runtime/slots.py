@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import CodecportError
 from .graph import Graph, dtype_of
-from .stream import Latency, step_io
+from .stream import Latency, ring_window, step_io, write_ring
 
 log = logging.getLogger(__name__)
 
@@ -64,26 +64,30 @@ class StepBank:
             first = step_io(g)[1][0]
             by_b[int(next(a.shape[0] for a in g.session.get_inputs() if a.name == first))] = g
         self.graph = by_b[max(by_b)]  # the largest: what the others must match
-        self.pairs, self.fed = step_io(self.graph)
+        self.pairs, self.fed, self.rings = step_io(self.graph)
+        self.outputs = [o.name for o in self.graph.session.get_outputs()]
         args = {a.name: a for a in self.graph.session.get_inputs()}
         self.b = max(by_b)
         self.size = size
         self.rows = {n: (tuple(args[n].shape[1:]), dtype_of(args[n], self.graph.path)) for n in args}
-        self.state = {i: np.zeros((size, *self.rows[i][0]), self.rows[i][1]) for _, i in self.pairs}
+        self.state = {i: np.zeros((size, *self.rows[i][0]), self.rows[i][1]) for _, i in self.pairs + self.rings}
         self.graphs = {b: g for b, g in sorted(by_b.items()) if g is self.graph or self._fits(g, b)}
         # Slots are rows of axis 0: every input must have one, and a step must carry state (the
         # window graph older SNAC folders hold as their step has none).
-        self.batch_first = bool(self.pairs) and all(len(args[n].shape) > 0 and args[n].shape[0] == self.b for n in args)
+        self.batch_first = bool(self.state) and all(len(args[n].shape) > 0 and args[n].shape[0] == self.b for n in args)
         self.cost: dict[int, float | None] = dict.fromkeys(self.graphs)  # seconds a call, per size
         self.times: dict[int, deque] = {b: deque(maxlen=self.TIMES) for b in self.graphs}
         self.runs = dict.fromkeys(self.graphs, 0)  # calls of each size
         self._copies: dict[int, dict[str, np.ndarray]] = {}  # per size: rows gathered for a call
 
     def _fits(self, g: Graph, b: int) -> bool:
-        """Whether `g` is this step for b slots, with the same inputs and state rows (folders of
-        codecport 0.3 and older keep Mimi's attention state batch-second: no)."""
+        """Whether `g` is this step for b slots, with the same inputs, state rows and outputs
+        (folders of codecport 0.3 and older keep Mimi's attention state batch-second, and a
+        one-stream step that carries its attention whole does not fit slots that keep it as
+        rings: no)."""
         return [a.name for a in g.session.get_inputs()] == list(self.rows) and all(
-            tuple(a.shape) == (b, *self.rows[a.name][0]) for a in g.session.get_inputs())
+            tuple(a.shape) == (b, *self.rows[a.name][0]) for a in g.session.get_inputs()) and \
+            [o.name for o in g.session.get_outputs()] == self.outputs
 
     def reset(self, slot: int) -> None:
         for a in self.state.values():
@@ -143,7 +147,7 @@ class StepBank:
                 x, extra = steps[s]
                 a[r] = (x if i == 0 else extra[name])[0]
             feeds[name] = a
-        for _, name in self.pairs:
+        for _, name in self.pairs + self.rings:
             if inside:
                 feeds[name] = self.state[name][lo:lo + b]
             else:
@@ -154,11 +158,14 @@ class StepBank:
                 for r, s in enumerate(slots):  # row by row: twice as fast as np.take here
                     rows_in[r] = self.state[name][s]
                 feeds[name] = rows_in
-        ys = self.graphs[b].session.run(None, feeds)
-        for (_, name), v in zip(self.pairs, ys[1:]):
-            self.state[name][slots] = v[rows]
+        ys = dict(zip(self.outputs, self.graphs[b].session.run(None, feeds)))
+        for out, name in self.pairs:
+            self.state[name][slots] = ys[out][rows]
+        for new, name in self.rings:  # after the call: it read the rows where they lie
+            write_ring(self.state[name], slots, ys[new][rows], ys["ring_at"][rows])
         self._record(b, time.perf_counter() - t)
-        return {s: ys[0][r:r + 1] for s, r in zip(slots, rows)}
+        y = ys[self.outputs[0]]
+        return {s: y[r:r + 1] for s, r in zip(slots, rows)}
 
 
 class BankRow:
@@ -175,7 +182,12 @@ class BankRow:
 
     @property
     def state(self) -> dict[str, np.ndarray]:
-        return {n: a[self.slot:self.slot + 1].copy() for n, a in self.bank.state.items()}
+        """The row's state as a one-stream step carries it (rings as its shifted windows), so a
+        stream moves between a slot and a stream of its own."""
+        out = {n: a[self.slot:self.slot + 1].copy() for n, a in self.bank.state.items()}
+        for _, n in self.bank.rings:
+            out[n] = ring_window(out[n], int(out["offset_in"][0]))
+        return out
 
     @state.setter
     def state(self, values: Mapping[str, np.ndarray]) -> None:
@@ -187,8 +199,10 @@ class BankRow:
             if v.shape != (1, *a.shape[1:]) or v.dtype != a.dtype:
                 raise CodecportError(f"state {n} of {self.bank.graph.path.name} is {a.dtype} "
                                      f"{[1, *a.shape[1:]]}, got {v.dtype} {list(v.shape)}")
+        offset = int(values["offset_in"][0]) if self.bank.rings else 0
+        rings = {n for _, n in self.bank.rings}
         for n, v in values.items():
-            self.bank.state[n][self.slot] = v[0]
+            self.bank.state[n][self.slot] = ring_window(v[0], offset, back=True) if n in rings else v[0]
 
 
 class Slot:
@@ -265,16 +279,19 @@ class Pool:
 
 class SlotPool(Pool):
     """`size` slots of `side` on one codec folder, stepped through its step graphs. `batched=False`
-    steps one slot a call even where the folder has batched step graphs (one step per stream)."""
+    steps one slot a call even where the folder has batched step graphs (one step per stream,
+    through the ladder's graph of one slot where it has one)."""
 
     def __init__(self, codec, side: str, size: int, batched: bool = True, **settings):
         super().__init__(codec, side, size, settings)
         if side not in codec.stepped:
             raise CodecportError(f"{codec.label}'s {side} stream runs whole windows, not steps: slot pools "
                                  "step codecs with step graphs; a WindowPool (open_pool) serves it")
-        step = codec.graph(f"{side}_step")
-        slotted = batched and f"{side}_slots" in codec.present
-        self.bank = StepBank([step, *(codec.slot_graphs(f"{side}_slots") if slotted else [])], size)
+        ladder = codec.slot_graphs(f"{side}_slots") if f"{side}_slots" in codec.present else []
+        # A ladder that starts at one slot (Mimi's, whose slot graphs keep attention as rings)
+        # steps a lone stream too: the one-stream step graph carries its state another way.
+        one = [g for g in ladder if g.int("slots") == 1] or [codec.graph(f"{side}_step")]
+        self.bank = StepBank([*one, *(g for g in ladder if g.int("slots") > 1)] if batched else one, size)
         if not self.bank.batch_first:
             raise CodecportError(f"{codec.dir}: its {side} step graph keeps no state a batch row at a time "
                                  "(an export of codecport 0.3 or older); re-export the folder to serve it")

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -223,22 +223,58 @@ class Stepped:
         """Output pieces as one (none: an empty one)."""
 
 
-def step_io(graph: Graph) -> tuple[list[tuple[str, str]], list[str]]:
-    """A step graph's state pairs (`<name>_out` -> `<name>_in`, in output order, `offset` among
-    them) and its other inputs (what each step is fed: the first is its audio or codes)."""
+class StepIO(NamedTuple):
+    """A step graph's inputs and outputs by role (see `step_io`)."""
+
+    pairs: list[tuple[str, str]]  # `<name>_out` -> `<name>_in`, `offset` among them
+    fed: list[str]  # what each step is fed: the first is its audio or codes
+    rings: list[tuple[str, str]]  # `<name>_new` -> `<name>_in`: rows written at `ring_at`
+
+
+def step_io(graph: Graph) -> StepIO:
+    """A step graph's state: pairs (`<name>_out` -> `<name>_in`, in output order, `offset` among
+    them), rings (`<name>_new` -> `<name>_in`: the step's new rows `[..., t, D]` of a ring
+    `[..., length, D]`, written in place at the `ring_at` `[B, t]` rows of axis -2, see
+    `write_ring`) and its other inputs (what each step is fed: the first is its audio or codes)."""
     inputs, outputs = graph.session.get_inputs(), graph.session.get_outputs()
     names = {i.name for i in inputs}
-    pairs = [(o.name, o.name[:-len("_out")] + "_in") for o in outputs[1:]]
-    if any(not o.endswith("_out") or i not in names for o, i in pairs):
+    shapes = {a.name: tuple(a.shape) for a in [*inputs, *outputs]}
+    pairs, rings, odd = [], [], []
+    for o in outputs[1:]:
+        if o.name.endswith("_out"):
+            pairs.append((o.name, o.name[:-len("_out")] + "_in"))
+        elif o.name.endswith("_new"):
+            rings.append((o.name, o.name[:-len("_new")] + "_in"))
+        elif o.name != "ring_at":
+            odd.append(o.name)
+    if odd or any(i not in names for _, i in pairs + rings) or (rings and not {"ring_at", "offset_in"} <= set(shapes)):
         raise ModelFileError(f"{graph.path}: its state inputs and outputs are not <name>_in/<name>_out "
                              "pairs; re-export it")
-    shapes = {a.name: tuple(a.shape) for a in [*inputs, *outputs]}
     for out_name, in_name in pairs:
         if shapes[out_name] != shapes[in_name]:
             raise ModelFileError(f"{graph.path}: {out_name} {shapes[out_name]} cannot feed "
                                  f"{in_name} {shapes[in_name]}; re-export it")
-    states = {i for _, i in pairs}
-    return pairs, [i.name for i in inputs if i.name not in states]
+    for new, in_name in rings:
+        a, r, at = shapes[new], shapes[in_name], shapes["ring_at"]
+        if len(a) < 3 or a[:-2] != r[:-2] or a[-1] != r[-1] or at != (a[0], a[-2]):
+            raise ModelFileError(f"{graph.path}: {new} {a} at ring_at {at} cannot be written into "
+                                 f"{in_name} {r}; re-export it")
+    states = {i for _, i in pairs + rings}
+    return StepIO(pairs, [i.name for i in inputs if i.name not in states], rings)
+
+
+def write_ring(state: np.ndarray, rows, new: np.ndarray, at: np.ndarray) -> None:
+    """Write a step's new rows in place: `new[i]` (`[..., t, D]`) into `state[rows[i]]` at the
+    ring positions `at[i]` (`[t]`) of axis -2."""
+    state[np.asarray(rows)[:, None], ..., at, :] = np.moveaxis(new, -2, 1)
+
+
+def ring_window(ring: np.ndarray, offset: int, back: bool = False) -> np.ndarray:
+    """One stream's ring (position p in row p mod length, axis -2) as the shifted window of the
+    step graphs that carry it whole (oldest first), given the stream's `offset` (the positions
+    it has seen); `back` turns such a window into the ring."""
+    shift = offset % ring.shape[-2]
+    return np.roll(ring, shift if back else -shift, axis=-2)
 
 
 class StepRunner:
@@ -257,8 +293,12 @@ class StepRunner:
 
     def __init__(self, graph: Graph, io_binding: bool):
         self.graph, self.io_binding = graph, io_binding
-        self.pairs, fed = step_io(graph)
+        self.pairs, fed, self.rings = step_io(graph)
+        if self.rings and io_binding:
+            raise ModelFileError(f"{graph.path.name} keeps ring state, which a step with io_binding "
+                                 "cannot write in place; run it with io_binding off")
         self.input, self.output = fed[0], graph.session.get_outputs()[0]
+        self.names = [o.name for o in graph.session.get_outputs()]
         self.out_dtype = dtype_of(self.output, graph.path)
         self.states = {i.name: i for i in graph.session.get_inputs() if i.name not in fed}
         self.reset()
@@ -316,9 +356,13 @@ class StepRunner:
     def __call__(self, x: np.ndarray, **extra: np.ndarray) -> np.ndarray:
         """The step's first output for its first input `x`; the state moves on one step."""
         if not self.io_binding:
-            outs = self.graph.session.run(None, {self.input: x, **extra, **self._state})
-            self._state = {in_name: v for (_, in_name), v in zip(self.pairs, outs[1:])}
-            return outs[0]
+            outs = dict(zip(self.names, self.graph.session.run(None, {self.input: x, **extra, **self._state})))
+            rings = {i: self._state[i] for _, i in self.rings}
+            self._state = {in_name: outs[out_name] for out_name, in_name in self.pairs}
+            for new, in_name in self.rings:
+                write_ring(rings[in_name], [0], outs[new], outs["ring_at"])
+                self._state[in_name] = rings[in_name]
+            return outs[self.output.name]
         binding = self._bindings[self._turn]
         for name, v in {self.input: x, **extra}.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(v))
