@@ -9,7 +9,7 @@ from conftest import MIMI_TINY_STEP, noise
 from codecport.errors import ProviderError
 from codecport.runtime.mimi import MimiCodec
 from codecport.runtime.providers import provider_options
-from codecport.runtime.stream import StepRunner
+from codecport.runtime.step import StepRunner
 
 FRAME = 24  # samples per code frame of the tiny config
 STEP = MIMI_TINY_STEP * FRAME

@@ -165,7 +165,7 @@ def test_every_size_of_the_ladder_gives_each_stream_its_own_output(mimi, size):
 
 
 def test_a_bank_plans_the_cheapest_calls_and_tries_each_size():
-    from codecport.runtime.slots import StepBank
+    from codecport.runtime.bank import StepBank
 
     bank = StepBank.__new__(StepBank)
     bank.cost = {1: 7.5, 2: 10.3, 4: 15.4, 8: 27.0}  # ms a call, measured on the released Mimi

@@ -31,7 +31,7 @@ import onnx
 
 from ..errors import ExportError
 from ..runtime.folder import split_slots
-from ..runtime.stream import ring_window
+from ..runtime.step import ring_window
 from .deviation import Probe, calibration_clips, deviation, generated_clips, record_feeds, slot_deviation
 from .graph import copy_model, export_folder, export_id, write_export, write_graphs, write_manifest
 from .precision import overflowing_nodes, quiet, to_fp16, to_int8

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..runtime.slots import StepBank
+from ..runtime.bank import StepBank
 from .validate import session
 
 

@@ -193,11 +193,7 @@ class StreamState:
     moshi keeps this state hidden inside its modules, which ONNX cannot see. Here every stateful
     module reads `inputs[its name]` and writes `outputs[its name]`, so an exported step graph
     carries the state as plain inputs/outputs. `offset` `[B]` counts the positions each batch row
-    (an independent stream) has seen so far.
-
-    `ring` asks attention for its key/value cache as a ring the caller writes in place: the
-    cache comes in as it is and only this step's new rows go out, with the `ring_at` positions
-    they go to (see `Attention`). Off, the cache comes in and goes out whole, shifted.
+    (an independent stream) has seen so far. `ring`: attention caches as rings (see `Attention`).
     """
 
     def __init__(self, inputs: dict[str, torch.Tensor], offset: torch.Tensor, ring: bool = False):

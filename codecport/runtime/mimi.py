@@ -29,7 +29,8 @@ from .codes import Codes
 from .graph import Graph
 from .plan import WindowPlan
 from .rvq import MimiRvq, check_code_values
-from .stream import DecoderStream, Duplex, EncoderStream, Latency, Stepped, StepRunner, as_levels, as_pcm
+from .step import StepRunner
+from .stream import DecoderStream, Duplex, EncoderStream, Latency, Stepped, as_levels, as_pcm
 
 MOSHI_CODEBOOKS = 8  # what Moshi uses; the default unless asked for more (up to all 32)
 

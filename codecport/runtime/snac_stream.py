@@ -11,7 +11,8 @@ from ..errors import CodesError
 from .codec import Codec
 from .noise import Noise
 from .rvq import check_code_values
-from .stream import DecoderStream, Latency, Stepped, StepRunner, as_levels
+from .step import StepRunner
+from .stream import DecoderStream, Latency, Stepped, as_levels
 
 END_UNKNOWN = 1 << 62  # a step graph's `end` while the clip goes on (past any position)
 
