@@ -193,8 +193,7 @@ class StreamState:
     moshi keeps this state hidden inside its modules, which ONNX cannot see. Here every stateful
     module reads `inputs[its name]` and writes `outputs[its name]`, so an exported step graph
     carries the state as plain inputs/outputs. `offset` `[B]` counts the positions each batch row
-    (an independent stream) has seen so far. `ring`: attention caches as rings (see `Attention`).
-    """
+    (an independent stream) has seen. `ring`: attention caches as rings (see `Attention`)."""
 
     def __init__(self, inputs: dict[str, torch.Tensor], offset: torch.Tensor, ring: bool = False):
         self.inputs, self.outputs, self.offset, self.ring = inputs, {}, offset, ring
