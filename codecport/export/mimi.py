@@ -207,8 +207,9 @@ def _stream(spec: GraphSpec, model: MimiModel, rvq: MimiRvq, rng, steps: int):
         with torch.no_grad():
             want = model.decode(torch.from_numpy(x)).numpy()
     if meta["mode"] != "fixed" and meta["attention"] == "moshi-stream":
+        step = StepGraph(model, meta["role"], spec.module.k)  # the state carried whole, as _run_steps does
         with torch.no_grad():
-            want, _ = _run_steps(lambda xs: [t.numpy() for t in spec.module(*map(torch.from_numpy, xs))],
+            want, _ = _run_steps(lambda xs: [t.numpy() for t in step(*map(torch.from_numpy, xs))],
                                  model, spec, np.split(x, steps, axis=-1), rvq)
             if encoder and meta["quantizer"] == "numpy":
                 want = model.quantizer.encode(torch.from_numpy(want), k).numpy()

@@ -5,7 +5,6 @@ and one row of it as a stream's runner (`BankRow`): what a server's slot pools (
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -30,11 +29,15 @@ class StepBank:
     in place after the call.
     """
 
-    # A size's cost: the least of its last `TIMES` calls, known after `TIMES` calls not counting
-    # a session's first (its memory set up). A call is never faster than its cost, and the
-    # machine busy elsewhere only makes one slower: one slow call must not keep a size out for
-    # good. Sizes are not tried again later: each try is a slow step for the streams in it (a
-    # size of 8 tried every 200 calls put 2 streams' p99 over 80 ms).
+    # A size's cost: the least of its calls so far, known after `TIMES` calls not counting a
+    # session's first (its memory set up). A call is never faster than its cost, and the machine
+    # busy elsewhere only makes it slower; and only the sizes in use are measured under load. A
+    # cost that followed recent calls rose for the sizes in use while the others kept what they
+    # cost on a quiet machine, and the bank moved lone streams to larger graphs (the released
+    # Mimi, 1 stream: p50 22.8 ms against 16.8 ms on a server of the one-slot graph alone; 4
+    # streams: 50 against 16.5 ms, though a call of 4 costs half of 4 calls of 1). Sizes are not
+    # tried again later: each try is a slow step for the streams in it (a size of 8 tried every
+    # 200 calls put 2 streams' p99 over 80 ms).
     TIMES = 3
 
     def __init__(self, graphs: Sequence[Graph], size: int):
@@ -55,7 +58,8 @@ class StepBank:
         # window graph older SNAC folders hold as their step has none).
         self.batch_first = bool(self.state) and all(len(args[n].shape) > 0 and args[n].shape[0] == self.b for n in args)
         self.cost: dict[int, float | None] = dict.fromkeys(self.graphs)  # seconds a call, per size
-        self.times: dict[int, deque] = {b: deque(maxlen=self.TIMES) for b in self.graphs}
+        self.best = dict.fromkeys(self.graphs, float("inf"))  # its fastest call, per size
+        self.counted = dict.fromkeys(self.graphs, 0)  # calls of each size that count
         self.runs = dict.fromkeys(self.graphs, 0)  # calls of each size
         self._copies: dict[int, dict[str, np.ndarray]] = {}  # per size: rows gathered for a call
 
@@ -99,18 +103,24 @@ class StepBank:
 
     def warm(self) -> None:
         """Every size's cost measured before a slot steps, on zero input and state (the outputs
-        dropped): a size first tried under load would be a slow step for the streams in it."""
-        for b, g in self.graphs.items() if len(self.graphs) > 1 else ():
-            feeds = {n: np.zeros((b, *shape), dtype) for n, (shape, dtype) in self.rows.items()}
-            while self.cost[b] is None:
-                t = time.perf_counter()
-                g.session.run(None, feeds)
-                self._record(b, time.perf_counter() - t)
+        dropped): a size first tried under load would be a slow step for the streams in it. The
+        sizes take turns, so that something else busy on the machine meanwhile slows them alike."""
+        if len(self.graphs) == 1:
+            return
+        feeds = {b: {n: np.zeros((b, *shape), dtype) for n, (shape, dtype) in self.rows.items()}
+                 for b in self.graphs}
+        while any(c is None for c in self.cost.values()):
+            for b, g in self.graphs.items():
+                if self.cost[b] is None:
+                    t = time.perf_counter()
+                    g.session.run(None, feeds[b])
+                    self._record(b, time.perf_counter() - t)
 
     def _record(self, b: int, seconds: float) -> None:
         if self.runs[b]:
-            self.times[b].append(seconds)
-        self.cost[b] = min(self.times[b]) if len(self.times[b]) == self.TIMES else None
+            self.best[b] = min(self.best[b], seconds)
+            self.counted[b] += 1
+        self.cost[b] = self.best[b] if self.counted[b] >= self.TIMES else None
         self.runs[b] += 1
 
     def _call(self, b: int, slots: list[int], steps: Mapping) -> dict[int, np.ndarray]:
