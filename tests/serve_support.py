@@ -102,8 +102,25 @@ def ref_encode(codec, pcm, k: int) -> np.ndarray:
 
 
 def ref_decode(codec, codes, **kw) -> np.ndarray:
+    """The audio a server gives for `codes`: the stream alone in a pool of one slot, one step a
+    call. That is a decoder stream of its own within float rounding (checked here): Mimi's slot
+    graphs keep attention as rings, summed in another order than the step graph's window."""
+    from codecport.runtime.slots import open_pool
+
     s = codec.decoder_stream(**kw)
-    return np.concatenate([s.push(codes), s.flush()])
+    alone = np.concatenate([s.push(codes), s.flush()])
+    pool = open_pool(codec, "decoder", 1, batched=False)
+    slot = pool.open(**kw)
+    slot.feed(codes)
+    slot.end()
+    out = []
+    while not slot.finished:
+        pieces, failed = pool.step([slot])
+        assert not failed
+        out.append(pieces[slot])
+    got = np.concatenate(out)
+    np.testing.assert_allclose(got, alone, rtol=0, atol=1e-5)
+    return got
 
 
 def frame_chunks(codes: np.ndarray, sizes) -> list:

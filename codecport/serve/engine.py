@@ -4,8 +4,9 @@ asyncio task for the connections' streams (live.py), and the admission of new on
 One pool per side the codec streams (runtime/slots.py: a `SlotPool` stepping step graphs, or a
 `WindowPool` whose streams run whole windows), `--slots` slots each; a connection holds a slot of
 each side its op needs. The scheduler wakes when a stream gets input (an `asyncio.Event`), and
-runs one `pool.step(ready slots)` per pool in a one-thread executor (ONNX Runtime releases the
-GIL) for the slots that have something to do, as soon as any has: it never waits to fill a batch,
+runs one `pool.step(ready slots)` per pool, the encoder's first, in a one-thread executor (ONNX
+Runtime releases the GIL) for the slots that have something to do, as soon as any has (a duplex
+stream's codes are fed to its decoder between the two): it never waits to fill a batch,
 and a slot with nothing to do costs the others nothing. Each output piece goes to its stream's
 outgoing queue; a sender task per connection (server.py) writes it to the socket.
 
@@ -227,27 +228,31 @@ class Scheduler:
                 self._settle()
 
     async def _round(self) -> bool:
-        """Feed what waits, step every slot that is ready, deliver; False when nothing was."""
+        """Feed what waits, step every slot that is ready, deliver, a side at a time (the
+        encoder's first: a duplex stream's codes reach its decoder in the same round, so its
+        frame waits for one round rather than two); False when nothing was stepped."""
+        stepped = False
+        for side in sorted(self.pools, key=lambda s: s != "encoder"):
+            self._settle()
+            self._feed()
+            work = [slot for live in list(self.lives) for s, slot in live.slots.items()
+                    if s == side and slot.ready()]
+            if not work:
+                continue
+            stepped = True
+            # Until the outputs are delivered no slot changes hands: a stream that leaves meanwhile
+            # is closed by the _settle after, so no piece can reach the stream that gets its slot.
+            self._stepping = True
+            try:
+                results = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, _step, self.pools, {side: work})
+                self._deliver(results)
+            finally:
+                self._stepping = False
         self._settle()
-        self._feed()
-        work: dict[str, list] = {}
-        for live in list(self.lives):
-            for side, slot in live.slots.items():
-                if slot.ready():
-                    work.setdefault(side, []).append(slot)
-        if not work:
-            return False
-        # Until the outputs are delivered no slot changes hands: a stream that leaves meanwhile
-        # is closed by the _settle after, so no piece can reach the stream that gets its slot.
-        self._stepping = True
-        try:
-            results = await asyncio.get_running_loop().run_in_executor(self._executor, _step, self.pools, work)
-            self._deliver(results)
-        finally:
-            self._stepping = False
-        self._settle()
-        self.wake()  # look again: a slot may still have input or a flush to give
-        return True
+        if stepped:
+            self.wake()  # look again: a slot may still have input or a flush to give
+        return stepped
 
     def _feed(self) -> None:
         """Move each stream's pending input into its slot (all of it, as one piece), once the
