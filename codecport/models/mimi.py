@@ -30,13 +30,24 @@ from .mimi_config import PRESETS, MimiConfig  # noqa: F401 (re-exported)
 from .transformer import Attention, Transformer
 
 
+class ELU(nn.ELU):
+    """moshi's ELU (alpha 1), traced for ONNX as max(x, exp(min(x, 0)) - 1): the same function
+    (e^x - 1 >= x everywhere), which ONNX Runtime's CPU runs 2.2x faster than its own Elu
+    kernel, a fifth of the fixed graphs' time. Run in torch, it is `nn.ELU`'s, bit for bit."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.onnx.is_in_onnx_export():
+            return torch.maximum(x, torch.exp(x.clamp(max=0)) - 1)
+        return super().forward(x)
+
+
 class ResBlock(nn.Module):
     """ELU -> Conv(dim -> dim/c, k3) -> ELU -> Conv(dim/c -> dim, k1), identity skip."""
 
     def __init__(self, dim: int, hidden: int, kernel: int, dilation: int):
         super().__init__()
-        self.block = nn.Sequential(nn.ELU(), CausalConv1d(dim, hidden, kernel, dilation=dilation),
-                                   nn.ELU(), CausalConv1d(hidden, dim, 1))
+        self.block = nn.Sequential(ELU(), CausalConv1d(dim, hidden, kernel, dilation=dilation),
+                                   ELU(), CausalConv1d(hidden, dim, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.block(x)
@@ -48,10 +59,10 @@ class SeanetEncoder(nn.Module):
         layers: list[nn.Module] = [CausalConv1d(1, cfg.n_filters, cfg.kernel_size)]
         dim = cfg.n_filters
         for r in reversed(cfg.ratios):
-            layers += [ResBlock(dim, dim // cfg.compress, cfg.residual_kernel_size, 1), nn.ELU(),
+            layers += [ResBlock(dim, dim // cfg.compress, cfg.residual_kernel_size, 1), ELU(),
                        CausalConv1d(dim, 2 * dim, 2 * r, stride=r)]
             dim *= 2
-        layers += [nn.ELU(), CausalConv1d(dim, cfg.dimension, cfg.last_kernel_size)]
+        layers += [ELU(), CausalConv1d(dim, cfg.dimension, cfg.last_kernel_size)]
         self.model = nn.Sequential(*layers)
         fold_convs(self.model)
 
@@ -66,10 +77,10 @@ class SeanetDecoder(nn.Module):
         dim = cfg.n_filters * 2 ** len(cfg.ratios)
         layers: list[nn.Module] = [CausalConv1d(cfg.dimension, dim, cfg.kernel_size)]
         for r in cfg.ratios:
-            layers += [nn.ELU(), CausalUpConv1d(dim, dim // 2, r, polyphase=polyphase),
+            layers += [ELU(), CausalUpConv1d(dim, dim // 2, r, polyphase=polyphase),
                        ResBlock(dim // 2, dim // 2 // cfg.compress, cfg.residual_kernel_size, 1)]
             dim //= 2
-        layers += [nn.ELU(), CausalConv1d(dim, 1, cfg.last_kernel_size)]
+        layers += [ELU(), CausalConv1d(dim, 1, cfg.last_kernel_size)]
         self.model = nn.Sequential(*layers)
         fold_convs(self.model)
 
