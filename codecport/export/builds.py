@@ -78,25 +78,24 @@ class Build:
 
 
 # ---- the whole step ------------------------------------------------------------------------
-def slot_feeds(models: dict[str, onnx.ModelProto], calib: dict[str, list[dict]]) -> dict[str, list[dict]]:
-    """Calibration feeds of each `<side>_slots` graph and its ladder (B streams a call, every input batch-first)
-    from its one-stream `<side>_step` graph's: row r of the i-th feed is the (i + r)-th one-stream
-    feed, so a batch holds streams at different points, as a server's does."""
-    out = {}
-    for name, model in models.items():
-        base = split_slots(name)[0]  # a ladder's copies too (encoder_slots_s4)
-        one = calib.get(base.removesuffix("_slots") + "_step") if base.endswith("_slots") else None
-        if not one:
-            continue
-        b = model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
-        rings = {o.name.removesuffix("_new") + "_in" for o in model.graph.output if o.name.endswith("_new")}
+def slot_feeds(name: str, model: onnx.ModelProto, calib: dict[str, list[dict]]) -> list[dict] | None:
+    """Calibration feeds of `<side>_slots` graph `name` or a copy of its ladder (B streams a call,
+    every input batch-first) from its one-stream `<side>_step` graph's; None for another graph.
+    Row r of the i-th feed is the (i·B + r)-th one-stream feed: as many stream rows as the step
+    graph's feeds, not as many calls (each row carries a stream's state, 8 MB for Mimi: 64 calls
+    of 8 rows for each graph of the released Mimi's ladder put its int8 build past 24 GB)."""
+    base = split_slots(name)[0]  # a ladder's copies too (encoder_slots_s4)
+    one = calib.get(base.removesuffix("_slots") + "_step") if base.endswith("_slots") else None
+    if not one:
+        return None
+    b = model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
+    rings = {o.name.removesuffix("_new") + "_in" for o in model.graph.output if o.name.endswith("_new")}
 
-        def row(f: dict, k: str, rings=rings) -> np.ndarray:  # the caches a slot graph keeps as rings, as rings
-            return ring_window(f[k], int(f["offset_in"][0]), back=True) if k in rings else f[k]
+    def row(f: dict, k: str) -> np.ndarray:  # the caches a slot graph keeps as rings, as rings
+        return ring_window(f[k], int(f["offset_in"][0]), back=True) if k in rings else f[k]
 
-        out[name] = [{k: np.concatenate([row(one[(i + r) % len(one)], k) for r in range(b)])
-                      for k in one[0]} for i in range(len(one))]
-    return out
+    return [{k: np.concatenate([row(one[(i * b + r) % len(one)], k) for r in range(b)]) for k in one[0]}
+            for i in range(max(1, len(one) // b))]
 
 
 def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict | None, manifest: dict,
@@ -123,16 +122,17 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
             # Without IO binding, every feed (state included) passes through session.run; with one
             # window at a time, through the sessions of `codec.present` (record_feeds' view).
             calib = record_feeds(probe.open(ref_dir, options={"io_binding": "0", "parallel": "1"}), probe, clips)
-            calib.update(slot_feeds(models, calib))
         built = {}
         for name, model in models.items():
             m = nnapi_ops(conv_to_2d(model)) if target.layout_2d else copy_model(model)
             if target.web:
                 m = int32_indices(m)
+            # A slot graph's feeds are made when it is built, and dropped after.
+            feeds = None if calib is None else calib.get(name) or slot_feeds(name, model, calib)
             if build.precision == "fp16":
-                m = to_fp16(m, overflowing_nodes(m, calib[name][:4]))
+                m = to_fp16(m, overflowing_nodes(m, feeds[:4]))
             elif build.precision == "int8":
-                m = to_int8(m, calib[name])
+                m = to_int8(m, feeds)
             _set_metadata(m, tag)
             onnx.checker.check_model(m)
             built[name] = m
@@ -141,7 +141,7 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
         write_export(build_dir, built, rvq, build_manifest)
         clips = generated_clips(2, probe.clip_samples, probe.sample_rate, seed=7)
         dev = deviation(ref_dir, build_dir, probe, clips)
-        dev.update(slot_deviation(ref_dir, build_dir, probe, clips, lambda f: slot_feeds(models, f)))
+        dev.update(slot_deviation(ref_dir, build_dir, probe, clips, lambda n, f: slot_feeds(n, models[n], f)))
         if build.precision == "fp32":
             _check_lossless(dev)
         for name, m in built.items():

@@ -178,10 +178,12 @@ def deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarr
 
 
 def slot_deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarray],
-                   slot_feeds: Callable[[dict[str, list[dict]]], dict[str, list[dict]]]) -> dict[str, dict]:
+                   slot_feeds: Callable[[str, dict[str, list[dict]]], list[dict] | None]) -> dict[str, dict]:
     """Each `<side>_slots` graph (and its ladder) of the build against the fp32 one, call by call. The streams
     `exercise` runs through the one-stream step graphs give the feeds (state included, from
-    fp32), `slot_feeds` stacks them B streams a call, and both folders' slot graphs run the same
+    fp32), `slot_feeds(name, recorded)` stacks them B streams a call, one graph at a time (the
+    feeds of a whole ladder at once would hold every stream's state many times over), and both
+    folders' slot graphs run the same
     calls: the first output's SNR and max abs error (the latent or audio), or its agreement
     (codes in the graph). One call each, not a stream: the state is fp32's every time."""
     ref = probe.open(ref_dir, options={"io_binding": "0", "parallel": "1"})
@@ -190,11 +192,12 @@ def slot_deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.
     if not names:
         return {}
     var = probe.open(build_dir, options={"io_binding": "0", "parallel": "1"})
-    feeds = slot_feeds(record_feeds(ref, probe, clips))
+    recorded = record_feeds(ref, probe, clips)
     out = {}
     for name in names:
-        want = [ref.graph(name).session.run(None, f)[0] for f in feeds.get(name, [])]
-        got = [var.graph(name).session.run(None, f)[0] for f in feeds.get(name, [])]
+        feeds = slot_feeds(name, recorded) or []
+        want = [ref.graph(name).session.run(None, f)[0] for f in feeds]
+        got = [var.graph(name).session.run(None, f)[0] for f in feeds]
         if not want:
             continue
         r, g = np.concatenate([w.ravel() for w in want]), np.concatenate([x.ravel() for x in got])

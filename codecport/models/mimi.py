@@ -31,13 +31,15 @@ from .transformer import Attention, Transformer
 
 
 class ELU(nn.ELU):
-    """moshi's ELU (alpha 1), traced for ONNX as max(x, exp(min(x, 0)) - 1): the same function
-    (e^x - 1 >= x everywhere), which ONNX Runtime's CPU runs 2.2x faster than its own Elu
-    kernel, a fifth of the fixed graphs' time. Run in torch, it is `nn.ELU`'s, bit for bit."""
+    """moshi's ELU (alpha 1), traced for ONNX as relu(x) + exp(clip(x, -100, 0)) - 1: the same
+    function (below -100, e^x - 1 is -1 in fp32 as it is at -100), which ONNX Runtime's CPU
+    runs 1.8x faster than its own Elu kernel (a fifth of the fixed graphs' time), in ops every
+    target's provider takes (max(x, exp(min(x, 0)) - 1) left a node of each ELU outside
+    CoreML's, NNAPI's and WebGPU's partitions). Run in torch, it is `nn.ELU`'s, bit for bit."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.onnx.is_in_onnx_export():
-            return torch.maximum(x, torch.exp(x.clamp(max=0)) - 1)
+            return torch.relu(x) + (torch.exp(x.clamp(-100.0, 0.0)) - 1)
         return super().forward(x)
 
 
