@@ -102,7 +102,9 @@ class CodecSpec:
 # Codecs with step graphs can write them again for several streams a call (codec-serve's batches).
 SLOTS = Option("--slots", int, None, "Also write step graphs that step this many independent streams a "
                                      "call (<side>_slots.onnx), and each power of two below it "
-                                     "(<side>_slots_s<B>.onnx), for codec-serve.", minimum=2)
+                                     "(<side>_slots_s<B>.onnx; from one where they keep attention as "
+                                     "rings), for codec-serve.",
+                minimum=2)
 
 # Fixed-length codecs whose model attends to the whole clip can write shorter graphs beside the main pair.
 BUCKETS = Option("--buckets", str, None, "Shorter fixed lengths also written, samples at the output rate, "
