@@ -98,7 +98,7 @@ def test_our_dac_graphs(tiny_export):
 
 def test_our_mimi_graphs(tiny_mimi_export):
     reports = check(tiny_mimi_export)
-    assert len(reports) == 8  # the fixed, step and slot pairs (3 streams a call, and its ladder's 2)
+    assert len(reports) == 10  # the fixed, step and slot pairs (3 streams a call, and its ladder's 1 and 2)
     _assert_our_graphs(reports)
 
 
@@ -114,9 +114,9 @@ def test_cli(tmp_path, tiny_mimi_export):
     out = tmp_path / "report.json"
     proc = invoke("codec-export", "check", tiny_mimi_export, "--json", out)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("directml") == 8 and "coreml-mlprogram" in proc.stdout and "webgpu" in proc.stdout
+    assert proc.stdout.count("directml") == 10 and "coreml-mlprogram" in proc.stdout and "webgpu" in proc.stdout
     assert [Path(r["file"]).name for r in json.loads(out.read_text())] == \
-        ["decoder.onnx", "decoder_slots.onnx", "decoder_slots_s2.onnx", "decoder_step.onnx", "encoder.onnx",
-         "encoder_slots.onnx", "encoder_slots_s2.onnx", "encoder_step.onnx"]
+        ["decoder.onnx", "decoder_slots.onnx", "decoder_slots_s1.onnx", "decoder_slots_s2.onnx", "decoder_step.onnx",
+         "encoder.onnx", "encoder_slots.onnx", "encoder_slots_s1.onnx", "encoder_slots_s2.onnx", "encoder_step.onnx"]
     proc = invoke("codec-export", "check", tmp_path / "nope")
     assert proc.returncode == 1 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr

@@ -22,26 +22,23 @@ C, T = 5, 2  # ring rows, positions a step
 
 def _graph(tmp_path: Path, b: int = 1, new_rows: int = T, at_name: str = "ring_at") -> Graph:
     """x `[b, T]` -> y (the ring as the step read it, `[b, 1, C, 1]`), offset + T, and the
-    step's values as the ring's new rows at positions offset, offset + 1 (mod C)."""
+    step's values as the ring's new rows (which the runner writes at the rows it feeds as
+    `ring_at`: offset, offset + 1, mod C)."""
     f, i64 = TensorProto.FLOAT, TensorProto.INT64
     nodes = [
         helper.make_node("Identity", ["r_in"], ["y"]),
         helper.make_node("Add", ["offset_in", "t"], ["offset_out"]),
-        helper.make_node("Unsqueeze", ["offset_in", "ax1"], ["o1"]),
-        helper.make_node("Add", ["o1", "steps"], ["pos"]),
-        helper.make_node("Mod", ["pos", "c"], [at_name]),
         helper.make_node("Reshape", ["x", "shape"], ["r_new"]),
     ]
-    consts = [helper.make_tensor("t", i64, [], [T]), helper.make_tensor("ax1", i64, [1], [1]),
-              helper.make_tensor("steps", i64, [T], list(range(T))), helper.make_tensor("c", i64, [], [C]),
+    consts = [helper.make_tensor("t", i64, [], [T]),
               helper.make_tensor("shape", i64, [4], [b, 1, new_rows, 1])]
     g = helper.make_graph(
         nodes, "ring", [helper.make_tensor_value_info("x", f, [b, new_rows]),
                         helper.make_tensor_value_info("offset_in", i64, [b]),
+                        helper.make_tensor_value_info(at_name, i64, [b, T]),
                         helper.make_tensor_value_info("r_in", f, [b, 1, C, 1])],
         [helper.make_tensor_value_info("y", f, [b, 1, C, 1]),
          helper.make_tensor_value_info("offset_out", i64, [b]),
-         helper.make_tensor_value_info(at_name, i64, [b, T]),
          helper.make_tensor_value_info("r_new", f, [b, 1, new_rows, 1])], initializer=consts)
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / f"ring_b{b}_{new_rows}_{at_name}.onnx"
@@ -84,7 +81,7 @@ def test_a_bank_writes_each_slot_s_new_rows_into_its_own_ring(tmp_path):
 
 @pytest.mark.parametrize("new_rows, at_name, why", [
     (T + 1, "ring_at", "cannot be written into"),  # new rows and ring_at disagree
-    (T, "where", "not <name>_in/<name>_out pairs"),  # no ring_at: nowhere to write
+    (T, "where", "not <name>_in/<name>_out pairs"),  # no ring_at: no rows to write
 ])
 def test_a_ring_that_cannot_be_written_is_refused(tmp_path, new_rows, at_name, why):
     with pytest.raises(ModelFileError, match=why):

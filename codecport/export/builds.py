@@ -31,7 +31,7 @@ import onnx
 
 from ..errors import ExportError
 from ..runtime.folder import split_slots
-from ..runtime.step import ring_window
+from ..runtime.step import ring_rows, ring_window
 from .deviation import Probe, calibration_clips, deviation, generated_clips, record_feeds, slot_deviation
 from .graph import copy_model, export_folder, export_id, write_export, write_graphs, write_manifest
 from .precision import overflowing_nodes, quiet, to_fp16, to_int8
@@ -88,14 +88,20 @@ def slot_feeds(name: str, model: onnx.ModelProto, calib: dict[str, list[dict]]) 
     one = calib.get(base.removesuffix("_slots") + "_step") if base.endswith("_slots") else None
     if not one:
         return None
-    b = model.graph.input[0].type.tensor_type.shape.dim[0].dim_value
+    dims = {t.name: [d.dim_value for d in t.type.tensor_type.shape.dim] for t in model.graph.input}
+    b = dims[model.graph.input[0].name][0]
     rings = {o.name.removesuffix("_new") + "_in" for o in model.graph.output if o.name.endswith("_new")}
 
     def row(f: dict, k: str) -> np.ndarray:  # the caches a slot graph keeps as rings, as rings
         return ring_window(f[k], int(f["offset_in"][0]), back=True) if k in rings else f[k]
 
-    return [{k: np.concatenate([row(one[(i * b + r) % len(one)], k) for r in range(b)]) for k in one[0]}
-            for i in range(max(1, len(one) // b))]
+    out = [{k: np.concatenate([row(one[(i * b + r) % len(one)], k) for r in range(b)]) for k in one[0]}
+           for i in range(max(1, len(one) // b))]
+    if rings:
+        ring = (dims["ring_at"][1], dims[next(iter(rings))][-2])
+        for f in out:
+            f["ring_at"] = ring_rows(f["offset_in"], ring)
+    return out
 
 
 def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict | None, manifest: dict,

@@ -74,8 +74,8 @@ class DecoderGraph(nn.Module):
 
 class StepGraph(nn.Module):
     """One streaming step of `side`: (x, offset, *states) -> (y, offset + positions, *states);
-    with `ring`, (y, offset + positions, ring_at, *states), each attention cache's output its
-    step's new rows (see `Attention`)."""
+    with `ring`, (x, offset, ring_at, *states) -> the same, each attention cache's output its
+    step's new rows, to be written at rows `ring_at` (see `Attention`)."""
 
     def __init__(self, model: MimiModel, side: str, k: int | None, ring: bool = False):
         super().__init__()
@@ -84,12 +84,12 @@ class StepGraph(nn.Module):
         self.inner = EncoderGraph(model, k) if side == "encoder" else DecoderGraph(model, k)
 
     def forward(self, x: torch.Tensor, offset: torch.Tensor, *states: torch.Tensor):
-        st = StreamState(dict(zip(self.names, states)), offset, ring=self.ring)
+        ring_at, states = (states[0], states[1:]) if self.ring else (None, states)
+        st = StreamState(dict(zip(self.names, states)), offset, ring_at)
         with self.model.streaming(st, self.side):
             y = self.inner(x)
         frames = x.shape[-1] // self.model.cfg.frame_size if self.side == "encoder" else x.shape[-1]
-        return (y, offset + frames * self.model.cfg.downsample_stride,
-                *([st.ring_at] if self.ring else []), *[st.outputs[n] for n in self.names])
+        return (y, offset + frames * self.model.cfg.downsample_stride, *[st.outputs[n] for n in self.names])
 
 
 @dataclass
@@ -146,16 +146,17 @@ def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
                 at = [Tensor("ring_at", (b, t), "int64")] if rings else []
                 specs.append(GraphSpec(
                     f"{side}_step" if mode == "step" else slots_name(f"{side}_slots", b, slots),
-                    StepGraph(model, side, k, ring=bool(rings)), [x, *offset, *states_in],
-                    [y, Tensor("offset_out", (b,), "int64"), *at, *states_out],
+                    StepGraph(model, side, k, ring=bool(rings)), [x, *offset, *at, *states_in],
+                    [y, Tensor("offset_out", (b,), "int64"), *states_out],
                     {**meta, **quant, **facts, "role": side, "mode": mode, "frames": str(f),
                      "samples": str(n), "positions_per_step": str(t),
                      "states": ",".join(shapes), "slots": str(b),
                      "initial_state": "every <state>_in all zeros and offset_in = 0; then feed each "
                                       "<state>_out and offset_out back as <state>_in and offset_in" +
-                                      ("; write each <state>_new [..., t, D] into <state>_in's rows "
-                                       "ring_at [B, t] of its axis -2 (a ring: position p in row "
-                                       "p mod its length, p counted as offset counts)" if rings else "") +
+                                      ("; feed ring_at [B, t] = (offset_in + i) mod the rings' length, "
+                                       "i < t, and write each <state>_new [..., t, D] into those rows of "
+                                       "<state>_in's axis -2 (a ring: position p in row p mod its length)"
+                                       if rings else "") +
                                       "; each batch row is a stream of its own"}))
     return specs
 

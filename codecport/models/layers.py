@@ -193,11 +193,11 @@ class StreamState:
     moshi keeps this state hidden inside its modules, which ONNX cannot see. Here every stateful
     module reads `inputs[its name]` and writes `outputs[its name]`, so an exported step graph
     carries the state as plain inputs/outputs. `offset` `[B]` counts the positions each batch row
-    (an independent stream) has seen. `ring`: attention caches as rings (see `Attention`)."""
+    (an independent stream) has seen. `ring_at`: attention caches as rings (see `Attention`)."""
 
-    def __init__(self, inputs: dict[str, torch.Tensor], offset: torch.Tensor, ring: bool = False):
-        self.inputs, self.outputs, self.offset, self.ring = inputs, {}, offset, ring
-        self.ring_at: torch.Tensor | None = None
+    def __init__(self, inputs: dict[str, torch.Tensor], offset: torch.Tensor, ring_at: torch.Tensor | None = None):
+        self.inputs, self.outputs, self.offset, self.ring_at = inputs, {}, offset, ring_at
+        self.ring = ring_at is not None
 
     @property
     def rows(self) -> int:

@@ -41,8 +41,8 @@ class Attention(nn.Module):
     by default a shifted window (the state out is the state in with the step's rows appended and
     the oldest dropped), so the step graph needs no scatter and every shape stays static. Under
     `StreamState.ring`, a ring instead: position p lives in row p mod context, the graph reads
-    the state where it lies and puts out only the step's new rows (`[B, 2, H, t, D]`) and where
-    they go (`ring_at`, `[B, t]`), which the caller writes in place; copying the whole cache in
+    the state where it lies and puts out only the step's new rows (`[B, 2, H, t, D]`), which the
+    caller writes in place at the rows it gave as `ring_at` (`[B, t]`); copying the whole cache in
     and out of the graph was a quarter of an 8-stream step. Either way rows holding positions
     before 0 are masked out, and each batch row is a stream of its own, at its own `offset`
     (`[B]`): its own rotary positions and mask.
@@ -83,12 +83,14 @@ class Attention(nn.Module):
             q, k = apply_rope(q, pos_q, self.max_period), apply_rope(k, pos_q, self.max_period)
             cache = self.stream.inputs[self.state_name]
             if ring:
-                # Slot j holds the one position p of the last `context` with p = j (mod context);
-                # the caller writes this step's keys and values at `ring_at`, after the step.
-                back = (torch.arange(c) - self.stream.offset[:, None]) % c  # int64: exact at any offset
-                pos_cache = offset - c + back.float()
+                # Row j holds the one position p of the last `context` with p = j (mod context);
+                # the caller writes this step's keys and values at rows `ring_at` (offset + i,
+                # mod context: it gives them, as ONNX's Mod is not in every provider's op table).
+                r = self.stream.ring_at[:, :1].float()  # offset mod context, [B, 1]
+                j = torch.arange(c, dtype=torch.float32)
+                back = j - r + c * (r - j).clamp(0, 1)  # (j - offset) mod context, no comparison op
+                pos_cache = offset - c + back
                 self.stream.outputs[self.state_name] = torch.stack([k, v], 1)
-                self.stream.ring_at = (self.stream.offset[:, None] + torch.arange(t)) % c
             else:
                 # The window `[B, 2, H, context + t, D]`: the state with this step's keys and
                 # values appended; the last `context` of it go out.

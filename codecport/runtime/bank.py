@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import CodecportError
 from .graph import Graph, dtype_of
-from .step import ring_window, step_io, write_ring
+from .step import ring_rows, ring_window, step_io, write_ring
 
 
 class StepBank:
@@ -46,7 +46,7 @@ class StepBank:
             first = step_io(g)[1][0]
             by_b[int(next(a.shape[0] for a in g.session.get_inputs() if a.name == first))] = g
         self.graph = by_b[max(by_b)]  # the largest: what the others must match
-        self.pairs, self.fed, self.rings = step_io(self.graph)
+        self.pairs, self.fed, self.rings, self.ring = step_io(self.graph)
         self.outputs = [o.name for o in self.graph.session.get_outputs()]
         args = {a.name: a for a in self.graph.session.get_inputs()}
         self.b = max(by_b)
@@ -147,11 +147,13 @@ class StepBank:
                 for r, s in enumerate(slots):  # row by row: twice as fast as np.take here
                     rows_in[r] = self.state[name][s]
                 feeds[name] = rows_in
+        if self.rings:
+            feeds["ring_at"] = ring_rows(feeds["offset_in"], self.ring)
         ys = dict(zip(self.outputs, self.graphs[b].session.run(None, feeds)))
         for out, name in self.pairs:
             self.state[name][slots] = ys[out][rows]
         for new, name in self.rings:  # after the call: it read the rows where they lie
-            write_ring(self.state[name], slots, ys[new][rows], ys["ring_at"][rows])
+            write_ring(self.state[name], slots, ys[new][rows], feeds["ring_at"][rows])
         self._record(b, time.perf_counter() - t)
         y = ys[self.outputs[0]]
         return {s: y[r:r + 1] for s, r in zip(slots, rows)}

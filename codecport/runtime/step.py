@@ -4,8 +4,8 @@ stream's state from call to call (`StepRunner`). A server's bank carries many (b
 A step graph's first input is the step's audio or codes and its first output the step's result;
 each state is an input `<name>_in` with either an output `<name>_out` of the same shape (the next
 step's `<name>_in`) or, for a ring, an output `<name>_new` holding only the step's new rows,
-written in place at the `ring_at` rows (see `step_io`). `offset_in`/`offset_out` count the
-positions each stream has seen.
+which the runner writes in place at the rows it feeds as `ring_at` (see `step_io`).
+`offset_in`/`offset_out` count the positions each stream has seen.
 """
 
 from __future__ import annotations
@@ -29,13 +29,15 @@ class StepIO(NamedTuple):
     pairs: list[tuple[str, str]]  # `<name>_out` -> `<name>_in`, `offset` among them
     fed: list[str]  # what each step is fed: the first is its audio or codes
     rings: list[tuple[str, str]]  # `<name>_new` -> `<name>_in`: rows written at `ring_at`
+    ring: tuple[int, int] | None  # (rows a step writes, rows a ring holds) when it has rings
 
 
 def step_io(graph: Graph) -> StepIO:
     """A step graph's state: pairs (`<name>_out` -> `<name>_in`, in output order, `offset` among
-    them), rings (`<name>_new` -> `<name>_in`: the step's new rows `[..., t, D]` of a ring
-    `[..., length, D]`, written in place at the `ring_at` `[B, t]` rows of axis -2, see
-    `write_ring`) and its other inputs (what each step is fed: the first is its audio or codes)."""
+    them), rings (`<name>_new` -> `<name>_in`: the step's t new rows `[..., t, D]` of a ring
+    `[..., length, D]`, which the runner writes in place at the rows of axis -2 it fed as
+    `ring_at` `[B, t]`, see `ring_rows` and `write_ring`) and its other inputs (what each step is
+    fed: the first is its audio or codes)."""
     inputs, outputs = graph.session.get_inputs(), graph.session.get_outputs()
     names = {i.name for i in inputs}
     shapes = {a.name: tuple(a.shape) for a in [*inputs, *outputs]}
@@ -45,9 +47,10 @@ def step_io(graph: Graph) -> StepIO:
             pairs.append((o.name, o.name[:-len("_out")] + "_in"))
         elif o.name.endswith("_new"):
             rings.append((o.name, o.name[:-len("_new")] + "_in"))
-        elif o.name != "ring_at":
+        else:
             odd.append(o.name)
-    if odd or any(i not in names for _, i in pairs + rings) or (rings and not {"ring_at", "offset_in"} <= set(shapes)):
+    if odd or any(i not in names for _, i in pairs + rings) or \
+            (rings and not {"ring_at", "offset_in"} <= names) or (not rings and "ring_at" in names):
         raise ModelFileError(f"{graph.path}: its state inputs and outputs are not <name>_in/<name>_out "
                              "pairs; re-export it")
     for out_name, in_name in pairs:
@@ -56,11 +59,20 @@ def step_io(graph: Graph) -> StepIO:
                                  f"{in_name} {shapes[in_name]}; re-export it")
     for new, in_name in rings:
         a, r, at = shapes[new], shapes[in_name], shapes["ring_at"]
-        if len(a) < 3 or a[:-2] != r[:-2] or a[-1] != r[-1] or at != (a[0], a[-2]):
+        if len(a) < 3 or a[:-2] != r[:-2] or a[-1] != r[-1] or at != (a[0], a[-2]) or \
+                r[-2] != shapes[rings[0][1]][-2] or a[-2] > r[-2]:
             raise ModelFileError(f"{graph.path}: {new} {a} at ring_at {at} cannot be written into "
                                  f"{in_name} {r}; re-export it")
     states = {i for _, i in pairs + rings}
-    return StepIO(pairs, [i.name for i in inputs if i.name not in states], rings)
+    ring = (shapes["ring_at"][1], shapes[rings[0][1]][-2]) if rings else None
+    return StepIO(pairs, [i.name for i in inputs if i.name not in states | {"ring_at"}], rings, ring)
+
+
+def ring_rows(offset: np.ndarray, ring: tuple[int, int]) -> np.ndarray:
+    """`ring_at` `[B, t]` for streams at `offset` `[B]`: the rows of their rings that the step's
+    t positions go to, (offset + i) mod the rings' length."""
+    t, length = ring
+    return (offset[:, None] + np.arange(t)) % length
 
 
 def write_ring(state: np.ndarray, rows, new: np.ndarray, at: np.ndarray) -> None:
@@ -95,14 +107,14 @@ class StepRunner:
 
     def __init__(self, graph: Graph, io_binding: bool):
         self.graph, self.io_binding = graph, io_binding
-        self.pairs, fed, self.rings = step_io(graph)
+        self.pairs, fed, self.rings, self.ring = step_io(graph)
         if self.rings and io_binding:
             raise ModelFileError(f"{graph.path.name} keeps ring state, which a step with io_binding "
                                  "cannot write in place; run it with io_binding off")
         self.input, self.output = fed[0], graph.session.get_outputs()[0]
         self.names = [o.name for o in graph.session.get_outputs()]
         self.out_dtype = dtype_of(self.output, graph.path)
-        self.states = {i.name: i for i in graph.session.get_inputs() if i.name not in fed}
+        self.states = {i.name: i for i in graph.session.get_inputs() if i.name not in [*fed, "ring_at"]}
         self.reset()
 
     def _zeros(self, name: str) -> np.ndarray:
@@ -158,11 +170,14 @@ class StepRunner:
     def __call__(self, x: np.ndarray, **extra: np.ndarray) -> np.ndarray:
         """The step's first output for its first input `x`; the state moves on one step."""
         if not self.io_binding:
-            outs = dict(zip(self.names, self.graph.session.run(None, {self.input: x, **extra, **self._state})))
+            feeds = {self.input: x, **extra, **self._state}
+            if self.rings:
+                feeds["ring_at"] = ring_rows(self._state["offset_in"], self.ring)
+            outs = dict(zip(self.names, self.graph.session.run(None, feeds)))
             rings = {i: self._state[i] for _, i in self.rings}
             self._state = {in_name: outs[out_name] for out_name, in_name in self.pairs}
             for new, in_name in self.rings:
-                write_ring(rings[in_name], [0], outs[new], outs["ring_at"])
+                write_ring(rings[in_name], [0], outs[new], feeds["ring_at"])
                 self._state[in_name] = rings[in_name]
             return outs[self.output.name]
         binding = self._bindings[self._turn]
