@@ -14,8 +14,9 @@ a call, and its ladder of fewer) and its one-slot step graph, the calls that cos
 slots ready. A batched call feeds zeros to the slots with
 nothing to do and keeps their rows as they were, so an idle slot changes nothing,
 and a slot reset or joining never disturbs the others (every op of the graphs keeps the batch
-rows apart). A slot gives, piece by piece, exactly what one stream of stream.py gives for the
-same input: the same stream objects run here, their runner a row of the bank.
+rows apart). A slot gives, piece by piece, what one stream of stream.py gives for the same
+input: the same stream objects run here, their runner a row of the bank (exactly, but for slot
+graphs that keep attention as rings: their sums run in another order, float rounding apart).
 
 A stream that runs whole windows through fixed graphs (NeuCodec's and XCodec2's decoder) has no
 step graph and no state a graph carries: its slots are a `WindowPool`'s, with the same interface,
