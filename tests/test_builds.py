@@ -36,8 +36,10 @@ COMBOS = [(t, p) for t, spec in TARGETS.items() for p in spec.precisions
           if not spec.web and t not in COVERED_BY and not (spec.mlpackage and p != "fp16")]
 # Lower bounds per precision on the tiny random models (decoder SNR dB, encoder code agreement %).
 # fp32 rewrites (2-D layout, NNAPI spellings) must be rounding-level; fp16 keeps ~11 bits of
-# mantissa; int8 is coarse on random weights, the bounds only catch a broken quantization.
-BOUNDS = {"fp32": (90.0, 99.9), "fp16": (40.0, 95.0), "int8": (15.0, 60.0)}
+# mantissa; int8 is coarse on random weights, the bounds only catch a broken quantization (the
+# tiny Mimi's encoder: 54-55 % of codes with 7-bit weights on every CPU; 8-bit weights gave 46 %
+# where x86 kernels without VNNI saturate).
+BOUNDS = {"fp32": (90.0, 99.9), "fp16": (40.0, 95.0), "int8": (15.0, 50.0)}
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -150,7 +152,12 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
             assert all(i.type.tensor_type.elem_type == TensorProto.FLOAT for i in dec.graph.input
                        if i.name in ("latent", "audio"))
         if precision == "int8":
-            assert any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out / "decoder.onnx")).graph.node)
+            dec = onnx.load(str(out / "decoder.onnx"))
+            assert any(n.op_type == "DequantizeLinear" for n in dec.graph.node)
+            # Weights of 7 bits: x86 int8 kernels without VNNI saturate on full-range ones
+            # (precision.to_int8), and the deviation measured here would not hold there.
+            weights = [numpy_helper.to_array(i) for i in dec.graph.initializer if i.data_type == TensorProto.INT8]
+            assert weights and max(int(np.abs(w.astype(np.int16)).max()) for w in weights) <= 64
 
     # The folder runs through the runtime as written.
     folder = codecport.load(out, options=ONE_THREAD)

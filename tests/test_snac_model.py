@@ -36,8 +36,10 @@ def _official_noise(official, codes, seed: int) -> tuple[torch.Tensor, list[torc
 
 @pytest.mark.parametrize("variant", ["tiny", "24khz", "44khz"])
 def test_official_parity_codes_and_audio(variant):
-    """Shared random weights: identical codes, and audio within 1e-5 when both decoders add the
-    same noise. 44khz brings the local attention and odd strides of the music models."""
+    """Shared random weights: identical codes, and audio within 3e-5 when both decoders add the
+    same noise (float rounding: the two sum their convolutions in other orders, 1.3e-5 apart
+    for 44khz on an AVX-only CPU). 44khz brings the local attention and odd strides of the
+    music models."""
     model = init_random(SNAC(PRESETS[variant]), seed=1).eval()
     official = official_snac(model)
     cfg = model.cfg
@@ -54,7 +56,7 @@ def test_official_parity_codes_and_audio(variant):
     with torch.no_grad():
         ours = model.decode(got, noise)
     assert ours.shape == audio.shape
-    assert float((ours - audio).abs().max()) <= 1e-5
+    assert float((ours - audio).abs().max()) <= 3e-5
     assert float(audio.std()) > 0.05
 
 
