@@ -136,7 +136,7 @@ def to_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.
     against 37.3 dB. With seven bits no sum saturates, so a build gives the same numbers on every
     CPU and the deviation measured here holds where it runs (58.3 % and 32.6 dB on the same CPU,
     with or without its int8 kernels); where VNNI or ARM's dot products would not have saturated,
-    it costs the decoder up to 5 dB of SNR (docs/performance.md#int8-weights-of-7-bits).
+    it costs the decoder up to 5 dB of SNR (docs/targets.md#int8-weights-of-7-bits).
 
     Only Conv and MatMuls with a constant weight are quantized: an activation x activation
     MatMul (attention scores) would quantize both sides to 8 bits for little speed. Convs on
