@@ -133,10 +133,10 @@ def to_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.
     most desktops, EPYC before Zen 4) multiply uint8 by int8 with `pmaddubsw`, whose 16-bit sums
     saturate on full-range weights: the tiny Mimi's int8 encoder gave 38.5 % of fp32's codes on an
     AVX-only EPYC where the same graph computed without saturation gives 58.3 %, its decoder 28.9
-    against 37.3 dB. With seven bits no sum saturates, so a build gives the same numbers on every
-    CPU and the deviation measured here holds where it runs (58.3 % and 32.6 dB on the same CPU,
-    with or without its int8 kernels); where VNNI or ARM's dot products would not have saturated,
-    it costs the decoder up to 5 dB of SNR (docs/targets.md#int8-weights-of-7-bits).
+    against 37.3 dB. With seven bits no sum saturates, so the deviation measured here holds where
+    the build runs, up to rounding (58.3 % and 32.6 dB on the same CPU, with or without its int8
+    kernels); where VNNI or ARM's dot products would not have saturated, seven bits cost the
+    decoder 2 dB (released Mimi) to 5 dB (tiny) of SNR (docs/targets.md#int8-weights-of-7-bits).
 
     Only Conv and MatMuls with a constant weight are quantized: an activation x activation
     MatMul (attention scores) would quantize both sides to 8 bits for little speed. Convs on
