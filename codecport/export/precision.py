@@ -130,8 +130,8 @@ def to_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.
     `feeds`.
 
     Seven bits (`reduce_range`) because ONNX Runtime's x86 kernels without VNNI (AVX2 and older:
-    most desktops, EPYC before Zen 4) multiply uint8 by int8 with `pmaddubsw`, whose 16-bit sums
-    saturate on full-range weights: the tiny Mimi's int8 encoder gave 38.5 % of fp32's codes on an
+    most desktops, EPYC before Zen 4) sum uint8 x int8 products in 16-bit pairs (`pmaddubsw`, per
+    ORT's quantization docs), which saturate on full-range weights: the tiny Mimi's int8 encoder gave 38.5 % of fp32's codes on an
     AVX-only EPYC where the same graph computed without saturation gives 58.3 %, its decoder 28.9
     against 37.3 dB. With seven bits no sum saturates, so the deviation measured here holds where
     the build runs, up to rounding (58.3 % and 32.6 dB on the same CPU, with or without its int8
