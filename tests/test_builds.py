@@ -37,8 +37,8 @@ COMBOS = [(t, p) for t, spec in TARGETS.items() for p in spec.precisions
 # Lower bounds per precision on the tiny random models (decoder SNR dB, encoder code agreement %).
 # fp32 rewrites (2-D layout, NNAPI spellings) must be rounding-level; fp16 keeps ~11 bits of
 # mantissa; int8 is coarse on random weights, the bounds only catch a broken quantization (the
-# tiny Mimi's encoder: 54-55 % of codes with 7-bit weights on every CPU; 8-bit weights gave 46 %
-# where x86 kernels without VNNI saturate).
+# tiny Mimi's encoder: 54-55 % of codes with 7-bit weights, which saturate nowhere; 8-bit weights
+# gave 46 % where x86 kernels without VNNI saturate).
 BOUNDS = {"fp32": (90.0, 99.9), "fp16": (40.0, 95.0), "int8": (15.0, 50.0)}
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")

@@ -129,14 +129,11 @@ def to_int8(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> onnx.
     """Static QDQ: per-channel int8 weights of 7 bits, uint8 activations calibrated (min/max) on
     `feeds`.
 
-    Seven bits (`reduce_range`) because ONNX Runtime's x86 kernels without VNNI (AVX2 and older:
-    most desktops, EPYC before Zen 4) sum uint8 x int8 products in 16-bit pairs (`pmaddubsw`, per
-    ORT's quantization docs), which saturate on full-range weights: the tiny Mimi's int8 encoder gave 38.5 % of fp32's codes on an
-    AVX-only EPYC where the same graph computed without saturation gives 58.3 %, its decoder 28.9
-    against 37.3 dB. With seven bits no sum saturates, so the deviation measured here holds where
-    the build runs, up to rounding (58.3 % and 32.6 dB on the same CPU, with or without its int8
-    kernels); where VNNI or ARM's dot products would not have saturated, seven bits cost the
-    decoder 2 dB (released Mimi) to 5 dB (tiny) of SNR (docs/targets.md#int8-weights-of-7-bits).
+    Seven bits (`reduce_range`): ONNX Runtime's x86 kernels without VNNI (AVX2 and older) sum
+    uint8 x int8 products in 16-bit pairs, which saturate on full-range weights, so an 8-bit
+    build's measured deviation did not hold on those CPUs. With seven bits no sum saturates
+    anywhere; it costs a few dB of decoder SNR where 8 bits would not have saturated
+    (measured: docs/targets.md#int8-weights-of-7-bits).
 
     Only Conv and MatMuls with a constant weight are quantized: an activation x activation
     MatMul (attention scores) would quantize both sides to 8 bits for little speed. Convs on
