@@ -11,7 +11,18 @@ import numpy as np
 import onnx
 import pytest
 from shared_exports import cli_export, shared
-from web_support import DECODE, ROUND_TRIP, Page, clip, same_fields, served, webgpu_page
+from web_support import (
+    DECODE,
+    LOAD_ENCODE,
+    ROUND_TRIP,
+    Page,
+    clip,
+    distilled_web_folder,
+    mount,
+    same_fields,
+    served,
+    webgpu_page,
+)
 
 import codecport
 from codecport.export.check import check
@@ -143,9 +154,13 @@ def test_browser_refuses_a_clip_under_a_frame_and_bad_codes(browser, web):
 
 def test_browser_on_webgpu(browser, tmp_path_factory):
     """On WebGPU (SwiftShader here), NeuCodec's graphs (XCodec2's are the same ops): Python's codes
-    decode within 1e-3, and the browser's own codes agree with Python's; skipped, saying so,
+    decode within 1e-3, and the browser's own codes agree with Python's. Then, in the same page
+    (whose compiled kernels it shares), the distilled encoder (`--preset tiny-distill`): its codes
+    of a clip, its local attention over several of its windows in one graph call, agree with the
+    Python runtime's (FSQ rounds what a GPU's float order moves, so not all). Skipped, saying so,
     where no adapter appears."""
     folder = shared(tmp_path_factory, "web-neucodec", lambda f: cli_export(f, "neucodec", *WEB_ARGS))
+    distilled = distilled_web_folder(tmp_path_factory)
     with served(folder) as server:
         page = webgpu_page(browser, server.url)
         py = codecport.load(folder)
@@ -157,4 +172,12 @@ def test_browser_on_webgpu(browser, tmp_path_factory):
         trip = page.run(ROUND_TRIP, x.tolist())
         agree = (np.array(trip["codes"]).reshape(trip["shape"]) == want).mean()
         assert agree > 0.9, agree
+
+        x = clip(3000, seed=5)  # one graph call of the distilled encoder
+        want = codecport.load(distilled).encode(x, 16000).data[0]
+        got = page.run(LOAD_ENCODE, [mount(page, "distilled", distilled), x.tolist()])
+        assert got["shape"] == list(want.shape)
+        agree = (np.array(got["codes"]).reshape(got["shape"]) == want).mean()
+        assert agree > 0.9, agree
+        assert page.problems == []
         page.close()

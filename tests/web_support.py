@@ -117,6 +117,38 @@ def webgpu_page(browser, url: str) -> Page:
     return page
 
 
+def distilled_web_folder(tmp_path_factory) -> Path:
+    """The distilled NeuCodec's web folder, built once a run (shared_exports.py)."""
+    from shared_exports import cli_export, shared
+
+    return shared(tmp_path_factory, "web-neucodec-distill", lambda f: cli_export(
+        f, "neucodec", "--preset", "tiny-distill", "--len", "4000", "--target", "web"))
+
+
+def mount(page: Page, name: str, folder: Path) -> str:
+    """Export `folder` at /`name`/ on `page`'s own origin (Playwright answers from disk), so one
+    page runs several folders: onnxruntime-web compiles a WebGPU kernel once a page, for every
+    session, and SwiftShader's compiles are most of what the WebGPU tests cost (a tiny NeuCodec
+    encoder's first call 16 s alone, 6 s after the distilled encoder's). Returns the URL path."""
+    def answer(route) -> None:
+        file = folder / route.request.url.rsplit("/", 1)[1]
+        if file.is_file():
+            route.fulfill(path=file)
+        else:
+            route.fulfill(status=404, body="")
+
+    page.page.route(f"**/{name}/*", answer)
+    return f"/{name}/"
+
+
+# Load the folder at a URL on WebGPU, encoder alone, and encode a clip.
+LOAD_ENCODE = """async ([url, x]) => {
+  const c = await window.demo.load(url, {ort: window.demo.ort, executionProviders: ["webgpu"], sides: ["encode"]});
+  const codes = await c.encode(Float32Array.from(x));
+  return {codes: Array.from(codes.data), shape: codes.shape};
+}"""
+
+
 def clip(n: int, seed: int = 0) -> np.ndarray:
     """A test clip: a tone with a moving pitch and some noise, float32 in [-1, 1]."""
     rng = np.random.default_rng(seed)
