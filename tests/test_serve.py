@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import re
@@ -224,6 +225,8 @@ BAD_HANDSHAKES = [
     ('{"op": "encode", "pcm": "f64"}', "bad_request"),
     ('{"op": "decode", "noise": 3}', "bad_request"),
     ('{"op": "encode", "protocol": 2}', "bad_request"),
+    ('{"op": "encode", "protocol": true}', "bad_request"),  # equal to 1 in Python, not a version
+    ('{"op": "encode", "protocol": 1.0}', "bad_request"),
     (b"\x00\x00\x80\x3f", "bad_request"),  # binary before the handshake
     ('{"op": "encode", "pcm": ["f32"]}', "bad_request"),
     ("[" * 5000, "bad_request"),  # past the JSON parser's recursion
@@ -560,11 +563,21 @@ def test_a_stream_that_sends_nothing_gives_its_slot_back(tiny_mimi_export, tmp_p
                 await ws.ping()
                 await asyncio.sleep(0.1)
 
+        async def empties(c):
+            with contextlib.suppress(ServeError):
+                while True:
+                    await c.send_raw(b"")
+                    await asyncio.sleep(0.1)
+
         async def go():
             idle = await connect(server.url, "encode")
             pinging = asyncio.ensure_future(pings(idle.ws))
             assert "no input for 0.5 s" in str(await closed_with(idle, "timeout"))
             pinging.cancel()
+            empty = await connect(server.url, "encode")  # empty messages are no input either
+            sending = asyncio.ensure_future(empties(empty))
+            assert "no input for 0.5 s" in str(await closed_with(empty, "timeout"))
+            sending.cancel()
             async with aiohttp.ClientSession() as s, s.ws_connect(server.url + "/stream") as ws:
                 pinging = asyncio.ensure_future(pings(ws))
                 error = json.loads((await ws.receive(timeout=5)).data)
@@ -639,6 +652,63 @@ def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(tiny_mimi_ex
     got = run(fast())
     assert max(pauses) > 0.3, pauses  # paused longer than --idle-timeout
     assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
+
+
+def test_tiny_messages_meet_the_input_bound_and_a_client_gone_is_not_fed(tiny_mimi_export, mimi_codec, monkeypatch):
+    """Each waiting piece of input counts its cost beyond its data (`PIECE_BYTES`), so a client
+    sending one sample a message is stopped being read after as few pieces as the bound allows,
+    not after thousands. And a client that vanishes while aiohttp still holds messages it read
+    frees its slot at once: those messages are not fed to the engine (they took 9.5 s of the
+    server's CPU on the tiny Mimi before)."""
+    from codecport.serve import engine
+    from codecport.serve.live import PIECE_BYTES
+    from codecport.serve.server import ServeConfig, Server
+
+    real = engine._step
+    monkeypatch.setattr(engine, "_step", lambda *a: (time.sleep(0.3), real(*a))[1])
+
+    async def tiny_pieces():
+        server = Server(mimi_codec, ServeConfig(slots=1, port=0, max_message=4096, heartbeat=None))
+        url = await server.start()
+        try:
+            c = await connect(url, "encode")
+            for _ in range(400):
+                await c.send_pcm(np.zeros(1, np.float32))
+            await asyncio.sleep(1)
+            (live,) = server.scheduler.lives
+            waiting, room = len(live.pending["encoder"]), live.room.is_set()
+            await c.close()
+            return waiting, room
+        finally:
+            await server.close()
+
+    waiting, room = run(tiny_pieces())
+    assert not room and waiting <= 4 * 4096 // PIECE_BYTES + 1, waiting
+
+    monkeypatch.setattr(engine, "_step", real)
+
+    async def vanish():
+        server = Server(mimi_codec, ServeConfig(slots=1, port=0, heartbeat=None))
+        url = await server.start()
+        try:
+            c = await connect(url, "decode")
+            frame = np.zeros((c.info["codebooks"], 1), np.int32).tobytes()
+            start = time.monotonic()
+            while time.monotonic() - start < 1:  # faster than the engine steps, in small messages
+                for _ in range(200):
+                    await c.send_raw(frame)
+                await asyncio.sleep(0)
+            assert server.health()["slots"]["active"] == 1
+            c.ws._response.connection.transport.abort()  # no close frame: the socket is gone
+            left = time.monotonic()
+            while server.health()["slots"]["active"] and time.monotonic() - left < 20:
+                await asyncio.sleep(0.05)
+            return time.monotonic() - left, server.health()["slots"]["active"]
+        finally:
+            await server.close()
+
+    took, active = run(vanish())
+    assert active == 0 and took < 2, took
 
 
 def test_a_message_that_would_grow_past_the_bound_when_resampled_is_refused(mimi):

@@ -259,14 +259,13 @@ class Scheduler:
         slot has taken the last; then end the slots whose input is over."""
         for live in list(self.lives):
             for side, slot in live.slots.items():
-                pending = live.pending[side]
-                if pending and not slot.ready():
+                if live.pending[side] and not slot.ready():
+                    pending = live.take(side)
                     if side == "encoder":
                         x = pending[0] if len(pending) == 1 else np.concatenate(pending)
                     else:
                         x = [np.concatenate(lv, axis=1) for lv in zip(*pending)]
                         self.metrics.frames[side] += live.layout.frames(x)
-                    live.pending[side] = []
                     try:
                         slot.feed(x)
                     except CodecportError as e:
@@ -281,9 +280,7 @@ class Scheduler:
                         live.fail(ProtocolError("bad_input", str(e)))
                         break
                     live.ended[side] = True
-            live.pending_bytes = sum(a.nbytes for p in live.pending.values() for x in p
-                                     for a in (x if isinstance(x, list) else [x]))
-            if live.pending_bytes <= self.input_bound:
+            if sum(live.pending_bytes.values()) <= self.input_bound:
                 live.room.set()
             self._check(live)  # ended with nothing left to step (its output all out already)
 

@@ -173,7 +173,7 @@ def parse_request(text: str, codec) -> Request:
     unknown = sorted(set(msg) - FIELDS)
     if unknown:
         raise bad(f"unknown field(s) {', '.join(unknown)}; the handshake takes {', '.join(sorted(FIELDS))}")
-    if msg.get("protocol", PROTOCOL) != PROTOCOL:
+    if type(msg.get("protocol", PROTOCOL)) is not int or msg.get("protocol", PROTOCOL) != PROTOCOL:  # not true, not 1.0
         raise bad(f"this server speaks protocol {PROTOCOL}, the client asked for {msg['protocol']!r}")
     missing = [side for side in SIDES[op] if side not in codec.streams]
     if missing:

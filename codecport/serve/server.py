@@ -234,8 +234,12 @@ class Server:
     async def _admit(self, ws: web.WebSocketResponse, live: Live) -> bool:
         """Slots for `live`, while watching the socket: a client that leaves the queue leaves it
         at once. False if it left."""
+        async def tell(text: str) -> None:
+            with contextlib.suppress(ConnectionError, RuntimeError):  # gone: the watch below sees it
+                await ws.send_str(text)
+
         def queued(message: dict) -> None:
-            self._spawn(ws.send_str(json.dumps(message)))
+            self._spawn(tell(json.dumps(message)))
 
         acquire = asyncio.ensure_future(self.scheduler.acquire(live, self.config.queue_timeout, queued))
         watch = asyncio.ensure_future(ws.receive())
@@ -267,6 +271,8 @@ class Server:
         try:
             heard = loop.time()  # the client's last message (pings and pongs are not input)
             while not live.closed:
+                if sender.done() or request.transport is None or request.transport.is_closing():
+                    break  # gone: what aiohttp had read before is input nobody waits for now
                 if not live.room.is_set():  # the engine is behind this client's input: stop reading
                     if await self._gone_while_paused(request, live, sender):
                         break
@@ -275,7 +281,8 @@ class Server:
                 idle = None if any(live.end_asked.values()) else self.config.idle_timeout
                 try:
                     msg = await receive_by(ws, None if idle is None else heard + idle)
-                    heard = loop.time()
+                    if msg.type is not WSMsgType.BINARY or msg.data:  # an empty message is no input
+                        heard = loop.time()
                 except asyncio.TimeoutError:
                     raise ProtocolError("timeout", f"no input for {idle:g} s; a stream that sends nothing "
                                                    "gives its slots back (send {\"op\": \"end\"} when done)") from None
