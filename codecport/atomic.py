@@ -9,12 +9,37 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import OutputError
+
+
+def unwritable(path: Path, e: OSError) -> OutputError:
+    return OutputError(f"cannot write {path} ({e.strerror or e}); pass another output path")
+
+
+def ready_parent(path: Path) -> None:
+    """Make `path`'s folder; `OutputError` if `path` could not be written as a file there (a
+    folder in its place, a file in a parent's place, no permission)."""
+    if path.is_dir():
+        raise OutputError(f"{path} is a folder; pass a file name as the output")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise OutputError(f"cannot write {path}: {parent} is a file, not a folder; pass another output path")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise unwritable(path, e) from e
+
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; it replaces `path` only if the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    """Yield a temporary path beside `path`; it replaces `path` only if the block succeeds. An
+    output that cannot be written there is an `OutputError`, said before the block runs where
+    it can be known then (a folder in its place, a file in its parents' place)."""
+    ready_parent(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    except OSError as e:
+        raise unwritable(path, e) from e
     os.close(fd)
     try:
         yield Path(tmp)
@@ -22,7 +47,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise unwritable(path, e) from e
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

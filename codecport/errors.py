@@ -39,3 +39,7 @@ class ModelFileError(CodecportError):
 
 class ProviderError(CodecportError):
     """A requested ONNX Runtime execution provider is not available."""
+
+
+class OutputError(CodecportError):
+    """An output path that cannot be written (a folder, under a file, not writable)."""

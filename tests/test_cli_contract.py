@@ -76,6 +76,29 @@ def test_output_suffix_is_checked_before_the_model_is_loaded(smoke_exports, tmp_
     assert "not a loadable model" in line and not (tmp_path / "o.wav").exists()
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_an_output_that_cannot_be_written_is_one_line(smoke_exports, tmp_path, name):
+    """An output that is a folder, or under a file, or where nothing may be written, is refused
+    in one line (it was an internal error after the whole encode), and the folder or file in
+    the way is left as it was."""
+    wav = tmp_path / "in.wav"
+    sf.write(wav, noise(3000).T, 16000)
+    (tmp_path / "c.npz").mkdir()
+    line = one_line_error(run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", tmp_path / "c.npz"))
+    assert "is a folder" in line and (tmp_path / "c.npz").is_dir()
+    line = one_line_error(run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", wav / "c.npz"))
+    assert "in.wav is a file, not a folder" in line and sf.info(str(wav)).frames == 3000
+    line = one_line_error(run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", "/proc/c.npz"))
+    assert "cannot write /proc/c.npz" in line
+    assert run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", tmp_path / "ok.npz").returncode == 0
+    codes = tmp_path / "ok.npz"
+    line = one_line_error(run("codec-run", "decode", codes, "-m", smoke_exports[name], "-o", wav / "o.wav"))
+    assert "in.wav is a file, not a folder" in line
+    (tmp_path / "o.wav").mkdir()
+    line = one_line_error(run("codec-run", "decode", codes, "-m", smoke_exports[name], "-o", tmp_path / "o.wav"))
+    assert "is a folder" in line
+
+
 def test_an_unexpected_failure_is_one_line_and_exit_2(monkeypatch, tmp_path):
     def boom(*args, **kwargs):
         raise RuntimeError("something codecport did not expect\nsecond line")

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from .. import registry
+from ..atomic import ready_parent
 from ..errors import CodesError
 from ..runtime.codefile import FORMATS, LAYOUTS
 from ..version import __version__
@@ -61,6 +62,7 @@ def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fall
     codec = spec.runtime(model_dir, provider, fallback, options)
     if lay is None and out.suffix == ".npy":  # refused before the work, not after
         check_npy(out, codec.levels)
+    ready_parent(out)
     if source.sample_rate != codec.input_rate:
         note(f"resampling {source.sample_rate} Hz -> {codec.input_rate} Hz (soxr)")
     t0 = time.perf_counter()

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from ..atomic import ready_parent
 from ..errors import AudioError, CodecportError, CodesError
 from .audio import ArraySource, FileSource, audio_format, resampled, resampled_length, write_audio_pieces
 from .codes import Codes
@@ -199,7 +200,7 @@ class Codec(GraphFolder):
         codes = self.check_codes(codes)
         # What the file must hold, asked of its format before any work (FLAC holds 8 channels...).
         audio_format(path, codes.channels * self.channels_per_row, 0, codes.sample_rate or self.sample_rate)
-        path.parent.mkdir(parents=True, exist_ok=True)  # the loudness pass spills beside it
+        ready_parent(path)  # the loudness pass spills beside it
         pieces, sr, total = self.decode_pieces(codes, mode=mode, progress=progress, spill=path.parent,
                                                noise=noise)
         channels, samples = write_audio_pieces(path, pieces, sr, total)
