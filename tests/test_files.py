@@ -374,6 +374,42 @@ def test_the_loudness_meter_holds_no_block_of_samples():
     assert -30 < meter.result() < 0
 
 
+@pytest.mark.parametrize("descr, shape", [("<i8", (-1, -1, 1)), ("|V0", (1, 1, 5))])
+def test_npy_header_with_negative_dims_or_empty_items(tmp_path, descr, shape):
+    path = tmp_path / "c.npy"
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": shape})
+    path.write_bytes(header.getvalue() + b"\x00" * 8)
+    with pytest.raises(CodesError, match="a damaged .npy header"):
+        load_codes(path)
+
+
+def test_npz_member_marked_encrypted(tmp_path):
+    path = tmp_path / "c.npz"
+    np.savez(path, codes_0=np.zeros((1, 1, 5), np.int64))
+    data = bytearray(path.read_bytes())
+    for sig, flags_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local and central headers
+        at = data.index(sig)
+        data[at + flags_at] |= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(CodesError, match="encrypted"):
+        load_codes(path)
+
+
+def test_codes_a_codec_never_writes_are_refused(smoke_exports):
+    """An extra time scale would be dropped without a word, and a loudness on codes of a codec
+    that never measures one would set the output's gain: both refused."""
+    from codecport import load
+
+    codec = load(smoke_exports["neucodec"])
+    codes = codec.encode(np.zeros((1, 3000), np.float32), codec.input_rate)
+    with pytest.raises(CodesError, match="NeuCodec codes are 1 time scale; these hold 2"):
+        codec.decode(Codes(codes.arrays * 2))
+    with pytest.raises(CodesError, match="carry a loudness"):
+        codec.decode(codes.replace(loudness_db=-20.0))
+    codec.decode(codes)
+
+
 @pytest.mark.parametrize("layout", ["codes", "codes_i", "arr_i"])
 def test_a_npz_of_code_arrays_only_decodes_as_bare_codes(tmp_path, smoke_exports, layout):
     """Codes saved with np.savez as users of the official packages save them (`codes`, or one

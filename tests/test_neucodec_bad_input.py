@@ -170,3 +170,34 @@ def test_a_stream_state_that_is_not_this_streams_is_refused(model, arrays, faded
     state = StreamState(stream.kind, {"tail": np.zeros(0, np.float32), **arrays}, {"faded": faded})
     with pytest.raises(CodesError, match=match):
         stream.state = state
+
+
+@pytest.mark.parametrize("conf, match", [
+    ('{"num_attention_heads": 1, "layer_norm_eps": -1.0}', "not valid"),
+    ('{"num_attention_heads": 1, "layer_norm_eps": NaN}', "not valid"),  # json reads NaN
+    ('{"num_attention_heads": true, "layer_norm_eps": 1e-5}', "not valid"),  # not one head
+    ('{"x": ' + "[" * 100000 + "]" * 100000 + "}", "not a JSON config"),  # past the parser's depth
+])
+def test_a_distilhubert_config_it_would_not_compute_is_refused(tmp_path, conf, match):
+    """A config.json beside the distilled weights that would build a model ORT refuses, or
+    another than it says (`true` heads), or that the JSON parser cannot follow: one line."""
+    from codecport.errors import CheckpointError
+    from codecport.models.neucodec_config import PRESETS
+    from codecport.models.neucodec_weights import hubert_facts
+
+    (tmp_path / "config.json").write_text(conf)
+    (tmp_path / "preprocessor_config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=match):
+        hubert_facts(PRESETS["tiny-distill"], tmp_path / "config.json", tmp_path / "preprocessor_config.json")
+
+
+@pytest.mark.parametrize("data", [b"\x80\x02b.", b"\x80\x02]q\x00(K\x01e."])
+def test_a_damaged_pickle_is_one_checkpoint_error(tmp_path, data):
+    """torch's weights-only unpickler fails a damaged file in its own terms (IndexError for a
+    BUILD with nothing on the stack, a list where a dict belongs): one line, no code run."""
+    from codecport.errors import CheckpointError
+    from codecport.models.checkpoint import load_torch
+
+    (tmp_path / "pytorch_model.bin").write_bytes(data)
+    with pytest.raises(CheckpointError, match="pytorch_model.bin: (not a readable torch checkpoint|refused)"):
+        load_torch(tmp_path / "pytorch_model.bin", "pass the official file")

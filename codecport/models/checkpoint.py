@@ -159,3 +159,6 @@ def load_torch(path: Path, hint: str):
     except (RuntimeError, EOFError, OSError) as e:
         raise CheckpointError(f"{path}: not a readable torch checkpoint ({e}); "
                               "re-download it") from e
+    except Exception as e:  # a damaged pickle fails in its unpickler's own terms (IndexError, KeyError...)
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({type(e).__name__}: {e}); "
+                              "re-download it") from e

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -106,8 +107,8 @@ def _json(path: Path) -> dict:
                               f"beside its weights (in {path.parent}/), as the official model reads it")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not a JSON config ({e}); fetch {DISTILL_REPO}'s {path.name} again") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{path}: not a JSON config ({type(e).__name__}); fetch {DISTILL_REPO}'s {path.name} again") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a JSON object; fetch {DISTILL_REPO}'s {path.name} again")
     return data
@@ -132,7 +133,8 @@ def hubert_facts(cfg: NeuCodecConfig, config: Path, preprocessor: Path) -> NeuCo
     heads, eps, normalize = conf.get("num_attention_heads"), conf.get("layer_norm_eps", hubert.eps), \
         pre.get("do_normalize", True)
     proj_norm = conf.get("feat_proj_layer_norm", True)
-    if not isinstance(heads, int) or heads < 1 or hubert.hidden % heads or not isinstance(eps, float) or \
+    if type(heads) is not int or heads < 1 or hubert.hidden % heads or not isinstance(eps, float) or \
+            not math.isfinite(eps) or eps <= 0 or \
             not isinstance(normalize, bool) or not isinstance(proj_norm, bool):
         raise CheckpointError(f"{config}: num_attention_heads, layer_norm_eps, feat_proj_layer_norm or "
                               "do_normalize is missing or not valid for these weights")

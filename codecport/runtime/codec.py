@@ -253,6 +253,12 @@ class Codec(GraphFolder):
         if codes.preset not in (None, self.preset):
             raise CodesError(f"these codes were made by {self.name} {codes.preset}; this folder "
                              f"holds {self.name} {self.preset}")
+        if len(codes.arrays) != self.levels:  # an extra array would be dropped without a word
+            raise CodesError(f"{self.label} codes are {self.levels} time scale{'s' * (self.levels > 1)}; these "
+                             f"hold {len(codes.arrays)}")
+        if codes.loudness_db is not None and not self.restores_loudness:  # it would set the gain
+            raise CodesError(f"these codes carry a loudness (loudness_db), which {self.label} codes never "
+                             "do; they were not written by codecport for this codec")
         for a in codes.arrays:
             if a.shape[1] > self.codebooks_per_level:
                 raise CodesError(f"codes must be [channels, codebooks<={self.codebooks_per_level}, frames], "

@@ -87,8 +87,8 @@ def read_manifest(folder: Path) -> dict | None:
         if path.stat().st_size > MAX_MANIFEST_BYTES:
             raise ValueError(f"{path.stat().st_size} bytes")
         manifest = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise ModelFileError(f"{path}: not a readable manifest ({e}); re-run codec-export") from e
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise ModelFileError(f"{path}: not a readable manifest ({type(e).__name__}); re-run codec-export") from e
     if not isinstance(manifest, dict) or not isinstance(manifest.get("codec"), str):
         raise ModelFileError(f"{path}: not a codecport manifest (no codec named); re-run codec-export")
     return current_names(manifest)

@@ -28,7 +28,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import AudioError, CodesError, ModelFileError
-from .audio import Counted
+from .audio import Counted, resampled_length
 from .codec import Codec
 from .codes import Codes
 from .fbank import FEATURES, RATE, Fbank, raw_values
@@ -211,7 +211,8 @@ class NeuCodecCodec(Codec):
             # A window is not the clip's last while audio runs a frame past it (the official pad).
             while buf.shape[1] >= size + hop:
                 if mode == "fixed":  # the whole length where the source knows it, for the message
-                    known = source.frames and source.frames * self.input_rate // source.sample_rate // hop
+                    known = source.frames and self._frames_of(
+                        resampled_length(source.frames, source.sample_rate, self.input_rate))
                     raise self._too_long(known or None)
                 mode = "windowed"
                 keep_to = start + step + self.overlap // 2

@@ -41,6 +41,8 @@ def read_header(f: BinaryIO, what: str, error: type[CodecportError],
         raise error(f"{what}: not a readable .npy array ({type(e).__name__}: {e})") from None
     if dtype.hasobject and not objects:
         raise error(f"{what}: holds Python objects (a pickle), which codecport does not load")
+    if any(int(d) < 0 for d in shape) or dtype.itemsize == 0:
+        raise error(f"{what}: a damaged .npy header (shape {list(shape)}, dtype {dtype.str}); write the file again")
     return tuple(int(d) for d in shape), dtype, bool(fortran)
 
 
@@ -106,7 +108,7 @@ def read_npz(path: Path, error: type[CodecportError], max_bytes: int = MAX_BYTES
             return out
     except zipfile.BadZipFile as e:
         raise error(f"{path}: not a readable .npz archive ({e})") from e
-    except (OSError, EOFError, ValueError, NotImplementedError) as e:
+    except (OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as e:
         # zipfile raises bare OSError/EOFError on truncation, ValueError/NotImplementedError on
-        # an unknown compression
+        # an unknown compression, RuntimeError on a member marked encrypted
         raise error(f"{path}: the archive is damaged ({e})") from e
