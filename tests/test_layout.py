@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "codecport"
 # runtime and the torch models sit side by side and never import each other; the applications
 # (tokenize, serve) never import the front ends (cli, bench) nor each other.
 LAYERS = {
-    "codecport.errors": 0, "codecport.atomic": 0, "codecport.version": 0,
+    "codecport.errors": 0, "codecport.version": 0, "codecport.atomic": 0.5,  # atomic raises errors' OutputError
     "codecport.runtime": 1, "codecport.models": 1,
     "codecport.export": 2,
     "codecport.registry": 3,
