@@ -82,6 +82,28 @@ def _url(proc: subprocess.Popen, log: Path, timeout: float = 60) -> str:
     raise AssertionError(f"codec-serve did not start: {seen.decode()}{log.read_text()}")
 
 
+@contextlib.asynccontextmanager
+async def in_process(codec, **config):
+    """codec-serve for `codec` in this process on a free port (one slot, no heartbeat, unless
+    `config` says otherwise), so a test can reach its scheduler: (server, url)."""
+    from codecport.serve.server import ServeConfig, Server
+
+    server = Server(codec, ServeConfig(**{"slots": 1, "port": 0, "heartbeat": None, **config}))
+    url = await server.start()
+    try:
+        yield server, url
+    finally:
+        await server.close()
+
+
+async def slots_freed(server, timeout: float = 20) -> tuple[float, int]:
+    """Seconds until `server` holds no slot (at most `timeout`), and the slots still held then."""
+    start = time.monotonic()
+    while server.health()["slots"]["active"] and time.monotonic() - start < timeout:
+        await asyncio.sleep(0.05)
+    return time.monotonic() - start, server.health()["slots"]["active"]
+
+
 def run(coro):
     return in_thread(asyncio.run, asyncio.wait_for(coro, 60))
 

@@ -19,6 +19,7 @@ import torch
 from conftest import noise, official_neucodec
 from shared_exports import cli_export, shared, skipped_init
 from test_neucodec_download import env  # noqa: F401 (a fixture: a clean huggingface_hub environment)
+from web_support import distilled_web_folder
 
 import codecport
 from codecport.models.checkpoint import fold_weight_norm, unfold_parametrized, weight_norm_dims
@@ -331,8 +332,7 @@ def test_a_folder_needs_distilhuberts_configs(tmp_path):
 def test_the_web_folder_gives_the_numpy_folders_codes_and_audio(tiny_folder, tmp_path_factory):
     """`--target web` (DistilHuBERT's normalised samples and the FSQ in the graphs, the browser's
     form: test_web_windows.py runs it there) against the numpy folder of the same weights."""
-    web = codecport.load(shared(tmp_path_factory, "web-neucodec-distill", lambda f: cli_export(
-        f, "neucodec", "--preset", "tiny-distill", "--len", "4000", "--target", "web")))
+    web = codecport.load(distilled_web_folder(tmp_path_factory))
     numpy_folder = codecport.load(tiny_folder)
     assert web.rvq is None and web.raw_semantic and web.normalize
     for n in (3333, 20000):  # in one call, and through windows

@@ -34,11 +34,13 @@ from serve_support import (
     closed_with,
     frame_chunks,
     get_json,
+    in_process,
     in_thread,
     ref_decode,
     ref_encode,
     run,
     serving,
+    slots_freed,
 )
 from shared_exports import TINY_SLOTS, copy_folder
 
@@ -598,15 +600,13 @@ def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(tiny_mimi_ex
     it leaves meanwhile, its slot goes back at once, not after the engine has stepped through all
     it had sent. In process, each step made 0.3 s slower, so that its input outlasts the test."""
     from codecport.serve import engine
-    from codecport.serve.server import ServeConfig, Server
+    from codecport.serve.server import Server
 
     real = engine._step
     monkeypatch.setattr(engine, "_step", lambda *a: (time.sleep(0.3), real(*a))[1])
 
     async def go():
-        server = Server(mimi_codec, ServeConfig(slots=1, port=0, max_message=4096, heartbeat=None))
-        url = await server.start()
-        try:
+        async with in_process(mimi_codec, max_message=4096) as (server, url):
             c = await connect(url, "encode")
             for _ in range(32):  # 64 KB: past the 16 KB the server takes before it stops reading
                 await c.send_pcm(np.zeros(512, np.float32))
@@ -615,12 +615,7 @@ def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(tiny_mimi_ex
             (live,) = server.scheduler.lives
             assert not live.room.is_set() and server.health()["slots"]["active"] == 1
             await c.session.close()  # the socket closed with its input still waiting
-            left = time.monotonic()
-            while server.health()["slots"]["active"] and time.monotonic() - left < 20:
-                await asyncio.sleep(0.05)
-            return time.monotonic() - left, server.health()["slots"]["active"]
-        finally:
-            await server.close()
+            return await slots_freed(server)
 
     took, active = run(go())
     assert active == 0 and took < 2.5, took  # a step or two: 8 KB waiting in the slot is 14 steps
@@ -640,14 +635,9 @@ def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(tiny_mimi_ex
     monkeypatch.setattr(Server, "_gone_while_paused", staticmethod(timed))
 
     async def fast():
-        server = Server(mimi_codec, ServeConfig(slots=1, port=0, max_message=4096, idle_timeout=0.3,
-                                                heartbeat=None))
-        url = await server.start()
-        try:
-            async with await connect(url, "encode") as c:
-                return await stream(c, [x[i:i + 512] for i in range(0, len(x), 512)])
-        finally:
-            await server.close()
+        async with in_process(mimi_codec, max_message=4096, idle_timeout=0.3) as (_, url), \
+                await connect(url, "encode") as c:
+            return await stream(c, [x[i:i + 512] for i in range(0, len(x), 512)])
 
     got = run(fast())
     assert max(pauses) > 0.3, pauses  # paused longer than --idle-timeout
@@ -662,15 +652,12 @@ def test_tiny_messages_meet_the_input_bound_and_a_client_gone_is_not_fed(tiny_mi
     server's CPU on the tiny Mimi before)."""
     from codecport.serve import engine
     from codecport.serve.live import PIECE_BYTES
-    from codecport.serve.server import ServeConfig, Server
 
     real = engine._step
     monkeypatch.setattr(engine, "_step", lambda *a: (time.sleep(0.3), real(*a))[1])
 
     async def tiny_pieces():
-        server = Server(mimi_codec, ServeConfig(slots=1, port=0, max_message=4096, heartbeat=None))
-        url = await server.start()
-        try:
+        async with in_process(mimi_codec, max_message=4096) as (server, url):
             c = await connect(url, "encode")
             for _ in range(400):
                 await c.send_pcm(np.zeros(1, np.float32))
@@ -679,8 +666,6 @@ def test_tiny_messages_meet_the_input_bound_and_a_client_gone_is_not_fed(tiny_mi
             waiting, room = len(live.pending["encoder"]), live.room.is_set()
             await c.close()
             return waiting, room
-        finally:
-            await server.close()
 
     waiting, room = run(tiny_pieces())
     assert not room and waiting <= 4 * 4096 // PIECE_BYTES + 1, waiting
@@ -688,9 +673,7 @@ def test_tiny_messages_meet_the_input_bound_and_a_client_gone_is_not_fed(tiny_mi
     monkeypatch.setattr(engine, "_step", real)
 
     async def vanish():
-        server = Server(mimi_codec, ServeConfig(slots=1, port=0, heartbeat=None))
-        url = await server.start()
-        try:
+        async with in_process(mimi_codec) as (server, url):
             c = await connect(url, "decode")
             frame = np.zeros((c.info["codebooks"], 1), np.int32).tobytes()
             start = time.monotonic()
@@ -700,12 +683,7 @@ def test_tiny_messages_meet_the_input_bound_and_a_client_gone_is_not_fed(tiny_mi
                 await asyncio.sleep(0)
             assert server.health()["slots"]["active"] == 1
             c.ws._response.connection.transport.abort()  # no close frame: the socket is gone
-            left = time.monotonic()
-            while server.health()["slots"]["active"] and time.monotonic() - left < 20:
-                await asyncio.sleep(0.05)
-            return time.monotonic() - left, server.health()["slots"]["active"]
-        finally:
-            await server.close()
+            return await slots_freed(server)
 
     took, active = run(vanish())
     assert active == 0 and took < 2, took

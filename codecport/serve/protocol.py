@@ -173,8 +173,9 @@ def parse_request(text: str, codec) -> Request:
     unknown = sorted(set(msg) - FIELDS)
     if unknown:
         raise bad(f"unknown field(s) {', '.join(unknown)}; the handshake takes {', '.join(sorted(FIELDS))}")
-    if type(msg.get("protocol", PROTOCOL)) is not int or msg.get("protocol", PROTOCOL) != PROTOCOL:  # not true, not 1.0
-        raise bad(f"this server speaks protocol {PROTOCOL}, the client asked for {msg['protocol']!r}")
+    version = msg.get("protocol", PROTOCOL)
+    if type(version) is not int or version != PROTOCOL:  # true and 1.0 equal 1 in Python
+        raise bad(f"this server speaks protocol {PROTOCOL}, the client asked for {version!r}")
     missing = [side for side in SIDES[op] if side not in codec.streams]
     if missing:
         have = " and ".join(codec.streams) or "no"
