@@ -76,6 +76,51 @@ def test_output_suffix_is_checked_before_the_model_is_loaded(smoke_exports, tmp_
     assert "not a loadable model" in line and not (tmp_path / "o.wav").exists()
 
 
+def _changed_input(path: Path) -> str:
+    """Graph `path` with its last input renamed where it has several and that is not a state
+    (a single input is fed by its place, whatever its name; a state's name is checked as the
+    graph opens), else its first taking doubles, cast to what it took; what ORT will say."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(path))
+    inputs = model.graph.input
+    rename = len(inputs) > 1 and not inputs[-1].name.endswith("_in")
+    x = inputs[-1] if rename else inputs[0]
+    old, new = x.name, x.name + "_in"
+    for node in model.graph.node:
+        node.input[:] = [new if i == old else i for i in node.input]
+    if rename:
+        x.name = new
+        said = new
+    else:
+        model.graph.node.insert(0, helper.make_node("Cast", [old], [new], to=x.type.tensor_type.elem_type))
+        x.type.tensor_type.elem_type = TensorProto.DOUBLE
+        said = "data type"
+    onnx.save(model, str(path))
+    return said
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_graph_whose_inputs_were_changed_is_one_line(smoke_exports, tmp_path, name):
+    """A graph of the right shapes whose input was renamed, or retyped, by hand or by another
+    tool: one `error:` line naming the file (it was an internal error at its first call), and no
+    output written."""
+    wav = tmp_path / "in.wav"
+    sf.write(wav, noise(3000).T, 16000)
+    codes = tmp_path / "c.npz"
+    assert run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", codes).returncode == 0
+    model = tmp_path / "model"
+    shutil.copytree(smoke_exports[name], model)
+    said = {graph.name: _changed_input(graph) for graph in model.glob("*.onnx")}
+    for line in (one_line_error(run("codec-run", "encode", wav, "-m", model, "-o", tmp_path / "d.npz")),
+                 one_line_error(run("codec-run", "decode", codes, "-m", model, "-o", tmp_path / "o.wav"))):
+        file = line.split(": ")[1]
+        assert file.startswith(f"{model}/") and ": its inputs are not those codecport feeds" in line, line
+        assert said[Path(file).name] in line, line
+    assert not (tmp_path / "d.npz").exists() and not (tmp_path / "o.wav").exists()
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_an_output_that_cannot_be_written_is_one_line(smoke_exports, tmp_path, name):
     """An output that is a folder, or under a file, or where nothing may be written, is refused

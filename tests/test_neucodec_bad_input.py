@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -201,3 +202,25 @@ def test_a_damaged_pickle_is_one_checkpoint_error(tmp_path, data):
     (tmp_path / "pytorch_model.bin").write_bytes(data)
     with pytest.raises(CheckpointError, match="pytorch_model.bin: (not a readable torch checkpoint|refused)"):
         load_torch(tmp_path / "pytorch_model.bin", "pass the official file")
+
+
+def test_metadata_that_misaligns_the_two_paths_is_refused_when_opened(model, tmp_path):
+    """Every graph and the manifest agreeing on a `fbank_pad` that gives the semantic path
+    another row count than the graph's frames: refused as the encoder opens (it was a numpy
+    broadcast error at the first encode). A lying `acoustic_extra` changes the audio's shape,
+    which the shapes' check refuses."""
+    key, value = "fbank_pad", "160"
+    import onnx
+
+    bad = tmp_path / "model"
+    shutil.copytree(model, bad)
+    for path in bad.glob("*.onnx"):
+        graph = onnx.load(str(path))
+        for p in graph.metadata_props:
+            if p.key == key:
+                p.value = value
+        onnx.save(graph, str(path))
+    manifest = json.loads((bad / "manifest.json").read_text())
+    (bad / "manifest.json").write_text(json.dumps({**manifest, key: value}))
+    with pytest.raises(ModelFileError, match=r"give \d+ feature rows for its \d+ frames"):
+        codecport.load(bad).graph("encoder")

@@ -782,3 +782,45 @@ def test_a_folder_without_streams_is_refused_in_one_line(smoke_exports):
     r = CliRunner().invoke(serve_cli, ["-m", str(smoke_exports["dac"])])
     assert r.exit_code == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "DAC has no encoder or decoder stream" in r.stderr and "codec-run" in r.stderr, r.stderr
+
+
+def test_the_queue_is_kept_by_sides(mimi_codec):
+    """A stream waits only for those queued before it that need a side it needs: with the one
+    decoder slot taken and a decode stream queued for it, an encode stream gets the free encoder
+    slot at once (it waited the whole --queue-timeout before); a duplex stream queued for the
+    decoder holds the encoder slot for itself, so a later encode stream waits behind it. And
+    /health's batch is what --slots allows, not the folder's largest slot graph."""
+    x = noise(2000, seed=8)[0]
+
+    async def go():
+        async with in_process(mimi_codec, queue=3, queue_timeout=5) as (server, url):
+            # the folder's slot graphs step 3 slots a call, but one slot is all --slots 1 has
+            assert {p["batch"] for p in server.health()["pools"].values()} == {1}
+            holder = await connect(url, "decode")
+            waiting = asyncio.ensure_future(connect(url, "decode"))
+            await asyncio.sleep(0.3)
+            assert not waiting.done() and server.health()["queued"] == 1
+            t0 = time.monotonic()
+            async with await connect(url, "encode") as enc:  # not queued behind the decode stream
+                assert not enc.queued and time.monotonic() - t0 < 1
+                got = await stream(enc, [x])
+            await holder.close()
+            await (await waiting).close()
+            await slots_freed(server)
+
+            holder = await connect(url, "decode")
+            duplex = asyncio.ensure_future(connect(url, "duplex"))
+            await asyncio.sleep(0.3)
+            encode = asyncio.ensure_future(connect(url, "encode"))
+            await asyncio.sleep(0.3)  # the encoder slot is free, but the duplex stream waits for it
+            assert not encode.done() and server.health()["queued"] == 2
+            await holder.close()
+            first = await duplex
+            assert not encode.done()  # the duplex stream took the encoder slot before it
+            await first.close()
+            second = await encode
+            assert second.queued and second.queued[0]["position"] == 2
+            await second.close()
+            return got
+
+    assert np.array_equal(run(go()).codes()[0], ref_encode(mimi_codec, x, 4))

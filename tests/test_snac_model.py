@@ -183,6 +183,11 @@ def test_bad_checkpoints_are_one_clear_error(tmp_path, tiny_snac, capsys):
     torch.save({k: v for k, v in sd.items() if "decoder" not in k}, folder / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="missing key decoder"):
         load(str(folder))
+    key = next(k for k in sd if k.endswith(".bias"))
+    # a complex tensor would load with its imaginary part dropped, torch only warning
+    torch.save({**sd, key: torch.complex(sd[key], sd[key])}, folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=f"{key} is a torch.complex64 tensor; the model expects real"):
+        load(str(folder))
     other = init_random(SNAC(SnacConfig(**{**PRESETS["tiny"].__dict__, "codebook_dim": 8})), 0)
     torch.save(official_snac(other).state_dict(), folder / "pytorch_model.bin")
     with pytest.raises(CheckpointError, match="has shape .* the config does not match"):

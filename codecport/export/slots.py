@@ -10,15 +10,13 @@ import numpy as np
 import onnx
 
 from ..runtime.bank import StepBank
+from ..runtime.graph import Graph
 from .validate import session
 
 
-class MemGraph:
-    """An in-memory model as the runtime's Graph for a bank (its session and a name)."""
-
-    def __init__(self, model: onnx.ModelProto, name: str):
-        self.session = session(model)
-        self.path = Path(f"{name}.onnx")
+def mem_graph(model: onnx.ModelProto, name: str) -> Graph:
+    """An in-memory model as the runtime's Graph for a bank (a session and a name; no metadata)."""
+    return Graph(Path(f"{name}.onnx"), session(model), {})
 
 
 def run_streams(model: onnx.ModelProto, name: str, slots: int, streams: list[list]) -> list[list[np.ndarray]]:
@@ -26,7 +24,7 @@ def run_streams(model: onnx.ModelProto, name: str, slots: int, streams: list[lis
     i % slots at step i (or when the stream before it in that slot has left; its row is reset),
     so some steps run part of the slots and some slots sit idle. `streams[i]` holds its steps'
     (first input `[1, ...]`, other inputs by name)."""
-    bank = StepBank([MemGraph(model, name)], slots)
+    bank = StepBank([mem_graph(model, name)], slots)
     queue = {s: [i for i in range(len(streams)) if i % slots == s] for s in range(slots)}
     at = {i: 0 for i in range(len(streams))}
     out: list[list[np.ndarray]] = [[] for _ in streams]

@@ -23,6 +23,11 @@ def load_state(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str)
         raise CheckpointError(f"{source}: unexpected key {unexpected[0]} ({len(unexpected)} "
                               "unexpected); is this a checkpoint of this model and preset?")
     for k, v in expected.items():
+        if not isinstance(sd[k], torch.Tensor) or sd[k].is_complex():
+            # A complex tensor would load with its imaginary part dropped (torch only warns).
+            what = f"a {sd[k].dtype} tensor" if isinstance(sd[k], torch.Tensor) else f"not a tensor ({type(sd[k]).__name__})"
+            raise CheckpointError(f"{source}: {k} is {what}; the model expects real weights; "
+                                  "is this a checkpoint of this model?")
         if tuple(sd[k].shape) != tuple(v.shape):
             raise CheckpointError(f"{source}: {k} has shape {tuple(sd[k].shape)}, the model "
                                   f"expects {tuple(v.shape)}; the config does not match the weights")

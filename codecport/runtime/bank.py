@@ -113,7 +113,7 @@ class StepBank:
             for b, g in self.graphs.items():
                 if self.cost[b] is None:
                     t = time.perf_counter()
-                    g.session.run(None, feeds[b])
+                    g.run(feeds[b])
                     self._record(b, time.perf_counter() - t)
 
     def _record(self, b: int, seconds: float) -> None:
@@ -149,7 +149,7 @@ class StepBank:
                 feeds[name] = rows_in
         if self.rings:
             feeds["ring_at"] = ring_rows(feeds["offset_in"], self.ring)
-        ys = dict(zip(self.outputs, self.graphs[b].session.run(None, feeds)))
+        ys = dict(zip(self.outputs, self.graphs[b].run(feeds)))
         for out, name in self.pairs:
             self.state[name][slots] = ys[out][rows]
         for new, name in self.rings:  # after the call: it read the rows where they lie

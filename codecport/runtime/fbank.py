@@ -42,7 +42,8 @@ class Fbank:
         self.window = np.power(np.hanning(FRAME), 0.85)  # Povey's, float64 as transformers'
         self.filters = mel_filters()
 
-    def frames(self, n: int) -> int:
+    @staticmethod
+    def frames(n: int) -> int:
         """Feature rows (stacked pairs) for `n` samples."""
         return -(-(1 + (n - FRAME) // HOP) // STRIDE) if n >= FRAME + HOP else 0
 

@@ -39,6 +39,10 @@ INT_RANGES = {
     "input_rate": (1_000, 1_000_000), "input_frame_size": (1, 1 << 20), "levels": (2, 1 << 16),
 }
 RERUN = "re-export it with this version of codec-export"
+# How ONNX Runtime refuses feeds whose names or types are not the graph's: shapes are checked as a
+# graph opens, but a file whose inputs were renamed or retyped (edited, or written by another
+# tool) is only found at its first call, and is the file's fault, not the caller's.
+FEED_MISMATCH = ("Unexpected input data type", "Invalid input name", "are missing from input feed")
 # Metadata and manifest keys that codecport 0.2 wrote under other names: folders it exported
 # still load, read as if written today.
 RENAMED = {"variant": "preset", "attention_window": "attention", "stream_frames": "step_frames"}
@@ -69,11 +73,28 @@ class Graph:
     def __call__(self, x: np.ndarray | dict[str, np.ndarray]) -> np.ndarray:
         """The first output on input `x`, or on the feeds `x` of a graph with several inputs."""
         feeds = x if isinstance(x, dict) else {self.session.get_inputs()[0].name: x}
-        return self.session.run(None, feeds)[0]
+        return self.run(feeds)[0]
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """All outputs, in the graph's output order."""
-        return self.session.run(None, feeds)
+        try:
+            return self.session.run(None, feeds)
+        except Exception as e:  # noqa: BLE001 (ORT raises its own types; a feed mismatch is re-raised as ours)
+            raise self._mismatch(e) or e
+
+    def run_with_iobinding(self, binding) -> None:
+        try:
+            self.session.run_with_iobinding(binding)
+        except Exception as e:  # noqa: BLE001 (as in run)
+            raise self._mismatch(e) or e
+
+    def _mismatch(self, e: Exception) -> ModelFileError | None:
+        """ModelFileError for an ORT error that says the graph takes other inputs than it is fed."""
+        first = (str(e).strip().splitlines() or [""])[0]
+        if not any(m in first for m in FEED_MISMATCH):
+            return None
+        return ModelFileError(f"{self.path}: its inputs are not those codecport feeds "
+                              f"({first.split(' : ')[-1].rstrip('.')}); the file was changed, {RERUN}")
 
     @property
     def output_names(self) -> list[str]:

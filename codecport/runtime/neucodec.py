@@ -97,6 +97,14 @@ class NeuCodecCodec(Codec):
         if frames < 2 or g.shapes() != want:
             raise ModelFileError(f"{g.path}: its inputs/outputs are {g.shapes()}, its metadata says "
                                  f"{want}; the file is damaged, re-export the folder")
+        if name.startswith("encoder") and not in_graph and features[-1] == FEATURES:
+            # The features computed here must have a row for each frame of the graph: how the
+            # two paths line up is metadata, which a damaged file could get wrong.
+            rows = Fbank.frames(audio[-1] + 2 * g.int("fbank_pad"))
+            if rows != frames:
+                raise ModelFileError(f"{g.path}: its fbank_pad ({g.int('fbank_pad')}) and acoustic_extra "
+                                     f"({g.int('acoustic_extra')}) give {rows} feature rows for its {frames} "
+                                     "frames; the file is damaged, re-export the folder")
 
     def _bucket(self, side: str, frames: int) -> tuple[str, int]:
         """(graph, its frames) of `side` for a clip of `frames` frames: the shortest that holds

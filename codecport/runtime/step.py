@@ -173,7 +173,7 @@ class StepRunner:
             feeds = {self.input: x, **extra, **self._state}
             if self.rings:
                 feeds["ring_at"] = ring_rows(self._state["offset_in"], self.ring)
-            outs = dict(zip(self.names, self.graph.session.run(None, feeds)))
+            outs = dict(zip(self.names, self.graph.run(feeds)))
             rings = {i: self._state[i] for _, i in self.rings}
             self._state = {in_name: outs[out_name] for out_name, in_name in self.pairs}
             for new, in_name in self.rings:
@@ -186,6 +186,6 @@ class StepRunner:
         # A new host array each step: the caller keeps it while the next step writes elsewhere.
         out = np.empty(self.output.shape, self.out_dtype)
         binding.bind_ortvalue_output(self.output.name, onnxruntime().OrtValue.ortvalue_from_numpy(out))
-        self.graph.session.run_with_iobinding(binding)
+        self.graph.run_with_iobinding(binding)
         self._turn ^= 1
         return out

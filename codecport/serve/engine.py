@@ -95,8 +95,21 @@ class Scheduler:
                 "draining": [("", int(self.draining))]}
 
     # ---- admission ---------------------------------------------------------------------------
-    def _fits(self, live: Live) -> bool:
-        return all(self.held[side] < self.size for side in live.request.sides)
+    def _fits(self, live: Live, blocked: frozenset = frozenset()) -> bool:
+        """Whether `live` has a free slot of each side it needs, none of them a side in `blocked`."""
+        return all(self.held[side] < self.size and side not in blocked for side in live.request.sides)
+
+    def _grant_waiting(self) -> None:
+        """Grant the queue in its order, by sides: a stream waits only for those before it that
+        need a side it needs (an encode stream is not held up by one waiting for a full decoder
+        pool), and never takes a slot of a side one before it waits for (so none waits forever)."""
+        blocked: set = set()
+        for live in list(self.waiting):
+            if self._fits(live, frozenset(blocked)):
+                self.waiting.remove(live)
+                self._reserve(live)
+            else:
+                blocked.update(live.request.sides)
 
     def _reserve(self, live: Live) -> None:
         for side in live.request.sides:
@@ -110,7 +123,7 @@ class Scheduler:
         if self.draining:
             raise ProtocolError("shutting_down", "the server is stopping; connect to another")
         queued = False
-        if not self.waiting and self._fits(live):
+        if self._fits(live, frozenset(side for w in self.waiting for side in w.request.sides)):
             self._reserve(live)
             self._settle()
         elif len(self.waiting) < self.queue_limit:
@@ -172,8 +185,7 @@ class Scheduler:
             self.owner.pop(slot, None)
             self.held[slot.pool.side] -= 1
         self.closing = []
-        while self.waiting and self._fits(self.waiting[0]):
-            self._reserve(self.waiting.popleft())
+        self._grant_waiting()
         for live in self.opening:
             try:
                 for side in live.request.sides:

@@ -135,7 +135,7 @@ class Server:
         sched = self.scheduler
         return {"ok": not sched.draining, "codec": self.codec.name, "preset": self.codec.preset,
                 "slots": {"total": sched.size, "active": sched.holding},
-                "pools": {side: {"total": sched.size, "active": sched.active(side), "batch": pool.batch}
+                "pools": {side: {"total": sched.size, "active": sched.active(side), "batch": min(pool.batch, sched.size)}
                           for side, pool in sched.pools.items()},
                 "queued": len(sched.waiting), "connections": sched.connections, "draining": sched.draining}
 
