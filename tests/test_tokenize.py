@@ -126,8 +126,12 @@ def test_bad_inputs_of_the_job_are_one_line(tmp_path, smoke_exports, monkeypatch
     (tmp_path / "dup.txt").write_text("a.wav\na.wav\n")
     (tmp_path / "nopath.csv").write_text("file\nx.wav\n")
     (tmp_path / "bad.jsonl").write_text("[1, 2]\n")
+    (tmp_path / "long.txt").write_text("a" * (1 << 20))  # read a line's bound at a time, not whole
+    (tmp_path / "m4a").mkdir()
+    (tmp_path / "m4a" / "a.m4a").write_bytes(b"")
     cases = {"nothing/here": "no such file", "nomatch/*.wav": "matches no file",
-             "dup.txt": "comes twice", "nopath.csv": "no 'path' column", "bad.jsonl": "not a JSON object"}
+             "dup.txt": "comes twice", "nopath.csv": "no 'path' column", "bad.jsonl": "not a JSON object",
+             "long.txt": "line 1 is longer than 64 KiB", "m4a": "holds no audio file tokenize reads (it holds .m4a)"}
     for arg, words in cases.items():
         proc = invoke("codec-run", "tokenize", arg, "-m", folder, "-o", tmp_path / "out")
         assert proc.returncode == 1 and words in proc.stderr, (arg, proc.stderr)
@@ -135,6 +139,23 @@ def test_bad_inputs_of_the_job_are_one_line(tmp_path, smoke_exports, monkeypatch
         assert not (tmp_path / "out").exists()
     proc = invoke("codec-run", "tokenize", "a.wav", "-m", folder, "-o", tmp_path / "o2", "--batch", "8")
     assert proc.returncode == 1 and "--batch 8" in proc.stderr and "Traceback" not in proc.stderr
+    for out in (tmp_path / "a.wav" / "out", tmp_path / ("x" * 300)):  # under a file; a name too long
+        proc = invoke("codec-run", "tokenize", "a.wav", "-m", folder, "-o", out)
+        assert proc.returncode == 1 and proc.stderr.startswith(f"error: cannot write {out}"), proc.stderr
+
+
+def test_a_manifest_may_begin_with_a_byte_order_mark(tmp_path):
+    """As Excel's "CSV UTF-8" and Notepad write them: the mark is not part of the first name."""
+    from codecport.tokenize.corpus import read_inputs
+
+    (tmp_path / "a.wav").write_bytes(b"")
+    bom = "\ufeff"
+    (tmp_path / "m.csv").write_text(f"{bom}path,id\na.wav,x\n", encoding="utf-8")
+    (tmp_path / "m.txt").write_text(f"{bom}a.wav\n", encoding="utf-8")
+    (tmp_path / "m.jsonl").write_text(f'{bom}{{"path": "a.wav"}}\n', encoding="utf-8")
+    for name in ("m.csv", "m.txt", "m.jsonl"):
+        (item,) = read_inputs([str(tmp_path / name)])
+        assert item.path == str(tmp_path / "a.wav") and item.id in ("x", "a.wav"), (name, item)
 
 
 def test_export_batch_is_checked_before_exporting(tmp_path):

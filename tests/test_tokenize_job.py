@@ -51,19 +51,21 @@ def test_resume_skips_done_redoes_changed_and_replaces_truncated(tmp_path, smoke
     changed = files[1]
     st = changed.stat()
     os.utime(changed, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    # A shard a killed copy left truncated, and a temporary file of a killed write.
+    # A shard a killed copy left truncated, and a temporary file of a killed write; a hidden
+    # `.part` file of the user's own (a browser's download) is not ours, and stays.
     shards = sorted(out.glob("part-*.parquet"))
     victim = next(s for s in shards if changed.name not in str(pq.read_table(s).column("path")))
     lost = pq.read_table(victim).column("id").to_pylist()
     victim.write_bytes(victim.read_bytes()[:100])
-    (out / ".part-x.parquet.abc.part").write_bytes(b"half")
+    (out / ".part-0123456789ab-00003.parquet.k2j_x9.part").write_bytes(b"half")
+    (out / ".movie.mkv.part").write_bytes(b"theirs")
     proc = tokenize(corpus, "-m", folder, "-o", out, *ONE)
     assert f"{1 + len(lost)} files tokenized" in proc.stdout, proc.stdout
     again = rows(out)
     assert set(again) == set(first)
     for ident, row in first.items():
         assert np.array_equal(np.array(again[ident]["codes"]), np.array(row["codes"]))
-    assert not victim.exists() and not list(out.glob(".*.part"))
+    assert not victim.exists() and [p.name for p in out.glob(".*.part")] == [".movie.mkv.part"]
 
 
 def test_codes_of_another_model_are_refused(tmp_path, smoke_exports):
@@ -170,7 +172,12 @@ def test_a_run_that_wrote_no_row_claims_no_folder(tmp_path, smoke_exports):
         run([str(tmp_path / "typo")], a, out)
     assert not out.exists()
     (tmp_path / "empty").mkdir()
-    assert run([str(tmp_path / "empty")], a, out).files == 0
+    with pytest.raises(InputError, match="holds no audio file tokenize reads .it is empty."):
+        run([str(tmp_path / "empty")], a, out)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "x.wav").write_bytes(b"RIFFjunk")
+    result = run([str(tmp_path / "bad")], a, out)
+    assert result.files == 1 and result.done == 0 and (out / "__errors__").is_dir()  # an errors table only
     make_corpus(tmp_path / "corpus", 1)
     assert run([str(tmp_path / "corpus")], b, out).done == 1
     assert {r["codec"] for r in rows(out).values()} == {CODECS[1]}
@@ -261,3 +268,43 @@ def test_a_killed_drivers_spool_is_removed_by_the_next_job(tmp_path, monkeypatch
     spool = Path(local._new_spool())
     assert spool.parent == tmp_path and spool.name.startswith(f"{local.SPOOL}{os.getpid()}-")
     assert not dead.exists() and live.exists() and other.exists()
+
+
+def test_what_the_folder_holds_that_is_not_its_codes_is_refused_and_left_alone(tmp_path, smoke_exports):
+    """A shard of another model copied in, a Parquet file of the user's own named as a shard, a
+    damaged file not named as ours: each refused in one line before anything changes (the first
+    replaced the folder's own shard, the other two were deleted). An input listed but gone keeps
+    its codes from before; in a new folder it is a failed row that says so."""
+    import pyarrow as pa
+
+    from codecport.errors import CodecportError
+    from codecport.tokenize.driver import tokenize as run
+
+    corpus = tmp_path / "corpus"
+    files = make_corpus(corpus, 2)
+    a, b = (smoke_exports[n] for n in (JOB, OTHER))
+    out, other = tmp_path / "out", tmp_path / "other"
+    run([str(corpus)], a, out, workers=1)
+    run([str(corpus)], b, other, workers=1)
+    ours = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
+    pq.write_table(pa.table({"speaker": ["s1"]}), tmp_path / "labels.parquet")
+    cases = {"part-0000-00000.parquet": (next(other.glob("part-*.parquet")), "holds codes of another model"),
+             "part-labels.parquet": (tmp_path / "labels.parquet", "is not a shard of codes .it has no 'id' column"),
+             "part-x.parquet": (None, "does not open as Parquet")}
+    for name, (source, words) in cases.items():
+        data = source.read_bytes() if source else b"PAR1 not really"
+        (out / name).write_bytes(data)
+        with pytest.raises(CodecportError, match=words):
+            run([str(corpus)], a, out, workers=1)
+        assert (out / name).read_bytes() == data
+        (out / name).unlink()
+        assert {p.name: p.read_bytes() for p in out.glob("part-*.parquet")} == ours
+
+    manifest = tmp_path / "list.txt"
+    manifest.write_text("".join(f"{f}\n" for f in files))
+    run([str(manifest)], a, tmp_path / "m", workers=1)
+    files[0].rename(tmp_path / "away")
+    assert run([str(manifest)], a, tmp_path / "m", workers=1).skipped == 2  # its row is kept
+    assert run([str(manifest)], a, tmp_path / "n", workers=1).failed == 1
+    (error,) = pq.read_table(tmp_path / "n" / "__errors__" / "errors.parquet").column("error").to_pylist()
+    assert "no such file" in error, error

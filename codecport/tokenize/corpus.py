@@ -39,6 +39,7 @@ AUDIO_SUFFIXES = frozenset({".wav", ".wave", ".flac", ".ogg", ".oga", ".opus", "
                             ".aifc", ".au", ".snd", ".caf", ".w64", ".rf64", ".sph", ".nist", ".voc"})
 MANIFEST_SUFFIXES = (".txt", ".csv", ".jsonl")
 MAX_MANIFEST_LINE = 1 << 16  # a path is short; a longer line is not a manifest
+MISSING = "missing"  # the key of an input listed but gone (resuming keeps its codes from before)
 
 
 class InputError(CodecportError):
@@ -62,6 +63,8 @@ class Item:
     def source(self, reader: ParquetRows | None = None) -> FileSource:
         """The item's audio, opened (header read and checked) but not decoded."""
         if not self.parquet:
+            if self.key == MISSING and not os.path.exists(self.path):
+                raise CodecportError(f"{self.path}: no such file (listed, but gone)")
             return FileSource(self.path)
         return FileSource(self.path, (reader or ParquetRows()).audio_bytes(self))
 
@@ -100,8 +103,10 @@ def read_inputs(inputs: list[str]) -> list[Item]:
     for raw in inputs:
         for item in _items_of(raw, common):
             if item.id in seen:
-                raise InputError(f"id {item.id!r} comes twice ({seen[item.id]} and {item.path}); "
-                                 "give the inputs unique ids (an id column in a manifest)")
+                fix = ("a dataset's files (its splits) repeat the ids of their id column: tokenize "
+                       "each split into its own -o" if item.parquet else
+                       "give the inputs unique ids (an id column in a manifest)")
+                raise InputError(f"id {item.id!r} comes twice ({seen[item.id]} and {item.path}); {fix}")
             seen[item.id] = item.path
             items.append(item)
     return items
@@ -115,11 +120,22 @@ def _id(path: Path, common: Path) -> str:
 def _items_of(raw: str, common: Path) -> Iterator[Item]:
     path = Path(raw)
     if path.is_dir():
+        found, other = 0, set()
         for f in sorted(p for p in path.rglob("*") if p.is_file()):
             if f.suffix.lower() in AUDIO_SUFFIXES:
+                found += 1
                 yield Item(_id(f, common), str(f.resolve()), file_key(f))
             elif f.suffix.lower() == ".parquet":
-                yield from _dataset_rows(f, prefix=_id(f, common))
+                for item in _dataset_rows(f, prefix=_id(f, common)):
+                    found += 1
+                    yield item
+            else:
+                other.add(f.suffix.lower() or f.name)
+        if not found:
+            seen = f" (it holds {', '.join(sorted(other)[:6])})" if other else " (it is empty)"
+            raise InputError(f"{raw}: holds no audio file tokenize reads{seen}; it reads "
+                             f"{', '.join(sorted(AUDIO_SUFFIXES))}, and Parquet datasets with an "
+                             "audio column")
         return
     if not path.exists() and glob.has_magic(raw):
         matches = sorted(glob.glob(raw, recursive=True))
@@ -144,22 +160,34 @@ def _file_items(path: Path, common: Path) -> Iterator[Item]:
         yield Item(_id(path, common), str(path.resolve()), file_key(path))
 
 
+def _lines(f, path: Path) -> Iterator[str]:
+    """`f`'s lines, none longer than `MAX_MANIFEST_LINE` (a huge line is not read whole)."""
+    n = 0
+    while line := f.readline(MAX_MANIFEST_LINE + 1):
+        n += 1
+        if len(line) > MAX_MANIFEST_LINE:
+            raise InputError(f"{path}: line {n} is longer than {MAX_MANIFEST_LINE // 1024} KiB: not a "
+                             "manifest; one path a line (.txt), or a 'path' column (.csv, .jsonl)")
+        yield line
+
+
 def _rows_of_manifest(path: Path) -> Iterator[dict]:
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8", Notepad) is not part of the first name
+        with open(path, newline="", encoding="utf-8-sig") as f:
             if path.suffix.lower() == ".txt":
-                for line in f:
+                for line in _lines(f, path):
                     line = line.strip()
                     if line and not line.startswith("#"):
                         yield {"path": line}
             elif path.suffix.lower() == ".csv":
-                reader = csv.DictReader(f)
+                reader = csv.DictReader(_lines(f, path))
                 if "path" not in (reader.fieldnames or []):
                     raise InputError(f"{path}: has no 'path' column (columns: {reader.fieldnames}); "
                                      "name the audio files' column 'path'")
                 yield from reader
             else:
-                for n, line in enumerate(f, 1):
+                for n, line in enumerate(_lines(f, path), 1):
                     if not line.strip():
                         continue
                     row = json.loads(line)
@@ -185,7 +213,7 @@ def _manifest_item(manifest: Path, n: int, value, id_value, base: Path) -> Item:
     try:
         key = file_key(file)
     except OSError:
-        key = "missing"  # listed, but gone: a row of the errors table, not the end of the job
+        key = MISSING  # listed, but gone: a row of the errors table, not the end of the job
     ident = value if id_value in (None, "") else str(id_value)
     return Item(ident, str(file.resolve()), key)
 

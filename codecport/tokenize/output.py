@@ -8,8 +8,8 @@
     .codecport.json          the model the codes come from (codes of another are refused)
 
 A shard is written under a temporary name and renamed into place, so a killed job leaves whole
-shards or none; a shard that does not open (copied half, or written by another tool) is
-ignored, deleted and its rows redone. Neither reader takes hidden files (`.`) or a folder named
+shards or none; a shard of ours that does not open (copied half) is deleted and its rows
+redone; any other file that is not a shard of this model's codes is refused, never touched. Neither reader takes hidden files (`.`) or a folder named
 `__x__` as part of the dataset (pyarrow leaves out every `_` and `.` name, `datasets` only those).
 """
 
@@ -17,20 +17,26 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_path
+from ..atomic import atomic_path, unwritable
 from ..errors import CodecportError
+from .corpus import MISSING
 
 log = logging.getLogger(__name__)
 
 META, ERRORS, LOCK = ".codecport.json", "__errors__/errors.parquet", ".codecport.lock"
 MODEL_FIELDS = ("codec", "preset", "export_id", "n_codebooks")
 OLD_PRESET = "variant"  # what codecport 0.2 called the preset, in .codecport.json and the rows
+# The names this module writes: its shards (`flush`), and the temporary files `atomic_path` makes
+# of them and of META while writing. Only these are ever deleted unasked.
+SHARD = re.compile(r"part-[0-9a-f]{12}-\d{5}\.parquet")
+OUR_TEMP = re.compile(r"\.(part-[0-9a-f]{12}-\d{5}\.parquet|\.codecport\.json)\..+\.part")
 
 
 def _pa():
@@ -126,8 +132,11 @@ class OutputDir:
         self.model = {"codec": codec.name, "preset": codec.preset, "export_id": codec.export_id,
                       "n_codebooks": n_codebooks}
         self.preset_column = "preset"  # a folder codecport 0.2 began keeps its column's name
-        if path.exists() and not path.is_dir():
-            raise CodecportError(f"{path} is a file; pass a folder to -o")
+        try:
+            if path.exists() and not path.is_dir():
+                raise CodecportError(f"{path} is a file; pass a folder to -o")
+        except OSError as e:  # a name too long, a parent that is a file...
+            raise unwritable(path, e) from e
         self.run = uuid.uuid4().hex[:12]
         self._shards, self._buffer, self._errors = 0, [], []
         self._check_model()  # refused now, touching nothing; again under the lock (`lock`)
@@ -148,23 +157,33 @@ class OutputDir:
                 raise CodecportError(
                     f"{self.path} holds codes of another model ({diff} {have[diff]}, this model's is "
                     f"{self.model[diff]}); codes are never mixed: pass another -o, or delete it")
-        elif not meta.is_file() and self._holds_codes():
+        elif not meta.is_file() and self._holds_anything():
             raise CodecportError(f"{self.path} holds files that are not a codecport tokenize output; "
                                  "pass another -o, or empty it first")
 
     def _holds_codes(self) -> bool:
-        """Whether the folder holds anything but our lock and model note (and a killed run's
-        shard in the writing): a run that wrote no row yet claims it for no model."""
-        return self.path.is_dir() and any(
-            p.name not in (META, LOCK) and not (p.name.startswith(".") and p.name.endswith(".part"))
-            for p in self.path.iterdir())
+        """Whether the folder holds shards: a run that wrote no row yet (its errors table
+        aside) claims it for no model."""
+        return self.path.is_dir() and any(self.path.glob("part-*.parquet"))
+
+    def _holds_anything(self) -> bool:
+        """Whether the folder holds anything but our lock, model note and temporary files."""
+        try:
+            return self.path.is_dir() and any(p.name not in (META, LOCK) and not OUR_TEMP.fullmatch(p.name)
+                                              for p in self.path.iterdir())
+        except OSError as e:
+            raise unwritable(self.path, e) from e
 
     @contextmanager
     def lock(self):
         """Held for the whole run: two jobs writing one folder would double rows. The folder's
         model is checked again once it is held: another job may have begun it since."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / LOCK, "a+") as f:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            f = open(self.path / LOCK, "a+")  # noqa: SIM115 (held for the run, closed below)
+        except OSError as e:
+            raise unwritable(self.path, e) from e
+        with f:
             try:
                 import fcntl
             except ImportError:  # Windows: no advisory locks; one job per folder is on the user
@@ -180,7 +199,8 @@ class OutputDir:
                 with atomic_path(self.path / META) as tmp:
                     tmp.write_text(json.dumps(self.model, indent=2))
             for tmp in self.path.glob(".*.part"):  # a killed run's shard that was being written
-                tmp.unlink()
+                if OUR_TEMP.fullmatch(tmp.name):
+                    tmp.unlink()
             yield self
 
     def shards(self) -> list[Path]:
@@ -188,32 +208,62 @@ class OutputDir:
 
     def todo(self, items: list) -> list:
         """The items the folder does not hold with their current key. Rows of a changed input,
-        doubled rows and shards that do not open are removed first; a row of an input the job
+        doubled rows and shards of ours cut short are removed first; a row of an input the job
         lists under another id (the same file and key: ids of codecport 0.2, or an input set that
-        grew) takes the job's id."""
-        _, pq = _pa()
+        grew) takes the job's id; a row of an input listed but gone is kept. A shard of another
+        model, or a file that is no shard of ours, is refused before anything is changed."""
         want = {item.id: item.key for item in items}
         by_file = {(item.path, item.key): item.id for item in items}
+        tables = {shard: t for shard in self.shards() if (t := self._read_shard(shard)) is not None}
         seen, drop, rename = set(), {}, {}
-        for shard in self.shards():
-            try:
-                t = pq.read_table(shard, columns=["id", "path", "input_key"])
-            except Exception as e:  # noqa: BLE001 (a truncated file: ArrowInvalid, OSError...)
-                log.warning("%s does not open (%s): deleted, its rows are done again", shard,
-                            str(e).splitlines()[0])
-                shard.unlink()
-                continue
+        for shard, t in tables.items():
             rows = zip(t.column("id").to_pylist(), t.column("path").to_pylist(), t.column("input_key").to_pylist())
             for i, (ident, path, key) in enumerate(rows):
                 if ident not in want and (path, key) in by_file:
                     rename.setdefault(shard, {})[i] = ident = by_file[path, key]
-                if ident in seen or (ident in want and want[ident] != key):
+                if ident in seen or (ident in want and want[ident] not in (key, MISSING)):
                     drop.setdefault(shard, []).append(i)
                 else:
+                    if want.get(ident) == MISSING:
+                        log.warning("%s: listed but gone; its codes from before are kept", ident)
                     seen.add(ident)
         for shard in {*drop, *rename}:
             self._rewrite(shard, drop.get(shard, []), rename.get(shard, {}))
         return [item for item in items if item.id not in seen]
+
+    def _read_shard(self, shard: Path):
+        """`shard`'s id, path and key columns, once its rows are known to be this model's; None
+        for a shard of ours cut short (deleted: its rows are done again). Anything else that is
+        not such a shard is refused, and left as it is."""
+        _, pq = _pa()
+        model = [k for k in MODEL_FIELDS if k != "n_codebooks"]
+        columns = ["id", "path", "input_key", *(self.preset_column if k == "preset" else k for k in model)]
+        move = f"move it out of {self.path}, or pass another -o"
+        try:
+            names = pq.read_schema(shard).names
+            if not set(columns) <= set(names):
+                raise CodecportError(f"{shard} is not a shard of codes (it has no "
+                                     f"{next(c for c in columns if c not in names)!r} column); {move}")
+            t = pq.read_table(shard, columns=columns)
+        except CodecportError:
+            raise
+        except Exception as e:
+            if isinstance(e, OSError) and e.errno is not None:  # no permission, an I/O error: it may be whole
+                raise CodecportError(f"cannot read {shard} ({str(e).splitlines()[0]}); check it, or {move}") from e
+            # pyarrow's ArrowInvalid, or its OSError of a damaged footer: a damaged file
+            if not SHARD.fullmatch(shard.name):
+                raise CodecportError(f"{shard} does not open as Parquet ({str(e).splitlines()[0]}); "
+                                     f"{move}") from e
+            log.warning("%s does not open (%s): deleted, its rows are done again", shard,
+                        str(e).splitlines()[0])
+            shard.unlink()
+            return None
+        for k, column in zip(model, columns[3:]):
+            other = [v for v in t.column(column).unique().to_pylist() if v != self.model[k]]
+            if other:
+                raise CodecportError(f"{shard} holds codes of another model ({k} {other[0]}, this model's is "
+                                     f"{self.model[k]}); codes are never mixed: {move}")
+        return t
 
     def _rewrite(self, shard: Path, drop: list[int], ids: dict[int, str]) -> None:
         """`shard` without rows `drop`, rows `ids` under new ids."""
