@@ -487,6 +487,7 @@ def test_codec_run_web_answers_its_own_host_serves_no_link_out_and_streams(dac_w
         status, body = _get_as(base + "model/manifest.json", f"attacker.example:{port}")
         assert status == 421 and b"127.0.0.1 and localhost only" in body
         assert _get(base + "model/leak.txt")[0] == 404
+        assert _get(base + "model/" + "a" * 300)[0] == 404  # past the file system's name bound: no reply before
         status, headers, body = _get(base + "model/big.bin")
         assert status == 200 and len(body) == 400 << 20 and int(headers["Content-Length"]) == 400 << 20
         del body

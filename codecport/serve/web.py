@@ -94,8 +94,11 @@ class _Handler(BaseHTTPRequestHandler):
                 # link out of it (the folder is a user's; what it links to elsewhere is not served).
                 if name and "/" not in name and "\\" not in name and not name.startswith("."):
                     f = root / name
-                    if f.is_file() and f.resolve().parent == root:
-                        return f
+                    try:
+                        if f.is_file() and f.resolve().parent == root:
+                            return f
+                    except OSError:  # a name past the file system's bound: no such file here
+                        return None
         return None
 
     def _head(self, status: int, ctype: str, length: int) -> None:

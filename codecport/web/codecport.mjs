@@ -16,10 +16,11 @@
 // No dependencies and no build step: the manifest says everything (the browser cannot read ONNX
 // metadata or rvq.npz), and every failure is a CodecportError saying what to do.
 
-import { concatCodes, concatFloat, exactly, readCodes, roundHalfEven, sliceCodes, toInt32, toInt64, window } from "./codecport-codes.mjs";
+import { checkFields, concatCodes, concatFloat, exactly, readCodes, roundHalfEven, sliceCodes, toInt32, toInt64, window } from "./codecport-codes.mjs";
 import { CodecportError } from "./codecport-errors.mjs";
 import { fetchBytes, fetchJson } from "./codecport-fetch.mjs";
 import { integratedLoudness } from "./codecport-loudness.mjs";
+import { checkManifest, positive } from "./codecport-manifest.mjs";
 import { clipFrames, maskedDecode, maskedEncode, WindowStream, windowedDecode, windowedEncode } from "./codecport-windows.mjs";
 
 export { CodecportError, readCodes };
@@ -48,6 +49,7 @@ export async function load(folderUrl, { ort, executionProviders = ["wasm"], sess
     throw new CodecportError(`${base} was exported without the plans codecport.mjs ${VERSION} follows; ` +
       `re-export it with codec-export ${manifest.codec} --target web`);
   }
+  checkManifest(base, manifest);
   if (manifest.precision === "int8" && executionProviders.some((ep) => (ep?.name ?? ep) === "webgpu")) {
     // Measured: onnxruntime-web 1.30's WebGPU gave wrong audio for the QDQ graphs (docs/web.md).
     throw new CodecportError(`${base} is an int8 export, which onnxruntime-web's WebGPU runs wrongly; ` +
@@ -59,12 +61,6 @@ export async function load(folderUrl, { ort, executionProviders = ["wasm"], sess
   const codec = new Codec(base, manifest, ort, { ...sessionOptions, executionProviders }, sides);
   await codec.graph(codec.present[0]); // a folder that cannot run fails here, not at the first encode
   return codec;
-}
-
-function positive(value, what) {
-  const v = Number(value);
-  if (!Number.isInteger(v) || v <= 0) throw new CodecportError(`${what} is not a positive integer; re-export the folder`);
-  return v;
 }
 
 function zeros(type, shape) {
@@ -222,6 +218,7 @@ export class Codec {
           `${this.codec} ${this.preset}`);
       }
     }
+    checkFields(codes, this);
     const data = toInt32(codes.data);
     for (let i = 0; i < data.length; i++) {
       if (!(data[i] >= 0 && data[i] < this.codebookSize) || data[i] !== Number(codes.data[i])) {
