@@ -139,6 +139,11 @@ def test_bad_inputs_of_the_job_are_one_line(tmp_path, smoke_exports, monkeypatch
         assert not (tmp_path / "out").exists()
     proc = invoke("codec-run", "tokenize", "a.wav", "-m", folder, "-o", tmp_path / "o2", "--batch", "8")
     assert proc.returncode == 1 and "--batch 8" in proc.stderr and "Traceback" not in proc.stderr
+    # Not one input tokenized: the errors table is written, and the exit status says so.
+    proc = invoke("codec-run", "tokenize", "a.wav", "-m", folder, "-o", tmp_path / "o3")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: every input this run tried failed (1), as a.wav: ")
+    assert (tmp_path / "o3" / "__errors__" / "errors.parquet").is_file()
     for out in (tmp_path / "a.wav" / "out", tmp_path / ("x" * 300)):  # under a file; a name too long
         proc = invoke("codec-run", "tokenize", "a.wav", "-m", folder, "-o", out)
         assert proc.returncode == 1 and proc.stderr.startswith(f"error: cannot write {out}"), proc.stderr

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..errors import CodecportError
 from ..tokenize.driver import ENGINES
 from .common import codebooks_help, guard, note, provider_options, setup_logging, verbose_option
 
@@ -50,4 +51,10 @@ def tokenize_cmd(inputs, model_dir, out_dir, engine, address, workers, batch, co
     if summary.failed > 5:
         note(f"... and {summary.failed - 5} more: see {out_dir / '__errors__' / 'errors.parquet'}")
     click.echo(summary.line())
+    if summary.failed and not summary.done:
+        # Not one input could be tokenized: a systematic cause (the wrong files, a format this
+        # build cannot read), which a script must see in the exit status, not in a table.
+        first = f", as {summary.errors[0][0]}: {summary.errors[0][1]}" if summary.errors else ""
+        raise CodecportError(f"every input this run tried failed ({summary.failed}){first}; see "
+                             f"{out_dir / '__errors__' / 'errors.parquet'}")
     click.echo(f"wrote {out_dir}/")
