@@ -8,6 +8,7 @@ import click
 
 from ..errors import CodecportError
 from ..tokenize.driver import ENGINES
+from ..tokenize.output import ERRORS
 from .common import codebooks_help, guard, note, provider_options, setup_logging, verbose_option
 
 
@@ -49,12 +50,11 @@ def tokenize_cmd(inputs, model_dir, out_dir, engine, address, workers, batch, co
     for ident, error in summary.errors[:5]:
         note(f"failed: {ident}: {error}")
     if summary.failed > 5:
-        note(f"... and {summary.failed - 5} more: see {out_dir / '__errors__' / 'errors.parquet'}")
+        note(f"... and {summary.failed - 5} more: see {out_dir / ERRORS}")
     click.echo(summary.line())
     if summary.failed and not summary.done:
         # Not one input could be tokenized: a systematic cause (the wrong files, a format this
         # build cannot read), which a script must see in the exit status, not in a table.
         first = f", as {summary.errors[0][0]}: {summary.errors[0][1]}" if summary.errors else ""
-        raise CodecportError(f"every input this run tried failed ({summary.failed}){first}; see "
-                             f"{out_dir / '__errors__' / 'errors.parquet'}")
+        raise CodecportError(f"every input this run tried failed ({summary.failed}){first}; see {out_dir / ERRORS}")
     click.echo(f"wrote {out_dir}/")

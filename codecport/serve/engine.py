@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -95,7 +96,7 @@ class Scheduler:
                 "draining": [("", int(self.draining))]}
 
     # ---- admission ---------------------------------------------------------------------------
-    def _fits(self, live: Live, blocked: frozenset = frozenset()) -> bool:
+    def _fits(self, live: Live, blocked: Collection = ()) -> bool:
         """Whether `live` has a free slot of each side it needs, none of them a side in `blocked`."""
         return all(self.held[side] < self.size and side not in blocked for side in live.request.sides)
 
@@ -105,7 +106,7 @@ class Scheduler:
         pool), and never takes a slot of a side one before it waits for (so none waits forever)."""
         blocked: set = set()
         for live in list(self.waiting):
-            if self._fits(live, frozenset(blocked)):
+            if self._fits(live, blocked):
                 self.waiting.remove(live)
                 self._reserve(live)
             else:
@@ -123,7 +124,7 @@ class Scheduler:
         if self.draining:
             raise ProtocolError("shutting_down", "the server is stopping; connect to another")
         queued = False
-        if self._fits(live, frozenset(side for w in self.waiting for side in w.request.sides)):
+        if self._fits(live, {side for w in self.waiting for side in w.request.sides}):
             self._reserve(live)
             self._settle()
         elif len(self.waiting) < self.queue_limit:

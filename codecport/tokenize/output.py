@@ -9,8 +9,8 @@
 
 A shard is written under a temporary name and renamed into place, so a killed job leaves whole
 shards or none; a shard of ours that does not open (copied half) is deleted and its rows
-redone; any other file that is not a shard of this model's codes is refused, never touched. Neither reader takes hidden files (`.`) or a folder named
-`__x__` as part of the dataset (pyarrow leaves out every `_` and `.` name, `datasets` only those).
+redone; any other file that is not a shard of this model's codes is refused, never touched.
+Neither reader takes hidden files (`.`) or a folder named `__x__` as part of the dataset (pyarrow leaves out every `_` and `.` name, `datasets` only those).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 META, ERRORS, LOCK = ".codecport.json", "__errors__/errors.parquet", ".codecport.lock"
 MODEL_FIELDS = ("codec", "preset", "export_id", "n_codebooks")
+ROW_MODEL = ("codec", "preset", "export_id")  # the model fields every row holds as .codecport.json does
 OLD_PRESET = "variant"  # what codecport 0.2 called the preset, in .codecport.json and the rows
 # The names this module writes: its shards (`flush`), and the temporary files `atomic_path` makes
 # of them and of META while writing. Only these are ever deleted unasked.
@@ -236,17 +237,11 @@ class OutputDir:
         for a shard of ours cut short (deleted: its rows are done again). Anything else that is
         not such a shard is refused, and left as it is."""
         _, pq = _pa()
-        model = [k for k in MODEL_FIELDS if k != "n_codebooks"]
-        columns = ["id", "path", "input_key", *(self.preset_column if k == "preset" else k for k in model)]
+        columns = ["id", "path", "input_key", *(self.preset_column if k == "preset" else k for k in ROW_MODEL)]
         move = f"move it out of {self.path}, or pass another -o"
         try:
             names = pq.read_schema(shard).names
-            if not set(columns) <= set(names):
-                raise CodecportError(f"{shard} is not a shard of codes (it has no "
-                                     f"{next(c for c in columns if c not in names)!r} column); {move}")
-            t = pq.read_table(shard, columns=columns)
-        except CodecportError:
-            raise
+            t = pq.read_table(shard, columns=columns) if set(columns) <= set(names) else None
         except Exception as e:
             if isinstance(e, OSError) and e.errno is not None:  # no permission, an I/O error: it may be whole
                 raise CodecportError(f"cannot read {shard} ({str(e).splitlines()[0]}); check it, or {move}") from e
@@ -258,7 +253,10 @@ class OutputDir:
                         str(e).splitlines()[0])
             shard.unlink()
             return None
-        for k, column in zip(model, columns[3:]):
+        if t is None:
+            raise CodecportError(f"{shard} is not a shard of codes (it has no "
+                                 f"{next(c for c in columns if c not in names)!r} column); {move}")
+        for k, column in zip(ROW_MODEL, columns[3:]):
             other = [v for v in t.column(column).unique().to_pylist() if v != self.model[k]]
             if other:
                 raise CodecportError(f"{shard} holds codes of another model ({k} {other[0]}, this model's is "

@@ -81,7 +81,6 @@ export function exactly(x, n) {
 // As the Python reader (runtime/npyfile.py): a member inflating past `MAX_RATIO` times its size
 // and past `SMALL` bytes is a likely zip bomb; none past `MAX_BYTES`.
 const MAX_RATIO = 200, SMALL = 64 << 20, MAX_BYTES = 1 << 30;
-const DAMAGED = "the .npz archive is damaged; re-encode the audio";
 
 /** `bytes` inflated, refused once past `size` bytes (what the archive says it holds). */
 async function inflate(bytes, size, name) {
@@ -120,7 +119,7 @@ function zipMembers(buf) {
   try {
     return readDirectory(buf);
   } catch (e) {
-    if (e instanceof RangeError) throw new CodecportError(`${DAMAGED} (${e.message})`);
+    if (e instanceof RangeError) throw new CodecportError(`the .npz archive is damaged (${e.message}); re-encode the audio`);
     throw e;
   }
 }
