@@ -7,6 +7,8 @@
 #   scripts/gpu_check.sh device        on the GPU machine: what that `run` call executes
 #   scripts/gpu_check.sh device-full   on the GPU machine right after `device`, while it is warm:
 #                                      the real-size presets, exported there
+#   scripts/gpu_check.sh device-serve  on the GPU machine after `device`, in device-full's call:
+#                                      codec-bench serve on CUDA (issue 24: the streams one GPU holds)
 #   scripts/gpu_check.sh prepare-split here, fallback: the whole onnxruntime-gpu wheel in parts
 #   scripts/gpu_check.sh device-part N on the GPU machine: stage part N of the fallback
 #
@@ -36,6 +38,8 @@ PARTS=/tmp/codecport-parts
 # Seconds after which the device check starts no further folder: the tiny folders take seconds,
 # so this only bites when something hangs, and the call still ends inside the issue's 5 minutes.
 DEADLINE=${GPU_CHECK_DEADLINE:-200}
+# device-full exports every registered codec's default preset unless GPU_CHECK_FULL_CODECS names
+# some ("dac mimi snac": NeuCodec's and XCodec2's w2v-BERT alone would take the budget).
 # More arguments for gpu_check.py check, e.g. "--device-provider cpu" to try a device half here,
 # or "--provider-option use_tf32=0".
 read -r -a CHECK_ARGS <<<"${GPU_CHECK_ARGS:-}"
@@ -103,9 +107,20 @@ prepare() {
         python3 scripts/gpu_check.py pack-ort "$wheel" "$packed" --arch 90
     fi
 
+    # The first call carries the packed runtime; the tiny folders that do not fit beside it (the
+    # last registered codecs' first) travel with the second call, which checks them first.
+    rm -rf "$FULL_STAGE/models"
+    mkdir -p "$FULL_STAGE/models"
+    local codec
+    for codec in $(python3 -c 'from codecport import registry; print(*reversed(registry.names()))'); do
+        [ "$(carried_bytes "$STAGE")" -gt "$CARRY_LIMIT" ] || break
+        mv "$STAGE/models/$codec"-tiny-* "$FULL_STAGE/models/"
+    done
+    rmdir "$FULL_STAGE/models" 2>/dev/null || true
+
     # The device half's Python, dry-run on this machine's CPU: CPU against CPU, identical.
-    python3 scripts/gpu_check.py check "$STAGE"/models/* --device-provider cpu --runs 2 --steps 10 \
-        --json "$CACHE/dry_run.json"
+    python3 scripts/gpu_check.py check "$STAGE"/models/* "$FULL_STAGE"/models/* --device-provider cpu \
+        --runs 2 --steps 10 --json "$CACHE/dry_run.json"
 
     local main full
     main=$(carried_bytes "$STAGE")
@@ -187,6 +202,11 @@ export_cli()"
 import Build, build_of_folder; src = Path(sys.argv[1]); \
 build_of_folder(registry.codec_of_folder(src), src, Path(sys.argv[2]), Build('cuda', 'fp16'))"
     {
+        if compgen -G "$FULL_STAGE/models/*/manifest.json" >/dev/null; then
+            echo "== the tiny folders that did not fit the first call"
+            python3 scripts/gpu_check.py check "$FULL_STAGE"/models/* --deadline 60 "${CHECK_ARGS[@]}" \
+                --json "$out/gpu_check_tiny2.json" || echo "tiny folders: exit $?"
+        fi
         # Seeded random weights: speed does not depend on their values. Each registered codec's
         # default preset at 1 s per call keeps the exports (every graph validated against torch
         # on the CPU) inside the budget: on the 2-core dev machine DAC-44k took 38 s, its fp16
@@ -196,9 +216,11 @@ build_of_folder(registry.codec_of_folder(src), src, Path(sys.argv[2]), Build('cu
             timeout "$(left)" python3 -c "$export_cli" "$name" --preset "$preset" --len "$rate" \
                 $batch --random-init --target cuda -o "$work/$name-$preset-fp32" ||
                 echo "$name export failed or ran out of time"
-        done < <(python3 -c 'from codecport import registry
+        done < <(python3 -c 'import os; from codecport import registry
+only = os.environ.get("GPU_CHECK_FULL_CODECS", "").split()
 for c in registry.codecs():
-    print(c.name, c.default_preset, c.presets[c.default_preset].sample_rate, "--batch=8" if c.runtime.batchable else "")')
+    if not only or c.name in only:
+        print(c.name, c.default_preset, c.presets[c.default_preset].sample_rate, "--batch=8" if c.runtime.batchable else "")')
         # fp16 from the fp32 folders without a second trace (as codec-bench --precision does),
         # keeping 90 s for the check.
         local fp32
@@ -215,6 +237,42 @@ for c in registry.codecs():
         python3 scripts/gpu_check.py check $folders --runs 5 --steps 100 "${CHECK_ARGS[@]}" \
             --deadline "$(( $(left 60) > 30 ? $(left 60) : 30 ))" --json "$out/gpu_check_full.json"
     } 2>&1 | tee "$out/gpu_check_full.log"
+}
+
+device_serve() {  # codec-bench serve --provider cuda, each streaming codec, inside one budget
+    export PYTHONUNBUFFERED=1
+    local out=${OUT:-$FULL_STAGE/out} budget=${GPU_CHECK_SERVE_BUDGET:-300} site
+    local provider=${GPU_CHECK_SERVE_PROVIDER:-cuda}  # cpu: a dry run here
+    if [ ! -d "$SITE/onnxruntime" ]; then
+        echo "no $SITE/onnxruntime: run 'device' first, on the same warm machine" >&2
+        exit 3
+    fi
+    mkdir -p "$out"
+    export PYTHONPATH=$SITE:$PWD
+    python3 -c 'import onnxsim' 2>/dev/null || "${PIP_INSTALL[@]}" "$FULL_STAGE"/whl/*.whl
+    # codec-serve's processes import no torch, and onnxruntime-gpu in $SITE finds no nvidia-* pip
+    # packages beside it: the image's CUDA and cuDNN libraries go on the loader's path, as a
+    # system install would be (what a user without torch has).
+    site=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    LD_LIBRARY_PATH=$( (find "$site/nvidia" -name 'lib*.so*' -printf '%h\n' 2>/dev/null || true) | sort -u | paste -sd:)
+    export LD_LIBRARY_PATH
+    local bench="import sys; from codecport.bench.cli import main; sys.argv[0] = 'codec-bench'; main()"
+    {
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+        # By default B=1 (one step per stream) against the slot graphs of 32 streams a call, fp32
+        # (an fp16 build and its two servers took minutes of a dry run), a short trial each, so
+        # both codecs' ramps (to 128 streams) fit the budget.
+        local codec share args
+        read -r -a args <<<"${GPU_CHECK_SERVE_ARGS:---slots 1 --slots 32 --precision fp32 --seconds 3 --max-streams 128}"
+        for codec in mimi snac; do
+            [ "$codec" = mimi ] && share=$((budget * 6 / 10)) || share=$((budget - SECONDS - 5))
+            [ "$share" -gt 20 ] || { echo "$codec: no time left"; continue; }
+            echo "== codec-bench serve $codec ${args[*]} --provider $provider (${share} s at most)"
+            timeout -s TERM "$share" python3 -c "$bench" serve "$codec" "${args[@]}" --provider "$provider" \
+                --dir "/tmp/serve-$codec" --json "$out/bench-serve-$codec-$provider.json" ||
+                echo "$codec: codec-bench serve exit $? (124: out of time)"
+        done
+    } 2>&1 | tee "$out/gpu_serve.log"
 }
 
 prepare_split() {  # fallback: the whole wheel in parts, one part carried per call (docs/gpu.md)
@@ -249,6 +307,7 @@ case "${1:-prepare}" in
     prepare-split) prepare_split ;;
     device) device ;;
     device-full) device_full ;;
+    device-serve) device_serve ;;
     device-part) device_part "${2:?device-part N}" ;;
-    *) echo "usage: $0 [prepare|prepare-split|device|device-full|device-part N]" >&2; exit 2 ;;
+    *) echo "usage: $0 [prepare|prepare-split|device|device-full|device-serve|device-part N]" >&2; exit 2 ;;
 esac

@@ -124,3 +124,52 @@ print(before, after_load, set(map(frozenset, seen)), blas(), len(calls))
                           check=True, timeout=120, env={**os.environ, "CODECPORT_BLAS_THREADS": "keep"})
     before, rest = proc.stdout.split("} ", 1)
     assert rest.strip().endswith(" 0") and before + "}" == rest.split(" ")[0], proc.stdout
+
+
+def test_cuda_libraries_are_preloaded_once_and_what_ort_prints_is_logged(monkeypatch, capsys, caplog):
+    """onnxruntime-gpu finds pip's CUDA libraries only through `preload_dlls()`, which prints:
+    called once per process before the first CUDA session, its words go to the log, not stdout
+    (a codec-run whose stdout is its output would carry them)."""
+    import logging
+
+    from codecport.runtime import providers
+
+    calls = []
+
+    class FakeOrt:
+        @staticmethod
+        def preload_dlls():
+            calls.append(1)
+            print("Failed to load libcudnn.so.9: not found")
+
+    monkeypatch.setattr(providers, "onnxruntime", lambda: FakeOrt)
+    monkeypatch.setattr(providers, "_cuda_loaded", False)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    with caplog.at_level(logging.INFO, logger=providers.__name__):
+        providers.load_cuda_libraries()
+        providers.load_cuda_libraries()
+    assert calls == [1] and capsys.readouterr().out == ""
+    assert "Failed to load libcudnn.so.9" in caplog.text
+    # A torch imported first has loaded its own CUDA libraries (ORT's documented order): no second copy.
+    monkeypatch.setattr(providers, "_cuda_loaded", False)
+    monkeypatch.setitem(sys.modules, "torch", object())
+    providers.load_cuda_libraries()
+    assert calls == [1]
+
+
+def test_a_listed_provider_that_fails_to_start_is_one_error_or_the_fallback(tiny_mimi_export, monkeypatch):
+    """onnxruntime-gpu lists CUDA whether or not its libraries load; when they do not, ORT runs the
+    session on the CPU without a word. Without --fallback that is a ProviderError naming what to
+    install; with --fallback cpu the folder runs on the CPU (the flag's promise)."""
+    import onnxruntime
+
+    from codecport.runtime import providers
+
+    listed = [*onnxruntime.get_available_providers(), "CUDAExecutionProvider"]
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: listed)
+    monkeypatch.setattr(providers, "_cuda_loaded", False)
+    with pytest.raises(ProviderError, match=r"CUDAExecutionProvider failed to initialise .*codecport\[gpu\].*--fallback cpu"):
+        MimiCodec(tiny_mimi_export, provider="cuda")
+    codec = MimiCodec(tiny_mimi_export, provider="cuda", fallback="cpu")
+    assert codec.provider == "CPUExecutionProvider"
+    assert codec.encode(np.zeros((1, 480), np.float32), 24000).n_frames == (20,)

@@ -10,6 +10,7 @@ same graph at once, and each must get the one session.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from collections import deque
@@ -18,9 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
-from ..errors import ModelFileError
+from ..errors import ModelFileError, ProviderError
 from .graph import Graph, current_names, graph_file, open_graph
 from .providers import codecport_option, cpu_cores, intra_op_threads, parallel_windows, resolve_provider
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest is a few kB; a bigger one is not ours
@@ -187,7 +190,16 @@ class GraphFolder:
             self.provider = resolve_provider(provider, fallback)
             self.parallel = parallel_windows(self.provider, self.options)
             self.threads = intra_op_threads(self.options)
-            self.first = self.graph(self.present[0])
+            try:
+                self.first = self.graph(self.present[0])
+            except ProviderError as e:
+                # A provider that onnxruntime lists can still fail to start (CUDA libraries missing).
+                if fallback is None or self.provider == resolve_provider(fallback):
+                    raise
+                log.warning("%s; falling back to %s", e, fallback)
+                self.provider = resolve_provider(fallback)
+                self.parallel = parallel_windows(self.provider, self.options)
+                self.first = self.graph(self.present[0])
         self.meta = self.first.meta
 
     def missing(self, name: str) -> str:

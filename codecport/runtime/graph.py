@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import ModelFileError, ProviderError
-from .providers import onnxruntime, provider_options, session_options
+from .providers import load_cuda_libraries, onnxruntime, provider_options, session_options
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -196,6 +196,8 @@ def open_graph(path: Path, provider: str, options: dict[str, str] | None = None,
     if path.stat().st_size == 0:
         raise ModelFileError(f"{path}: the file is empty; re-run codec-export")
     ort = onnxruntime()
+    if provider == "CUDAExecutionProvider":
+        load_cuda_libraries()
     opts = session_options()
     if threads:
         opts.intra_op_num_threads = threads
@@ -214,9 +216,11 @@ def open_graph(path: Path, provider: str, options: dict[str, str] | None = None,
         raise ModelFileError(f"{path}: has no codecport metadata; export it with codec-export")
     if provider not in sess.get_providers():
         # ORT silently drops a provider whose libraries fail to load.
+        why = ("ONNX Runtime found no CUDA and cuDNN libraries it could load; pip install "
+               "'codecport[gpu]' brings them" if provider == "CUDAExecutionProvider"
+               else "check its install")
         raise ProviderError(f"{provider} failed to initialise for {path.name} (running on "
-                            f"{sess.get_providers()[0]}); check the CUDA/cuDNN install or pass "
-                            "--fallback cpu")
+                            f"{sess.get_providers()[0]}): {why}, or pass --fallback cpu")
     for arg in [*sess.get_inputs(), *sess.get_outputs()]:
         if any(not isinstance(d, int) or d < 1 for d in arg.shape):
             raise ModelFileError(f"{path}: {arg.name} has the shape {arg.shape}, not a static one; "

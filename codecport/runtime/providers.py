@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
+import sys
+import threading
 from typing import TYPE_CHECKING
 
 from ..errors import ProviderError
@@ -21,7 +25,7 @@ PROVIDERS = {
 }
 # What to install for each provider (the error message says it).
 INSTALL = {
-    "cuda": "pip install 'codecport[gpu]' (onnxruntime-gpu; current releases need CUDA 13 and cuDNN 9)",
+    "cuda": "pip install 'codecport[gpu]' (onnxruntime-gpu with the CUDA 13 and cuDNN 9 libraries as pip packages)",
     "dml": "pip install onnxruntime-directml (Windows)",
     "coreml": "the standard onnxruntime wheel on macOS",
 }
@@ -111,6 +115,38 @@ def onnxruntime():
     import onnxruntime
 
     return onnxruntime
+
+
+_cuda_lock = threading.Lock()
+_cuda_loaded = False
+
+
+def load_cuda_libraries() -> None:
+    """Load the CUDA and cuDNN libraries before the first CUDA session, once per process.
+
+    onnxruntime-gpu does not bundle them. It finds them where a torch of the same CUDA imported
+    first loaded them, or on the system's library path, but not in the `nvidia-*` pip packages
+    that `codecport[gpu]` installs beside it: only `onnxruntime.preload_dlls()` loads those, and
+    without it ORT drops the CUDA EP for the CPU (which `open_graph` refuses). It prints what it
+    cannot load; that goes to the log, and `open_graph` says what failed.
+    """
+    global _cuda_loaded
+    with _cuda_lock:
+        if _cuda_loaded:
+            return
+        _cuda_loaded = True
+        ort = onnxruntime()
+        # ORT's documented order: a torch imported first has loaded its own copies already.
+        if "torch" in sys.modules or not hasattr(ort, "preload_dlls"):
+            return
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(said):
+                ort.preload_dlls()
+        except (OSError, RuntimeError) as e:
+            log.warning("onnxruntime.preload_dlls() failed: %s", e)
+        if said.getvalue().strip():
+            log.info("onnxruntime.preload_dlls(): %s", " ".join(said.getvalue().split()))
 
 
 def session_options() -> ort.SessionOptions:
