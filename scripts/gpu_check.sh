@@ -25,7 +25,7 @@ CACHE=${CODECPORT_GPU_CACHE:-$HOME/.cache/codecport-gpu}
 # Built for CUDA 13.0 and cuDNN 9, the libraries the device's torch (cu130) brings along.
 ORT_GPU=onnxruntime-gpu==1.31.1
 # What codecport's runtime imports that the device image lacks (the versions tested here).
-WHEELS=(soundfile==0.14.0 soxr==1.1.0 cffi==2.1.1 pycparser==3.12)
+WHEELS=(soundfile==0.14.0 soxr==1.1.0 cffi==2.1.1 pycparser==3.12 pyloudnorm==0.2.0)
 # codec-export's simplifier, for device-full; 9 MiB, so it cannot share the first call's carry.
 FULL_WHEELS=(onnxsim==0.8.1)
 # The device runs Python 3.12 on x86-64, whatever this machine is.
@@ -264,8 +264,9 @@ device_serve() {  # codec-bench serve --provider cuda, each streaming codec, ins
         # both codecs' ramps (to 128 streams) fit the budget.
         local codec share args
         read -r -a args <<<"${GPU_CHECK_SERVE_ARGS:---slots 1 --slots 32 --precision fp32 --seconds 3 --max-streams 128}"
-        for codec in mimi snac; do
-            [ "$codec" = mimi ] && share=$((budget * 6 / 10)) || share=$((budget - SECONDS - 5))
+        # SNAC first: its export and servers start in seconds; Mimi's took minutes on 2026-12-04.
+        for codec in snac mimi; do
+            [ "$codec" = snac ] && share=$((budget * 4 / 10)) || share=$((budget - SECONDS - 5))
             [ "$share" -gt 20 ] || { echo "$codec: no time left"; continue; }
             echo "== codec-bench serve $codec ${args[*]} --provider $provider (${share} s at most)"
             timeout -s TERM "$share" python3 -c "$bench" serve "$codec" "${args[@]}" --provider "$provider" \

@@ -57,12 +57,12 @@ def test_per_file_cost_is_what_a_file_costs_beyond_the_start_and_its_audio():
 
 def test_bench_serve_ramps_every_configuration_and_soaks(tmp_path):
     """`codec-bench serve` on the tiny SNAC (decoder-only clients; its frames are 1.5 ms, so the
-    load is extreme and no count of streams is asserted), one configuration (each is the same
-    code with other flags): its server starts, takes a trial, stops with exit 0; the bound is
+    load is extreme and no count of streams is asserted), two configurations, their servers
+    started at once: each starts, takes a trial, stops with exit 0; the bound is
     measured three times (on fixed graphs of 0.1 s); the soak's well-behaved streams (no longer
     than the soak) are checked against single streams and every slot is free after it."""
     out = tmp_path / "serve.json"
-    args = ("serve", "snac", "--preset", "tiny", "--slots", "2", "--precision", "fp32", "--seconds", "0.2",
+    args = ("serve", "snac", "--preset", "tiny", "--slots", "1", "--slots", "2", "--precision", "fp32", "--seconds", "0.2",
             "--len", "0.1", "--max-streams", "1", "--soak", "0.01", "--dir", tmp_path / "w", "--json", out)
     # On a thread of its own: a browser test before this file may leave an event loop running on
     # the main thread, under which the command's asyncio.run would not start.
@@ -70,7 +70,7 @@ def test_bench_serve_ramps_every_configuration_and_soaks(tmp_path):
         proc = pool.submit(bench, *args).result()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert set(report["configs"]) == {"B=2 fp32"}
+    assert set(report["configs"]) == {"B=1 fp32", "B=2 fp32"}
     for c in report["configs"].values():
         assert c["exit_code"] == 0 and c["trials"] and 0 <= c["held"] <= 1
         for t in c["trials"].values():

@@ -65,20 +65,24 @@ class Config:
 
 
 # ---- the servers -------------------------------------------------------------------------------
-def start_server(folder: Path, pool: int, batched: bool, provider: str) -> tuple[subprocess.Popen, str]:
-    """`codec-serve` on a free port of 127.0.0.1; returns the process and its http URL."""
+def start_server(folder: Path, pool: int, batched: bool, provider: str) -> subprocess.Popen:
+    """`codec-serve` on a free port of 127.0.0.1, starting (`server_url` waits for it)."""
     cmd = [sys.executable, "-c", "from codecport.cli.serve import serve_cli; serve_cli()", "-m", str(folder), "--slots", str(pool), "--port", "0",
            "--provider", provider, "--max-backlog", str(64 << 20)]
     if not batched:
         cmd.append("--no-batch")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def server_url(proc: subprocess.Popen) -> str:
+    """The http URL a starting server prints once it listens."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
         if line.startswith("listening on "):
-            return proc, line.split()[2]
+            return line.split()[2]
     proc.kill()
     raise RuntimeError(f"codec-serve did not start: {proc.stderr.read()[-2000:]}")
 
@@ -148,14 +152,18 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
     # are this process's children, and would outlive it otherwise.
     if threading.current_thread() is threading.main_thread():  # (only the main thread may)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    click.echo(f"starting {len(configs)} servers ...")
-    for cfg in configs:
-        cfg.proc, cfg.url = start_server(cfg.folder, max_streams, cfg.slots > 1, provider)
     period = _period(configs[0].folder)
     report = {"codec": spec.name, "preset": preset, "provider": provider, "period_ms": 1000 * period,
               "trial_seconds": seconds, "cores": os.cpu_count(), "bound": {p: [] for p in precisions},
               "configs": {}}
     try:
+        click.echo(f"starting {len(configs)} servers ...")
+        # All at once: each opens a dozen graphs (on CUDA, a large Mimi's two servers took minutes
+        # one after the other), on cores the others leave idle.
+        for cfg in configs:
+            cfg.proc = start_server(cfg.folder, max_streams, cfg.slots > 1, provider)
+        for cfg in configs:
+            cfg.url = server_url(cfg.proc)
         click.echo("warming up every server (sessions, the bank's measured costs) ...")
         for cfg in configs:
             trial(cfg.url, spec, min(4, max_streams), min(WARMUP_SECONDS, seconds), seed, period)
@@ -192,7 +200,7 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
             result["config"] = best.name
             report["soak"] = result
     finally:
-        for cfg in configs:
+        for cfg in (c for c in configs if c.proc is not None):
             code = stop_server(cfg.proc)
             report["configs"].setdefault(cfg.name, {})["exit_code"] = code
     return report
