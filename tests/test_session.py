@@ -13,7 +13,13 @@ from cli_support import invoke
 
 from codecport.errors import ProviderError
 from codecport.runtime.mimi import MimiCodec
-from codecport.runtime.providers import DEFAULT_OPTIONS, SPIN_ENV, provider_options, session_options
+from codecport.runtime.providers import (
+    DEFAULT_OPTIONS,
+    SPIN_ENV,
+    provider_options,
+    resolve_provider,
+    session_options,
+)
 
 BIN = Path(sys.executable).parent
 
@@ -173,3 +179,25 @@ def test_a_listed_provider_that_fails_to_start_is_one_error_or_the_fallback(tiny
     codec = MimiCodec(tiny_mimi_export, provider="cuda", fallback="cpu")
     assert codec.provider == "CPUExecutionProvider"
     assert codec.encode(np.zeros((1, 480), np.float32), 24000).n_frames == (20,)
+
+
+def test_a_cpu_onnxruntime_written_over_the_gpu_one_is_named(monkeypatch):
+    """`codecport[gpu]` installs onnxruntime-gpu beside the onnxruntime codecport needs; both write
+    one package folder, so the CPU one installed (or upgraded) last hides CUDA. The error says
+    that, and the reinstall that undoes it, rather than "install codecport[gpu]" again."""
+    from importlib import metadata
+
+    versions = {"onnxruntime": "1.32.0", "onnxruntime-gpu": "1.31.1"}
+
+    def version(name):
+        if name not in versions:
+            raise metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(metadata, "version", version)
+    with pytest.raises(ProviderError, match=r"both installed .* pip install --force-reinstall --no-deps "
+                                            r"onnxruntime-gpu==1\.31\.1, or pass --fallback cpu"):
+        resolve_provider("cuda")
+    del versions["onnxruntime-gpu"]
+    with pytest.raises(ProviderError, match=r"install it with pip install 'codecport\[gpu\]'"):
+        resolve_provider("cuda")

@@ -185,6 +185,26 @@ def resolve_provider(provider: str, fallback: str | None = None) -> str:
     if fallback is not None:
         log.warning("%s is not available here; falling back to %s", PROVIDERS[provider], fallback)
         return resolve_provider(fallback)
+    gpu = _gpu_build_shadowed() if provider == "cuda" else None
+    if gpu:
+        raise ProviderError(f"{PROVIDERS[provider]} is not available: onnxruntime and onnxruntime-gpu are "
+                            "both installed and share one folder, where the CPU build's files were "
+                            "written last; run pip install --force-reinstall --no-deps "
+                            f"onnxruntime-gpu=={gpu}, or pass --fallback cpu")
     raise ProviderError(f"{PROVIDERS[provider]} is not available in this onnxruntime (it has "
                         f"{', '.join(available)}); install it with {INSTALL[provider]}, "
                         "or pass --fallback cpu")
+
+
+def _gpu_build_shadowed() -> str | None:
+    """onnxruntime-gpu's version when the CPU-only onnxruntime is installed too. codecport needs
+    onnxruntime, so `codecport[gpu]` brings both; they write the same `onnxruntime` package, and
+    whichever pip installed last is the one that runs (an upgrade of the CPU one undoes the GPU
+    one)."""
+    from importlib import metadata
+
+    try:
+        metadata.version("onnxruntime")
+        return metadata.version("onnxruntime-gpu")
+    except metadata.PackageNotFoundError:
+        return None
