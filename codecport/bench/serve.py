@@ -158,8 +158,8 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
               "configs": {}}
     try:
         click.echo(f"starting {len(configs)} servers ...")
-        # All at once: each opens a dozen graphs (on CUDA, a large Mimi's two servers took minutes
-        # one after the other), on cores the others leave idle.
+        # All at once: each opens its graphs and times each at its first calls (12 s for the
+        # released Mimi's 32-slot server on this 2-core machine), mostly on one core.
         for cfg in configs:
             cfg.proc = start_server(cfg.folder, max_streams, cfg.slots > 1, provider)
         for cfg in configs:
