@@ -7,7 +7,7 @@
 #   scripts/gpu_check.sh device        on the GPU machine: what that `run` call executes
 #   scripts/gpu_check.sh device-full   on the GPU machine right after `device`, while it is warm:
 #                                      the real-size presets, exported there
-#   scripts/gpu_check.sh device-serve  on the GPU machine after `device`, in device-full's call:
+#   scripts/gpu_check.sh device-serve  on the GPU machine after `device`, while it is warm:
 #                                      codec-bench serve on CUDA (issue 24: the streams one GPU holds)
 #   scripts/gpu_check.sh prepare-split here, fallback: the whole onnxruntime-gpu wheel in parts
 #   scripts/gpu_check.sh device-part N on the GPU machine: stage part N of the fallback
@@ -272,13 +272,20 @@ device_serve() {  # codec-bench serve --provider cuda, each streaming codec, ins
     {
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
         # By default B=1 (one step per stream) against the slot graphs of 32 streams a call, fp32
-        # (an fp16 build and its two servers took minutes of a dry run), a short trial each, so
-        # both codecs' ramps (to 128 streams) fit the budget.
-        local codec share args
+        # only (the fp16 build alone took 2.5 minutes of the dry run on the CPU), a short trial
+        # each, ramps to 128 streams.
+        local codec codecs share args
         read -r -a args <<<"${GPU_CHECK_SERVE_ARGS:---slots 1 --slots 32 --precision fp32 --seconds 3 --max-streams 128}"
-        # SNAC first: its export and servers start in seconds; Mimi's took minutes on 2026-12-04.
-        for codec in snac mimi; do
-            [ "$codec" = snac ] && share=$((budget * 4 / 10)) || share=$((budget - SECONDS - 5))
+        # GPU_CHECK_SERVE_CODECS: which, in order; the first gets 60 % of the budget when others
+        # follow. On 2026-12-04 SNAC's run took 79 s with its export made before; Mimi's export
+        # with 32-stream slot graphs and two servers took more than 168 s.
+        read -r -a codecs <<<"${GPU_CHECK_SERVE_CODECS:-mimi snac}"
+        for codec in "${codecs[@]}"; do
+            if [ "$codec" = "${codecs[0]}" ] && [ "${#codecs[@]}" -gt 1 ]; then
+                share=$((budget * 6 / 10))
+            else
+                share=$((budget - SECONDS - 5))
+            fi
             [ "$share" -gt 20 ] || { echo "$codec: no time left"; continue; }
             echo "== codec-bench serve $codec ${args[*]} --provider $provider (${share} s at most)"
             timeout -s TERM "$share" python3 -c "$bench" serve "$codec" "${args[@]}" --provider "$provider" \
