@@ -62,8 +62,11 @@ def atomic_dir(path: Path) -> Iterator[Path]:
     writes as `scratch/<path.name>` replaces `path` only if the block succeeds. Rename cannot
     replace a non-empty directory, so an existing one is first moved into the scratch folder:
     `path` is briefly absent, but never half-written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent))
+    except OSError as e:
+        raise unwritable(path, e) from e
     try:
         yield scratch
         previous = scratch / "previous"

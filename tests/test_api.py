@@ -253,6 +253,27 @@ def test_reexport_replaces_an_export_whole_and_nothing_else(smoke_exports, tmp_p
         pass
 
 
+def test_an_output_that_cannot_be_made_is_refused_before_the_export(tmp_path, monkeypatch):
+    """An `-o` under a file, in a place no folder can be made (/proc), or that is the current
+    folder (replaced whole, it would leave the shell in a folder that no longer exists) is one
+    line before anything is traced; these were internal errors after the whole export."""
+    from click.testing import CliRunner
+
+    from codecport.cli import export_cli
+
+    (tmp_path / "afile").write_text("mine")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    cases = {str(tmp_path / "afile" / "sub"): "afile is a file, not a folder",
+             "/proc/codecport-test": "cannot write /proc/codecport-test",
+             ".": "is the current folder or one above it", "..": "is the current folder or one above it"}
+    for out, said in cases.items():
+        r = CliRunner().invoke(export_cli, ["dac", "--preset", "tiny", "--len", "32000", "--random-init", "-o", out])
+        assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, (out, r.output)
+        assert "exported" not in r.output  # refused before the trace
+    assert (tmp_path / "afile").read_text() == "mine" and list((tmp_path / "here").iterdir()) == []
+
+
 
 
 OLD = Path(__file__).parent / "data" / "codecport-0.2"

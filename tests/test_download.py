@@ -157,3 +157,39 @@ def test_truncated_body(official_pth, cache, monkeypatch):
         with pytest.raises(DownloadError, match=f"{len(body) // 2} of {len(body)} bytes"):
             load_dac("44khz")
     assert cached_files(cache) == []
+
+
+def test_a_web_page_served_as_weights_is_not_kept(cache, monkeypatch):
+    """A login or error page served with status 200 would be cached as the weights, and every
+    later run would reuse it: refused as it arrives, nothing cached."""
+    page = b"\n  <!DOCTYPE html><html><body>Sign in</body></html>"
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    with serve(Page) as url, pytest.raises(DownloadError, match="returned a web page, not weights"):
+        load_dac(f"{url}/weights.pth")
+    assert cached_files(cache) == []
+
+
+def test_a_damaged_cached_download_says_to_delete_it(server, cache, tiny_dac):
+    """A cached `--weights URL` file is reused by every run, so "re-download it" cannot work: the
+    error names the cached file to delete; once it is gone, the next run downloads it again."""
+    from codecport.errors import CheckpointError
+
+    url = f"{server.url}/0.0.1/weights.pth"
+    load_dac(url)
+    (cached,) = cached_files(cache)
+    cached.write_bytes(cached.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match=f"codecport's cached download: delete {cached} and run again"):
+        load_dac(url)
+    cached.unlink()
+    assert_same_model(load_dac(url)[0], tiny_dac)
+    assert server.hits == ["/0.0.1/weights.pth"] * 2

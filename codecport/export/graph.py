@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import math
+import os
 import time
 import warnings
 from collections.abc import Iterator
@@ -221,10 +222,19 @@ def check_out_dir(out_dir: str | Path) -> None:
     folder that holds anything else may be the user's (a web app has a manifest.json too), and
     is refused with nothing touched."""
     out_dir = Path(out_dir)
+    here = Path.cwd().resolve()
+    if out_dir.resolve() in (here, *here.parents):
+        # Replaced whole on success, it would leave the shell in a folder that no longer exists.
+        raise ExportError(f"{out_dir} is the current folder or one above it; pass a new folder to -o")
+    for parent in out_dir.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ExportError(f"cannot write {out_dir}: {parent} is a file, not a folder; pass another -o")
     if not out_dir.exists():
+        check_writable(out_dir)
         return
     if not out_dir.is_dir():
         raise ExportError(f"{out_dir} is a file; pass a folder to -o")
+    check_writable(out_dir)
     entries = sorted(p.name for p in out_dir.iterdir())
     if not entries:
         return
@@ -241,6 +251,20 @@ def check_out_dir(out_dir: str | Path) -> None:
     if foreign:
         raise ExportError(f"{out_dir} holds {foreign[0]}, which is not part of the codecport export there "
                           "(its manifest.json lists its files); move it out, or pass another -o")
+
+
+def check_writable(out_dir: Path) -> None:
+    """`ExportError` unless a folder can be made beside `out_dir` (its staging folder goes there),
+    tried now rather than found after the trace."""
+    import tempfile
+
+    base = out_dir.absolute().parent
+    while not base.exists():
+        base = base.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".codecport-probe.", dir=base))
+    except OSError as e:
+        raise ExportError(f"cannot write {out_dir} ({e.strerror or e}); pass another -o") from e
 
 
 @contextmanager

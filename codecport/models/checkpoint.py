@@ -10,6 +10,8 @@ import torch
 
 from ..errors import CheckpointError
 
+MAX_CONFIG_BYTES = 1 << 20  # a model's config.json is a few kB
+
 
 def load_state(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str) -> None:
     """Strict load that names the first missing/unexpected key or mismatched shape."""
@@ -31,6 +33,10 @@ def load_state(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str)
         if tuple(sd[k].shape) != tuple(v.shape):
             raise CheckpointError(f"{source}: {k} has shape {tuple(sd[k].shape)}, the model "
                                   f"expects {tuple(v.shape)}; the config does not match the weights")
+        if sd[k].is_floating_point() and not torch.isfinite(sd[k]).all():
+            # (a weight-norm pair whose v is all zeros folds to NaN too)
+            raise CheckpointError(f"{source}: {k} holds NaN or infinite values; the checkpoint is "
+                                  "damaged: re-download it")
     model.load_state_dict({k: v.float() for k, v in sd.items()})
 
 
@@ -44,7 +50,7 @@ def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
         try:
             sd.update(load_file(f))
         except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"{f}: not a readable safetensors file ({e}); re-download it") from e
+            raise CheckpointError(f"{f}: not a readable safetensors file ({e}); {again(f)}") from e
     return sd
 
 
@@ -57,8 +63,10 @@ def transformers_folder(path: Path) -> tuple[dict, list[Path]]:
         raise CheckpointError(f"{path}: a transformers checkpoint needs config.json and "
                               "*.safetensors in one folder")
     try:
+        if (folder / "config.json").stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{(folder / 'config.json').stat().st_size} bytes, not a config")
         conf = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # (RecursionError: nesting past the parser's depth)
         raise CheckpointError(f"{folder}/config.json: unreadable ({e})") from e
     if not isinstance(conf, dict):
         raise CheckpointError(f"{folder}/config.json: not a config (a JSON object of settings)")
@@ -87,7 +95,15 @@ def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                                           "the checkpoint is incomplete")
                 # Over every dim but the one `g` keeps (0, or 2 for HuBERT's position conv).
                 kept = [d for d in range(v.dim()) if value.dim() == v.dim() and value.shape[d] == v.shape[d] > 1]
-                norm = v.float().pow(2).sum([d for d in range(v.dim()) if d not in (kept or [0])], keepdim=True).sqrt()
+                dims = [d for d in range(v.dim()) if d not in (kept or [0])]
+                if not (isinstance(value, torch.Tensor) and isinstance(v, torch.Tensor)) \
+                        or value.is_complex() or v.is_complex() or v.dim() == 0 \
+                        or [n for d, n in enumerate(value.shape) if n > 1] != [v.shape[d] for d in kept]:
+                    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (value, v)]
+                    raise CheckpointError(f"{key} and {stem + v_suffix} are not a weight-norm pair "
+                                          f"(real tensors, {shapes[0]} against {shapes[1]}); is this a "
+                                          "checkpoint of this model?")
+                norm = v.float().pow(2).sum(dims, keepdim=True).sqrt()
                 out[stem + ".weight"] = (value.float() * v.float() / norm).to(v.dtype)
                 break
         else:
@@ -149,11 +165,44 @@ def sniff_torch_file(path: Path, hint: str) -> None:
     kind = next((v for k, v in what.items() if head.startswith(k)), f"it starts with {head[:8]!r}")
     raise CheckpointError(f"{path}: not a torch checkpoint ({kind}); {hint}")
 
+def again(path: Path) -> str:
+    """What to do about a damaged weights file: fetch it again, or, for codecport's own cached
+    download of a `--weights URL` (which a rerun would reuse), delete it first."""
+    from .hub import cache_dir
+
+    if path.resolve().is_relative_to((cache_dir() / "urls").resolve()):
+        return f"it is codecport's cached download: delete {path} and run again"
+    return "re-download it"
+
+
+def check_zip_members(path: Path) -> None:
+    """`CheckpointError` unless the zip archive's members are stored as `torch.save` writes them
+    (uncompressed) and fit in the file: a compressed member, or sizes that lie, could make a
+    small file take gigabytes as it loads."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = z.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({e}); {again(path)}") from e
+    packed = next((m for m in members if m.compress_type != zipfile.ZIP_STORED), None)
+    if packed is not None:
+        raise CheckpointError(f"{path}: {packed.filename} is compressed, which torch.save never "
+                              "writes; re-save the state dict with torch.save")
+    if sum(m.file_size for m in members) > path.stat().st_size:
+        raise CheckpointError(f"{path}: its members claim more bytes than the file holds; "
+                              f"{again(path)}")
+
+
 def load_torch(path: Path, hint: str):
     """`torch.load(path, weights_only=True)`: plain tensors and data only, never code. A file
     that is not a checkpoint, is damaged, or would unpickle objects is one `CheckpointError`
     (`hint` says what to pass instead)."""
     sniff_torch_file(path, hint)
+    with open(path, "rb") as f:
+        if f.read(4) == b"PK\x03\x04":
+            check_zip_members(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -162,8 +211,7 @@ def load_torch(path: Path, hint: str):
                               f"tensors and plain data ({reason}); only load files you trust, "
                               "re-saved as a plain state dict") from e
     except (RuntimeError, EOFError, OSError) as e:
-        raise CheckpointError(f"{path}: not a readable torch checkpoint ({e}); "
-                              "re-download it") from e
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({e}); {again(path)}") from e
     except Exception as e:  # a damaged pickle fails in its unpickler's own terms (IndexError, KeyError...)
         raise CheckpointError(f"{path}: not a readable torch checkpoint ({type(e).__name__}: {e}); "
-                              "re-download it") from e
+                              f"{again(path)}") from e

@@ -62,6 +62,11 @@ def download(url: str, dest: Path, sha256: str | None = None) -> Path:
             if total is not None and size != total:
                 raise DownloadError(f"download of {url} stopped at {size} of {total} bytes; "
                                     "run the command again")
+            with open(tmp, "rb") as f:
+                head = f.read(512).lstrip()
+            if head.startswith(b"<"):  # a login or error page served with 200, kept as weights forever after
+                raise DownloadError(f"{url} returned a web page, not weights; check the URL, or "
+                                    "download the file yourself and pass it with --weights PATH")
             if sha256 is not None and sha256_file(tmp) != sha256:
                 raise DownloadError(f"{url} does not match its published sha256; retry, or "
                                     "pass a local file with --weights")
@@ -106,7 +111,10 @@ def resolve(weights: str, releases: dict[str, Callable[[], Path]]) -> Path:
         return releases[weights]()
     if re.match(r"^https?://", weights):
         return download(weights, cached_url(weights))
-    path = Path(weights).expanduser()
+    try:
+        path = Path(weights).expanduser()
+    except RuntimeError:  # ~name of no such user
+        path = Path(weights)
     if not path.exists():
         raise CheckpointError(f"{weights}: no such file; pass a path, a URL, or one of "
                               f"{', '.join(releases)}")
