@@ -253,6 +253,35 @@ def test_reexport_replaces_an_export_whole_and_nothing_else(smoke_exports, tmp_p
         pass
 
 
+def test_sigterm_midway_leaves_no_staging_folder_and_no_temporary_files(tmp_path):
+    """SIGTERM (a job scheduler's stop, `timeout`) while an fp16 build is made in a temporary
+    folder (gigabytes at a released size) unwinds the export as Ctrl-C does: exit 143, one line,
+    nothing left in the temporary folder, no hidden `.OUT.*.part` beside `-o`, no `-o` (the
+    default action killed it at once, leaving them)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", "from codecport.cli import export_cli; export_cli()", "dac",
+                             "--preset", "tiny", "--len", "32000", "--random-init", "--precision", "fp16",
+                             "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    deadline = time.monotonic() + 120
+    while not list(tmp.glob("codecport-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the export ended before its build folder was seen"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == "error: terminated (SIGTERM)", err
+    assert "Traceback" not in err
+    # (`.ses`, a session id of a library's, is written by every export, finished or not)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"] and [p.name for p in tmp.iterdir()] in ([], [".ses"])
+
+
 def test_an_output_that_cannot_be_made_is_refused_before_the_export(tmp_path, monkeypatch):
     """An `-o` under a file, in a place no folder can be made (/proc), or that is the current
     folder (replaced whole, it would leave the shell in a folder that no longer exists) is one

@@ -158,6 +158,26 @@ def test_an_unexpected_failure_is_one_line_and_exit_2(monkeypatch, tmp_path):
     assert result.exit_code == 2 and "Traceback" in result.output and "in boom" in result.output
 
 
+def test_running_out_of_memory_is_one_line_that_says_what_to_shrink(monkeypatch, tmp_path):
+    """A job past the machine's memory (numpy's MemoryError, or torch's allocator failing as a
+    RuntimeError: an export of a --len of hours, a huge --step-frames) is the user's to shrink:
+    `error:`, exit 1, not an internal error. A RuntimeError of anything else still is one."""
+    for raised, code, said in ((MemoryError("Unable to allocate 745. GiB"), 1, "error: out of memory (Unable"),
+                               (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"), 1,
+                                "error: out of memory (DefaultCPUAllocator"),
+                               (RuntimeError("a bug"), 2, "internal error: RuntimeError: a bug")):
+        def boom(*args, exc=raised, **kwargs):
+            raise exc
+
+        monkeypatch.setattr(registry, "codec_of_folder", boom)
+        result = CliRunner().invoke(run_cli, ["decode", str(tmp_path / "c.npy"), "-m", str(tmp_path), "-o",
+                                              str(tmp_path / "o.wav")])
+        assert result.exit_code == code and result.output.startswith(said), result.output
+        assert len(result.output.strip().splitlines()) == 1
+        if code == 1:
+            assert "make it smaller (a shorter --len or --step-frames" in result.output
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_a_wav_as_weights_is_refused_in_one_line(tmp_path, name):
     for suffix in (".pth", ".safetensors", ".wav"):

@@ -408,6 +408,18 @@ def test_transformers_file_lacking_a_projection(hf_folder, tmp_path):
         load_mimi(str(folder))
 
 
+def test_transformers_projection_of_the_wrong_shape(hf_folder, tmp_path):
+    """A q/k/v projection the config's hidden_size does not fit is named (it failed inside torch's
+    reshape for the rope un-permutation, an internal error)."""
+    folder = Path(shutil.copytree(hf_folder, tmp_path / "hf"))
+    sd = load_file(folder / "model.safetensors")
+    sd["decoder_transformer.layers.0.self_attn.v_proj.weight"] = torch.zeros(7, 5)
+    save_file(sd, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"decoder_transformer\.layers\.0\.self_attn\.v_proj\.weight has "
+                                              r"shape \(7, 5\), the config's hidden_size asks for"):
+        load_mimi(str(folder))
+
+
 def test_no_such_file(tmp_path):
     with pytest.raises(CheckpointError, match="no such file.*mimi"):
         load_mimi(str(tmp_path / "absent.safetensors"))

@@ -16,7 +16,7 @@ from ..atomic import atomic_path
 from ..errors import CodecportError
 from ..export.targets import PRECISIONS, TARGETS
 from ..version import __version__
-from .common import guard, note, setup_logging, verbose_option
+from .common import guard, note, setup_logging, unwinds_on_sigterm, verbose_option
 
 
 @click.group(context_settings={"show_default": True})
@@ -94,7 +94,7 @@ def _own_options(spec, given: dict) -> dict:
 def _export_command(spec) -> click.Command:
     return click.Command(
         spec.name, params=_export_params(spec), context_settings={"show_default": True},
-        callback=guard(functools.partial(_export, spec)),
+        callback=guard(unwinds_on_sigterm(functools.partial(_export, spec))),
         help=f"Write {spec.label}'s graphs (fixed-length, and what any length needs), the RVQ "
              "arrays and a manifest, every graph validated against torch first.")
 

@@ -159,6 +159,11 @@ def read_transformers(path: Path) -> tuple[dict[str, torch.Tensor], MimiConfig]:
     for stem, parts in qkv.items():
         if set(parts) != {"q", "k", "v"}:
             raise CheckpointError(f"{path}: {stem}.self_attn lacks one of q_proj/k_proj/v_proj")
+        bad = next((n for n in "qkv" if tuple(parts[n].shape) != (cfg.dimension, cfg.dimension)), None)
+        if bad is not None:  # (the rope un-permutation and the concatenation would fail inside torch)
+            raise CheckpointError(f"{path}: {stem}.self_attn.{bad}_proj.weight has shape "
+                                  f"{tuple(parts[bad].shape)}, the config's hidden_size asks for "
+                                  f"{(cfg.dimension, cfg.dimension)}; the config does not match the weights")
         side, j = stem.split(".layers.")
         out[f"{side}.transformer.layers.{j}.self_attn.in_proj_weight"] = torch.cat([
             _unpermute_rope(parts["q"], cfg.n_heads), _unpermute_rope(parts["k"], cfg.n_heads),
