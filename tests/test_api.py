@@ -285,7 +285,8 @@ def test_sigterm_midway_leaves_no_staging_folder_and_no_temporary_files(tmp_path
 def test_an_output_that_cannot_be_made_is_refused_before_the_export(tmp_path, monkeypatch):
     """An `-o` under a file, in a place no folder can be made (/proc), or that is the current
     folder (replaced whole, it would leave the shell in a folder that no longer exists) is one
-    line before anything is traced; these were internal errors after the whole export."""
+    line before anything is traced; these were internal errors after the whole export. An `-o`
+    that is a link to a folder fills the folder and keeps the link (the link was replaced)."""
     from click.testing import CliRunner
 
     from codecport.cli import export_cli
@@ -301,6 +302,13 @@ def test_an_output_that_cannot_be_made_is_refused_before_the_export(tmp_path, mo
         assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, (out, r.output)
         assert "exported" not in r.output  # refused before the trace
     assert (tmp_path / "afile").read_text() == "mine" and list((tmp_path / "here").iterdir()) == []
+    # A link to a folder: the export fills the folder, and the user's link stays a link.
+    (tmp_path / "models").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "models")
+    r = CliRunner().invoke(export_cli, ["dac", "--preset", "tiny", "--len", "32000", "--random-init",
+                                        "-o", str(tmp_path / "link")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "models" / "manifest.json").is_file()
 
 
 

@@ -223,6 +223,8 @@ def check_out_dir(out_dir: str | Path) -> None:
     is refused with nothing touched."""
     out_dir = Path(out_dir)
     here = Path.cwd().resolve()
+    if out_dir.is_symlink():  # the user's link stays; the export goes where it points
+        out_dir = out_dir.resolve()
     if out_dir.resolve() in (here, *here.parents):
         # Replaced whole on success, it would leave the shell in a folder that no longer exists.
         raise ExportError(f"{out_dir} is the current folder or one above it; pass a new folder to -o")
@@ -274,6 +276,8 @@ def export_folder(out_dir: str | Path) -> Iterator[Path]:
     existing `out_dir` must be empty or an earlier export and only that (`check_out_dir`):
     anything else might be the user's and is refused."""
     out_dir = Path(out_dir)
+    if out_dir.is_symlink():  # replacing the link would drop the user's link, not fill its target
+        out_dir = out_dir.resolve()
     check_out_dir(out_dir)
     with atomic_dir(out_dir) as scratch:
         stage = scratch / out_dir.name
