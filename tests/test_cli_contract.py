@@ -178,6 +178,15 @@ def test_running_out_of_memory_is_one_line_that_says_what_to_shrink(monkeypatch,
             assert "make it smaller (a shorter --len or --step-frames" in result.output
 
 
+def test_empty_weights_are_not_read_as_the_presets_release():
+    """`--weights ""` (an unset shell variable) was read as no --weights, then as a release named
+    after the preset: "tiny: no such file"."""
+    from codecport.cli import export_cli
+
+    r = CliRunner().invoke(export_cli, ["dac", "--preset", "tiny", "--len", "32000", "--weights", ""])
+    assert r.exit_code == 2 and "--weights is empty; pass a released name" in r.output, r.output
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_a_wav_as_weights_is_refused_in_one_line(tmp_path, name):
     for suffix in (".pth", ".safetensors", ".wav"):

@@ -129,6 +129,8 @@ def _export(spec, *, preset, preset_alias, length, weights, revision, random_ini
     if out_dir is not None:  # refused now, not after a long trace (the default name is checked later)
         check_out_dir(out_dir)
     exporter = spec.module("export")
+    if weights is not None and not weights.strip():  # ("" read as no --weights named a preset's release)
+        raise click.UsageError("--weights is empty; pass a released name, a checkpoint file or folder, or a URL")
     if length is None and getattr(exporter, "LEN_NEEDED", None):  # before any weights are fetched
         raise CodecportError(f"pass --len N: {exporter.LEN_NEEDED}")
     models, presets = spec.module("model"), spec.presets
