@@ -302,6 +302,15 @@ def test_an_output_that_cannot_be_made_is_refused_before_the_export(tmp_path, mo
         assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, (out, r.output)
         assert "exported" not in r.output  # refused before the trace
     assert (tmp_path / "afile").read_text() == "mine" and list((tmp_path / "here").iterdir()) == []
+
+    # The default name (no -o) is checked before the export too: it was refused after the trace.
+    (tmp_path / "here" / "dac-tiny-32000").mkdir()
+    (tmp_path / "here" / "dac-tiny-32000" / "notes.txt").write_text("mine")
+    exporter = registry.get("dac").module("export")
+    monkeypatch.setattr(exporter, "export", lambda *a, **k: pytest.fail("traced before the -o check"))
+    r = CliRunner().invoke(export_cli, ["dac", "--preset", "tiny", "--len", "32000", "--random-init"])
+    assert r.exit_code == 1 and "dac-tiny-32000 holds files that are not a codecport export" in r.output, r.output
+    monkeypatch.undo()
     # A link to a folder: the export fills the folder, and the user's link stays a link.
     (tmp_path / "models").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "models")

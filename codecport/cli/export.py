@@ -148,7 +148,9 @@ def _export(spec, *, preset, preset_alias, length, weights, revision, random_ini
         model, sha = spec.module("weights").load(source, preset=preset, revision=revision)
         # Label the graphs by what the weights are, not by a default the user never chose.
         preset = next((name for name, cfg in presets.items() if cfg == model.cfg), "custom")
-    out_dir = out_dir or Path(f"{spec.name}-{preset}-{length or 'any'}")
+    if out_dir is None:  # the default name, known now: refused before the trace, not after it
+        out_dir = Path(f"{spec.name}-{preset}-{length or 'any'}")
+        check_out_dir(out_dir)
     in_graph = (codebooks or model.cfg.n_codebooks) if in_graph_quantizer else None
     report = exporter.export(model, out_dir, length, options=_own_options(spec, given), preset=preset,
                              weights=source, weights_sha256=sha, in_graph_codebooks=in_graph, build=build,
