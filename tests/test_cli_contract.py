@@ -248,3 +248,31 @@ def test_info_on_damaged_metadata_is_one_error_line(smoke_exports, tmp_path):
     result = CliRunner().invoke(run_cli, ["info", str(folder)])
     assert result.exit_code == 1, result.output
     assert result.output.strip().splitlines()[-1].startswith("error: ") and "sample_rate" in result.output
+
+
+def test_sigterm_midway_through_a_decode_leaves_no_partial_file(tiny_export, tmp_path):
+    """SIGTERM while `codec-run decode` writes its output piece by piece unwinds it as Ctrl-C
+    does: exit 143, one line, and the hidden temporary file beside `-o` is gone (the default
+    action killed it, leaving `.o.wav.*.part`); nothing at `-o`."""
+    import os
+    import signal
+    import time
+
+    import codecport
+
+    codec = codecport.load(tiny_export)
+    codes = np.random.default_rng(0).integers(0, codec.codebook_size, (1, codec.n_codebooks, 456 * 1000))
+    np.save(tmp_path / "c.npy", codes)
+    out = tmp_path / "o.wav"
+    proc = subprocess.Popen([sys.executable, "-c", "from codecport.cli import run_cli; run_cli()", "decode",
+                             str(tmp_path / "c.npy"), "-m", str(tiny_export), "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TQDM_DISABLE": "1"})
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".o.wav.*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, f"the decode ended before its temporary file was seen: {proc.communicate()}"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == "error: terminated (SIGTERM)", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npy"]

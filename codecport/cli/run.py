@@ -14,7 +14,15 @@ from ..atomic import ready_parent
 from ..errors import CodesError
 from ..runtime.codefile import FORMATS, LAYOUTS
 from ..version import __version__
-from .common import codebooks_help, guard, note, run_options, setup_logging, verbose_option
+from .common import (
+    codebooks_help,
+    guard,
+    note,
+    run_options,
+    setup_logging,
+    unwinds_on_sigterm,
+    verbose_option,
+)
 from .tokenize import tokenize_cmd
 from .web import web_cmd
 
@@ -45,6 +53,7 @@ layout_option = click.option(
 @layout_option
 @run_options
 @guard
+@unwinds_on_sigterm
 def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fallback, options, verbose) -> None:
     """Encode an audio file of any length and sample rate to codes (read block by block)."""
     from ..runtime.audio import FileSource
@@ -87,6 +96,7 @@ def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fall
 @click.option("--no-noise", is_flag=True, help="Decoders that add noise: add none (zero noise).")
 @run_options
 @guard
+@unwinds_on_sigterm
 def decode_cmd(codes_in, out, layout, noise_seed, no_noise, model_dir, mode, provider, fallback, options,
                verbose) -> None:
     """Decode codes (.npy, .npz, or the codec's own format) to audio, piece by piece."""
