@@ -165,6 +165,7 @@ def sniff_torch_file(path: Path, hint: str) -> None:
     kind = next((v for k, v in what.items() if head.startswith(k)), f"it starts with {head[:8]!r}")
     raise CheckpointError(f"{path}: not a torch checkpoint ({kind}); {hint}")
 
+
 def again(path: Path) -> str:
     """What to do about a damaged weights file: fetch it again, or, for codecport's own cached
     download of a `--weights URL` (which a rerun would reuse), delete it first."""
