@@ -78,11 +78,11 @@ def guard(fn):
             click.echo("error: interrupted", err=True)
             sys.exit(130)
         except MemoryError as e:
-            raise_out_of_memory(e)
+            out_of_memory(e)
         except RuntimeError as e:
             if "can't allocate memory" not in str(e):  # torch's allocator says it so
                 internal_error(e)
-            raise_out_of_memory(e)
+            out_of_memory(e)
         except BrokenPipeError:  # stdout closed early (`| head`): nothing left to say
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
@@ -96,7 +96,7 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0]
 
 
-def raise_out_of_memory(e: BaseException) -> None:
+def out_of_memory(e: BaseException) -> None:
     """A job too large for the machine's memory (a --len of hours, a huge batch): what to change."""
     if _state["verbose"]:
         traceback.print_exc()

@@ -216,11 +216,11 @@ def write_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict[st
     return write_manifest(out_dir, manifest, files)
 
 
-def check_out_dir(out_dir: str | Path) -> None:
+def check_out_dir(out_dir: str | Path) -> Path:
     """`ExportError` unless `out_dir` is absent, empty, or an earlier codecport export and only
     that: its manifest names a codec and an export id and lists the folder's every entry. A
     folder that holds anything else may be the user's (a web app has a manifest.json too), and
-    is refused with nothing touched."""
+    is refused with nothing touched. Returns the folder to write: where a link given points."""
     out_dir = Path(out_dir)
     here = Path.cwd().resolve()
     if out_dir.is_symlink():  # the user's link stays; the export goes where it points
@@ -233,13 +233,13 @@ def check_out_dir(out_dir: str | Path) -> None:
             raise ExportError(f"cannot write {out_dir}: {parent} is a file, not a folder; pass another -o")
     if not out_dir.exists():
         check_writable(out_dir)
-        return
+        return out_dir
     if not out_dir.is_dir():
         raise ExportError(f"{out_dir} is a file; pass a folder to -o")
     check_writable(out_dir)
     entries = sorted(p.name for p in out_dir.iterdir())
     if not entries:
-        return
+        return out_dir
     refuse = f"{out_dir} holds files that are not a codecport export; pass another -o, or empty it first"
     try:
         manifest = read_manifest(out_dir)  # None, or a dict that names a codec
@@ -253,6 +253,7 @@ def check_out_dir(out_dir: str | Path) -> None:
     if foreign:
         raise ExportError(f"{out_dir} holds {foreign[0]}, which is not part of the codecport export there "
                           "(its manifest.json lists its files); move it out, or pass another -o")
+    return out_dir
 
 
 def check_writable(out_dir: Path) -> None:
@@ -275,10 +276,7 @@ def export_folder(out_dir: str | Path) -> Iterator[Path]:
     (nothing of a previous export is left behind), on failure `out_dir` stays as it was. An
     existing `out_dir` must be empty or an earlier export and only that (`check_out_dir`):
     anything else might be the user's and is refused."""
-    out_dir = Path(out_dir)
-    if out_dir.is_symlink():  # replacing the link would drop the user's link, not fill its target
-        out_dir = out_dir.resolve()
-    check_out_dir(out_dir)
+    out_dir = check_out_dir(out_dir)  # (a link's target: replacing the link would drop the user's link)
     with atomic_dir(out_dir) as scratch:
         stage = scratch / out_dir.name
         stage.mkdir()

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
+from .hub import cache_dir
 
 MAX_CONFIG_BYTES = 1 << 20  # a model's config.json is a few kB
 
@@ -54,6 +55,18 @@ def read_safetensors(files: list[Path]) -> dict[str, torch.Tensor]:
     return sd
 
 
+def read_json(path: Path):
+    """The JSON document of a config file, bounded: a `ValueError` for one past
+    `MAX_CONFIG_BYTES`, nested past the parser's depth, or not UTF-8 JSON."""
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{size} bytes, not a config")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError("nested past the JSON parser's depth") from None
+
+
 def transformers_folder(path: Path) -> tuple[dict, list[Path]]:
     """(config.json, safetensors files) of a transformers checkpoint: a folder, or one of its
     safetensors files."""
@@ -63,10 +76,8 @@ def transformers_folder(path: Path) -> tuple[dict, list[Path]]:
         raise CheckpointError(f"{path}: a transformers checkpoint needs config.json and "
                               "*.safetensors in one folder")
     try:
-        if (folder / "config.json").stat().st_size > MAX_CONFIG_BYTES:
-            raise ValueError(f"{(folder / 'config.json').stat().st_size} bytes, not a config")
-        conf = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError, RecursionError) as e:  # (RecursionError: nesting past the parser's depth)
+        conf = read_json(folder / "config.json")
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{folder}/config.json: unreadable ({e})") from e
     if not isinstance(conf, dict):
         raise CheckpointError(f"{folder}/config.json: not a config (a JSON object of settings)")
@@ -151,16 +162,19 @@ def weight_norm_dims(module: torch.nn.Module) -> dict[str, int]:
             for name, m in module.named_modules() if parametrize.is_parametrized(m, "weight")}
 
 
-def sniff_torch_file(path: Path, hint: str) -> None:
-    """`CheckpointError` unless `path` starts like a torch checkpoint (a zip archive, or a legacy
-    pickle): a WAV or a text file passed as --weights is named as what it is."""
+def sniff_torch_file(path: Path, hint: str) -> bool:
+    """Whether `path` is a zip archive (torch's format since 1.6) rather than a legacy pickle;
+    `CheckpointError` if it starts like neither: a WAV or a text file passed as --weights is
+    named as what it is."""
     try:
         with open(path, "rb") as f:
             head = f.read(8)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read it ({e.strerror or e})") from e
-    if head.startswith(b"PK\x03\x04") or (len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5):
-        return
+    if head.startswith(b"PK\x03\x04"):
+        return True
+    if len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return False
     what = {b"RIFF": "a WAV file", b"fLaC": "a FLAC file", b"OggS": "an OGG file", b"\x93NUM": "a numpy .npy file"}
     kind = next((v for k, v in what.items() if head.startswith(k)), f"it starts with {head[:8]!r}")
     raise CheckpointError(f"{path}: not a torch checkpoint ({kind}); {hint}")
@@ -169,8 +183,6 @@ def sniff_torch_file(path: Path, hint: str) -> None:
 def again(path: Path) -> str:
     """What to do about a damaged weights file: fetch it again, or, for codecport's own cached
     download of a `--weights URL` (which a rerun would reuse), delete it first."""
-    from .hub import cache_dir
-
     if path.resolve().is_relative_to((cache_dir() / "urls").resolve()):
         return f"it is codecport's cached download: delete {path} and run again"
     return "re-download it"
@@ -200,10 +212,8 @@ def load_torch(path: Path, hint: str):
     """`torch.load(path, weights_only=True)`: plain tensors and data only, never code. A file
     that is not a checkpoint, is damaged, or would unpickle objects is one `CheckpointError`
     (`hint` says what to pass instead)."""
-    sniff_torch_file(path, hint)
-    with open(path, "rb") as f:
-        if f.read(4) == b"PK\x03\x04":
-            check_zip_members(path)
+    if sniff_torch_file(path, hint):
+        check_zip_members(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:

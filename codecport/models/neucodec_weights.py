@@ -7,7 +7,6 @@ pickle holds; here the state dict is read with `weights_only=True`, and safetens
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import dataclass, replace
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from .checkpoint import fold_weight_norm, load_state, load_torch, read_safetensors
+from .checkpoint import fold_weight_norm, load_state, load_torch, read_json, read_safetensors
 from .hub import hf_file, resolve, sha256_file
 from .neucodec import NeuCodec, NeuCodecConfig
 from .neucodec_config import (
@@ -106,8 +105,8 @@ def _json(path: Path) -> dict:
         raise CheckpointError(f"{path}: missing; the distilled NeuCodec needs {DISTILL_REPO}'s {path.name} "
                               f"beside its weights (in {path.parent}/), as the official model reads it")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        data = read_json(path)
+    except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a JSON config ({type(e).__name__}); fetch {DISTILL_REPO}'s {path.name} again") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a JSON object; fetch {DISTILL_REPO}'s {path.name} again")

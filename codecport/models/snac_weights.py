@@ -8,21 +8,19 @@ code a pickle holds; here the state dict is read with `weights_only=True`.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from .checkpoint import fold_weight_norm, load_state, load_torch
+from .checkpoint import fold_weight_norm, load_state, load_torch, read_json
 from .hub import hf_file, resolve, sha256_file
 from .snac import PRESETS, SNAC, SnacConfig
 from .snac_config import CONFIG_FILE, RELEASES, WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
 HINT = "pass a SNAC folder (config.json + pytorch_model.bin), its pytorch_model.bin, or a released name"
-MAX_CONFIG_BYTES = 1 << 20
 
 
 def _release(name: str, revision: str | None) -> Path:
@@ -39,9 +37,7 @@ def _release(name: str, revision: str | None) -> Path:
 def read_config(path: Path) -> SnacConfig:
     """`SnacConfig` of a `config.json`, every field checked."""
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ValueError(f"{path.stat().st_size} bytes, not a config")
-        conf = json.loads(path.read_text())
+        conf = read_json(path)
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: unreadable config ({e}); re-download it") from e
     try:
