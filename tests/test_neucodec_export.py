@@ -143,6 +143,20 @@ def test_buckets_run_a_clip_through_the_shortest_graphs_that_hold_it(smoke_expor
         assert proc.returncode == 1 and match in proc.stderr and not (tmp_path / "no").exists(), proc.stderr
 
 
+def test_buckets_are_refused_before_the_released_weights_are_fetched(monkeypatch, tmp_path):
+    """What --buckets says on its own is checked before the weights load: a released model is
+    gigabytes to fetch, then refused."""
+    from codecport import registry
+
+    fetched = []
+    for name in ("neucodec", "xcodec2"):
+        monkeypatch.setattr(registry.get(name).module("weights"), "load", lambda *a, **k: fetched.append(a))
+        for buckets, match in (("4000", "shorter than --len"), ("800,x", "separated by commas")):
+            proc = invoke("codec-export", name, "--len", "4000", "--buckets", buckets, "-o", tmp_path / "no")
+            assert proc.returncode == 1 and match in proc.stderr and not fetched, (name, proc.stderr, fetched)
+        assert not (tmp_path / "no").exists()
+
+
 def test_batched_rows_are_checked_against_batch_1_masks_included():
     """The row-by-row check of a batched encoder (export/batch.py) passes a graph whose rows are
     independent, each under its own mask, and refuses one whose rows touch (a statistic over the

@@ -133,6 +133,7 @@ def test_browser_equals_python_on_wasm(browser, folders, codec, threads):
         assert page.state == "ready", page.error()
         facts = page.page.inner_text("#facts")
         assert f"wasm, {threads} thread(s), cross-origin isolated: true" in facts
+        assert _wasm_fetched(page) == ["ort-wasm-simd-threaded.wasm"]  # not the WebGPU build's, twice the size
         for n in LENGTHS[codec]:
             x = clip(n, seed=n)
             want = py.encode(x, py.sample_rate)
@@ -174,6 +175,12 @@ def test_browser_decodes_the_codes_file_python_wrote(browser, folders, codec, tm
     assert len(moved["audio"]) == round(other.num_samples * py.sample_rate / 22050)
 
 
+def _wasm_fetched(page: Page) -> list[str]:
+    """The onnxruntime-web .wasm files the page fetched."""
+    names = page.run("performance.getEntriesByType('resource').map((e) => e.name)")
+    return sorted({n.rsplit("/", 1)[1] for n in names if n.endswith(".wasm")})
+
+
 @pytest.mark.parametrize("codec", ["dac", "mimi"])
 def test_browser_on_webgpu(browser, folders, codec):
     """On WebGPU (SwiftShader here): the Python codes decode within 1e-3, and the browser's own
@@ -181,6 +188,7 @@ def test_browser_on_webgpu(browser, folders, codec):
     folder = folders[codec]
     with served(folder) as server:
         page = webgpu_page(browser, server.url)
+        assert _wasm_fetched(page) == ["ort-wasm-simd-threaded.jsep.wasm"]
         py = codecport.load(folder)
         x = clip(LENGTHS[codec][0], seed=3)
         want = py.encode(x, py.sample_rate).data[0]
@@ -275,7 +283,7 @@ def test_live_microphone_loop_on_the_fake_device(browser, mimi_web):
     with served(mimi_web) as server:
         page = Page(browser, server.url)
         page.page.click("#live")
-        page.page.wait_for_function("window.demo.live && window.demo.live.stats && window.demo.live.stats.frames >= 200")
+        page.page.wait_for_function("window.demo.live && window.demo.live.stats && window.demo.live.stats.frames >= 50")
         stats = page.run("window.demo.live.stats")
         assert stats["p95"] > 0 and stats["frameMs"] == 1.0  # the tiny Mimi's 24-sample frames
         assert "live:" in page.page.inner_text("#live-stats")

@@ -133,6 +133,8 @@ def _export(spec, *, preset, preset_alias, length, weights, revision, random_ini
         raise click.UsageError("--weights is empty; pass a released name, a checkpoint file or folder, or a URL")
     if length is None and getattr(exporter, "LEN_NEEDED", None):  # before any weights are fetched
         raise CodecportError(f"pass --len N: {exporter.LEN_NEEDED}")
+    if hasattr(exporter, "check_options"):  # the codec's own options, also before any weights
+        exporter.check_options(length, _own_options(spec, given))
     models, presets = spec.module("model"), spec.presets
     t0 = time.perf_counter()
     if random_init:

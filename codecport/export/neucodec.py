@@ -272,6 +272,14 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
     return sizes
 
 
+def check_options(length: int | None, options: dict) -> None:
+    """What `--buckets` says on its own, checked before any weights are fetched (a released model is
+    gigabytes); what needs the model's frames is checked at export."""
+    sizes = parse_buckets(options.get("buckets"))
+    if length is not None and sizes and max(sizes) >= length:
+        raise ExportError(f"--buckets must each be shorter than --len ({length} samples), got {max(sizes)}")
+
+
 def export(model: NeuCodec, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
     """`codec-export neucodec`: the encoder and decoder for `--len` (and `--buckets`)."""
     if length is None:

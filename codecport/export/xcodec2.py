@@ -14,6 +14,7 @@ from .deviation import Probe
 from .graph import GraphSpec
 
 describe = neucodec.describe
+check_options = neucodec.check_options
 
 # Why `codec-export xcodec2` needs --len (the CLI asks before loading any weights).
 LEN_NEEDED = ("the samples (at 16 kHz) of the fixed graphs: the longest clip they encode and decode "

@@ -32,7 +32,8 @@ TYPES = {".html": "text/html; charset=utf-8", ".mjs": "text/javascript", ".js": 
          ".map": "application/json", ".txt": "text/plain; charset=utf-8"}
 ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp",
              "Cross-Origin-Resource-Policy": "same-origin", "Cache-Control": "no-store"}
-ORT_ENTRY = "ort.all.min.mjs"  # the bundle with both wasm and webgpu (JSEP) the page imports
+# The bundles the page imports: wasm alone, or with WebGPU (JSEP), each with its own .wasm.
+ORT_ENTRIES = ("ort.wasm.min.mjs", "ort.all.min.mjs")
 BLOCK = 1 << 16  # bytes a file is sent in
 
 
@@ -52,10 +53,10 @@ def find_ort_web(given: str | Path | None) -> Path:
         candidates = [Path.cwd() / "node_modules" / "onnxruntime-web", here / "node_modules" / "onnxruntime-web"]
     for c in candidates:
         for d in (c, c / "dist"):
-            if (d / ORT_ENTRY).is_file() and any(d.glob("*.wasm")):
+            if all((d / e).is_file() for e in ORT_ENTRIES) and any(d.glob("*.wasm")):
                 return d.resolve()
     where = given or os.environ.get(ORT_WEB_ENV) or "node_modules/onnxruntime-web"
-    raise CodecportError(f"{where}: no onnxruntime-web here ({ORT_ENTRY} and its .wasm files); run "
+    raise CodecportError(f"{where}: no onnxruntime-web here ({' and '.join(ORT_ENTRIES)} and their .wasm files); run "
                          "`npm install onnxruntime-web` (or `npm ci` in a codecport checkout), or pass "
                          "--ort-web DIR pointing at its dist folder")
 
