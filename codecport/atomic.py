@@ -16,16 +16,34 @@ def unwritable(path: Path, e: OSError) -> OutputError:
     return OutputError(f"cannot write {path} ({e.strerror or e}); pass another output path")
 
 
+def _no_file_above(path: Path) -> None:
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise OutputError(f"cannot write {path}: {parent} is a file, not a folder; pass another output path")
+
+
 def ready_parent(path: Path) -> None:
     """Make `path`'s folder; `OutputError` if `path` could not be written as a file there (a
     folder in its place, a file in a parent's place, no permission)."""
     if path.is_dir():
         raise OutputError(f"{path} is a folder; pass a file name as the output")
-    for parent in path.parents:
-        if parent.exists() and not parent.is_dir():
-            raise OutputError(f"cannot write {path}: {parent} is a file, not a folder; pass another output path")
+    _no_file_above(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise unwritable(path, e) from e
+
+
+def check_dir_writable(path: Path) -> None:
+    """`OutputError` unless `atomic_dir(path)` could write: no file in a parent's place, and its
+    staging folder can be made beside `path` (tried now, before a long job, and removed; nothing
+    is created for a `path` whose parents are missing)."""
+    _no_file_above(path)
+    base = path.absolute().parent
+    while not base.exists():
+        base = base.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".codecport-probe.", dir=base))
     except OSError as e:
         raise unwritable(path, e) from e
 

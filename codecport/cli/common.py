@@ -80,9 +80,9 @@ def guard(fn):
         except MemoryError as e:
             out_of_memory(e)
         except RuntimeError as e:
-            if "can't allocate memory" not in str(e):  # torch's allocator says it so
-                internal_error(e)
-            out_of_memory(e)
+            if "can't allocate memory" in str(e):  # torch's allocator says it so
+                out_of_memory(e)
+            internal_error(e)
         except BrokenPipeError:  # stdout closed early (`| head`): nothing left to say
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)

@@ -11,7 +11,6 @@ import io
 import json
 import logging
 import math
-import os
 import time
 import warnings
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ import numpy as np
 import onnx
 import torch
 
-from ..atomic import atomic_dir, atomic_path
+from ..atomic import atomic_dir, atomic_path, check_dir_writable
 from ..errors import ExportError, ModelFileError
 from ..runtime.folder import read_manifest
 from ..version import __version__
@@ -220,7 +219,8 @@ def check_out_dir(out_dir: str | Path) -> Path:
     """`ExportError` unless `out_dir` is absent, empty, or an earlier codecport export and only
     that: its manifest names a codec and an export id and lists the folder's every entry. A
     folder that holds anything else may be the user's (a web app has a manifest.json too), and
-    is refused with nothing touched. Returns the folder to write: where a link given points."""
+    is refused with nothing touched; one that cannot be written there is an `OutputError`
+    (`atomic.check_dir_writable`). Returns the folder to write: where a link given points."""
     out_dir = Path(out_dir)
     here = Path.cwd().resolve()
     if out_dir.is_symlink():  # the user's link stays; the export goes where it points
@@ -228,15 +228,11 @@ def check_out_dir(out_dir: str | Path) -> Path:
     if out_dir.resolve() in (here, *here.parents):
         # Replaced whole on success, it would leave the shell in a folder that no longer exists.
         raise ExportError(f"{out_dir} is the current folder or one above it; pass a new folder to -o")
-    for parent in out_dir.parents:
-        if parent.exists() and not parent.is_dir():
-            raise ExportError(f"cannot write {out_dir}: {parent} is a file, not a folder; pass another -o")
-    if not out_dir.exists():
-        check_writable(out_dir)
-        return out_dir
-    if not out_dir.is_dir():
+    if out_dir.exists() and not out_dir.is_dir():
         raise ExportError(f"{out_dir} is a file; pass a folder to -o")
-    check_writable(out_dir)
+    check_dir_writable(out_dir)
+    if not out_dir.exists():
+        return out_dir
     entries = sorted(p.name for p in out_dir.iterdir())
     if not entries:
         return out_dir
@@ -254,20 +250,6 @@ def check_out_dir(out_dir: str | Path) -> Path:
         raise ExportError(f"{out_dir} holds {foreign[0]}, which is not part of the codecport export there "
                           "(its manifest.json lists its files); move it out, or pass another -o")
     return out_dir
-
-
-def check_writable(out_dir: Path) -> None:
-    """`ExportError` unless a folder can be made beside `out_dir` (its staging folder goes there),
-    tried now rather than found after the trace."""
-    import tempfile
-
-    base = out_dir.absolute().parent
-    while not base.exists():
-        base = base.parent
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".codecport-probe.", dir=base))
-    except OSError as e:
-        raise ExportError(f"cannot write {out_dir} ({e.strerror or e}); pass another -o") from e
 
 
 @contextmanager
