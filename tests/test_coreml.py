@@ -41,7 +41,7 @@ def _op_dtypes(path, op_type: str) -> set[str]:
 
 
 def _dac_spec(dac, name: str, codebooks: int | None = None) -> GraphSpec:
-    specs = dac_export.graph_specs(dac, dac_export.Geometry.of(dac, TINY_LEN, TINY_CHUNK), META,
+    specs = dac_export.graph_specs(dac, dac_export.Geometry.of(dac.cfg, TINY_LEN, TINY_CHUNK), META,
                                    codebooks)
     return next(s for s in specs if s.name == name)
 

@@ -9,8 +9,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from cli_support import invoke
 
-from codecport.errors import ExportError, ValidationError
+from codecport.errors import CodecportError, ExportError, ValidationError
 from codecport.export import dac as export_mod
 from codecport.export.dac import export_dac
 from codecport.models.dac import DAC, PRESETS
@@ -96,14 +97,16 @@ def test_failed_validation_writes_nothing(tmp_path, tiny_dac, monkeypatch):
     """A graph that disagrees with torch raises with the numbers, and no file is left."""
     real = export_mod.validate
 
-    def corrupt(spec, model, dac, rvq, seed=1):
+    def corrupt(spec, serialized, dac, rvq, seed=1):
         if spec.name == "decoder_chunked":
+            model = onnx.load_from_string(serialized)
             for init in model.graph.initializer:  # scale one weight: the audio must move
                 if init.data_type == onnx.TensorProto.FLOAT and len(init.dims) == 3:
                     arr = onnx.numpy_helper.to_array(init) * 3
                     init.CopyFrom(onnx.numpy_helper.from_array(arr.astype(np.float32), init.name))
                     break
-        return real(spec, model, dac, rvq, seed)
+            serialized = model.SerializeToString()
+        return real(spec, serialized, dac, rvq, seed)
 
     monkeypatch.setattr(export_mod, "validate", corrupt)
     out = tmp_path / "out"
@@ -117,3 +120,27 @@ def test_window_shorter_than_receptive_field_is_refused(tmp_path, tiny_dac):
     with pytest.raises(ExportError, match="--chunk-len"):
         export_dac(tiny_dac, tmp_path, 600, 60, preset="tiny", weights="random",
                    weights_sha256="none")
+
+
+def test_a_short_chunk_len_is_refused_before_the_released_weights_are_fetched(monkeypatch, tmp_path):
+    """A preset's (or a release's) config is known before its weights: `--chunk-len` is checked
+    against it first, not after hundreds of megabytes are downloaded. A checkpoint brings its own
+    config, so there the check waits for it."""
+    from codecport import registry
+
+    fetched = []
+
+    def load(*args, **kwargs):
+        fetched.append(args)
+        raise CodecportError("no download in this test")
+
+    monkeypatch.setattr(registry.get("dac").module("weights"), "load", load)
+    for args in (("--preset", "24khz"), ("--weights", "16khz"), ("--random-init",)):
+        proc = invoke("codec-export", "dac", *args, "--len", "48000", "--chunk-len", "4000", "-o", tmp_path / "no")
+        assert proc.returncode == 1 and "receptive field" in proc.stderr and not fetched, (args, proc.stderr)
+    assert not (tmp_path / "no").exists()
+    # A window past the receptive field goes on to the weights; a file's config is read from it.
+    for args in (("--preset", "24khz", "--chunk-len", "96000"), ("--weights", str(tmp_path / "w.pth"))):
+        proc = invoke("codec-export", "dac", *args, "--len", "48000", "-o", tmp_path / "no")
+        assert proc.returncode == 1 and "no download in this test" in proc.stderr, proc.stderr
+    assert len(fetched) == 2

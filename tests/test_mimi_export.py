@@ -265,8 +265,9 @@ def test_failed_validation_writes_nothing(tmp_path, tiny_mimi, monkeypatch, vict
     """The last graphs are validated after the others passed; still no file may be written."""
     real = export_mod.validate
 
-    def corrupt(spec, onnx_model, *args, **kw):
+    def corrupt(spec, serialized, *args, **kw):
         if spec.name == victim:
+            onnx_model = onnx.load_from_string(serialized)
             for init in onnx_model.graph.initializer:  # scale the first conv weight
                 if init.data_type == onnx.TensorProto.FLOAT and len(init.dims) == 3:
                     arr = onnx.numpy_helper.to_array(init) * 3
@@ -274,7 +275,8 @@ def test_failed_validation_writes_nothing(tmp_path, tiny_mimi, monkeypatch, vict
                     break
             else:
                 raise AssertionError(f"{victim} has no conv weight to corrupt")
-        return real(spec, onnx_model, *args, **kw)
+            serialized = onnx_model.SerializeToString()
+        return real(spec, serialized, *args, **kw)
 
     monkeypatch.setattr(export_mod, "validate", corrupt)
     out = tmp_path / "out"

@@ -77,6 +77,14 @@ def _export_params(spec) -> list[click.Parameter]:
     return [*common, *own, verbose]
 
 
+def _known_config(spec, preset: str | None, weights: str | None, random_init: bool):
+    """The config the export will have, where it is known before any weights are read (a preset,
+    or a release named by --weights); None where a checkpoint brings its own."""
+    if random_init or weights is None:
+        return spec.presets.get(preset or spec.default_preset)
+    return spec.presets.get(weights) if weights in spec.releases else None
+
+
 def _own_options(spec, given: dict) -> dict:
     """The codec's own options by their current names, an older name's value taken where the
     current one was left at its default."""
@@ -134,7 +142,7 @@ def _export(spec, *, preset, preset_alias, length, weights, revision, random_ini
     if length is None and getattr(exporter, "LEN_NEEDED", None):  # before any weights are fetched
         raise CodecportError(f"pass --len N: {exporter.LEN_NEEDED}")
     if hasattr(exporter, "check_options"):  # the codec's own options, also before any weights
-        exporter.check_options(length, _own_options(spec, given))
+        exporter.check_options(length, _own_options(spec, given), _known_config(spec, preset, weights, random_init))
     models, presets = spec.module("model"), spec.presets
     t0 = time.perf_counter()
     if random_init:

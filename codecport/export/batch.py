@@ -21,7 +21,7 @@ import onnx
 from ..errors import ExportError
 from ..runtime.folder import batched_name
 from .graph import GraphSpec, Tensor, static_check, to_onnx
-from .validate import check_codes, run
+from .validate import check_codes, run, session
 
 log = logging.getLogger(__name__)
 
@@ -80,15 +80,16 @@ def masked_rows(spec: GraphSpec, valid: Callable[[int, int], int], seed: int = 3
     return rows
 
 
-def validate_batched(spec: GraphSpec, model: onnx.ModelProto, single: onnx.ModelProto,
+def validate_batched(spec: GraphSpec, model: onnx.ModelProto | bytes, single: onnx.ModelProto | bytes,
                      codes_of: Callable[[np.ndarray, dict[str, np.ndarray]], np.ndarray],
                      rows: Rows) -> dict[str, float]:
     """Each row of batched `model` against the batch-1 graph `single` on `rows`: identical codes
     (`codes_of(y, row)` maps an encoder output `[1, ...]` on `row` to codes `[1, K, frames]`)."""
     got = run(model, {k: np.concatenate([r[k] for r in rows]) for k in rows[0]})[0]
     err = 0.0
+    one = session(single)
     for i, row in enumerate(rows):
-        want = run(single, row)[0]
+        want = one.run(None, row)[0]
         check_codes(f"{spec.name} row {i}", codes_of(got[i:i + 1], row), codes_of(want, row))
         if want.dtype.kind == "f":
             err = max(err, float(np.max(np.abs(got[i:i + 1].astype(np.float64) - want))))
@@ -108,9 +109,10 @@ def export_batched(specs: list[GraphSpec], models: dict[str, onnx.ModelProto], b
         t0 = time.perf_counter()
         bspec = batched(spec, batch)
         model = to_onnx(bspec)
-        static_check(model, bspec)
+        serialized = model.SerializeToString()  # once for the checks and the session
+        static_check(model, bspec, serialized)
         report["validation"][bspec.name] = validate_batched(
-            bspec, model, models[spec.name], lambda y, row, s=spec: codes_of(s, y, row), rows_of(bspec))
+            bspec, serialized, models[spec.name], lambda y, row, s=spec: codes_of(s, y, row), rows_of(bspec))
         models[bspec.name] = model
         log.info("%s: exported, checked and validated row by row in %.1f s", bspec.name,
                  time.perf_counter() - t0)

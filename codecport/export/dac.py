@@ -20,6 +20,7 @@ from torch import nn
 
 from ..errors import ExportError
 from ..models.dac import DAC
+from ..models.dac_config import DacConfig
 from ..runtime.rvq import DacRvq
 from .batch import export_batched
 from .builds import Build, finish_export
@@ -69,31 +70,24 @@ class Geometry:
     delay: int  # zeros padded on both sides of the signal in chunked mode
 
     @classmethod
-    def of(cls, dac: DAC, samples: int, window: int) -> Geometry:
-        hop = dac.cfg.hop_length
+    def of(cls, cfg: DacConfig, samples: int, window: int) -> Geometry:
+        """From the config alone: the CLI checks `--chunk-len` before any weights are read."""
+        hop = cfg.hop_length
         frames = math.ceil(samples / hop)
         window = math.ceil(window / hop) * hop
-        step = dac.output_length(window)
-        chunk_frames = _chunk_frames(dac, window)
+        step = cfg.output_length(window)
+        chunk_frames = cfg.chunk_frames(window)
         if step <= 0 or chunk_frames <= 0:
             raise ExportError(f"chunk window of {window} samples is shorter than the model's "
                               "receptive field; pass a longer --chunk-len (a few seconds)")
-        return cls(samples, frames, _padded_out(dac, frames), window, chunk_frames, step, dac.delay())
+        return cls(samples, frames, _padded_out(cfg, frames), window, chunk_frames, step, cfg.delay())
 
 
-def _padded_out(dac: DAC, frames: int) -> int:
+def _padded_out(cfg: DacConfig, frames: int) -> int:
     """Decoder output length with padding: each transposed conv gives `s*T + s - 2*ceil(s/2)`."""
     n = frames
-    for s in dac.cfg.decoder_rates:
+    for s in cfg.decoder_rates:
         n = n * s + s - 2 * math.ceil(s / 2)
-    return n
-
-
-def _chunk_frames(dac: DAC, window: int) -> int:
-    n = window
-    for m in dac.encoder.modules():
-        if isinstance(m, nn.Conv1d):
-            n = (n - m.dilation[0] * (m.kernel_size[0] - 1) - 1) // m.stride[0] + 1
     return n
 
 
@@ -189,7 +183,7 @@ def export_dac(dac: DAC, out_dir: Path, samples: int, window: int | None = None,
         raise ExportError(f"--len {samples} is shorter than one frame ({cfg.hop_length} samples)")
     if in_graph_codebooks is not None and not 1 <= in_graph_codebooks <= cfg.n_codebooks:
         raise ExportError(f"--codebooks must be between 1 and {cfg.n_codebooks}")
-    geo = Geometry.of(dac, samples, window or samples)
+    geo = Geometry.of(dac.cfg, samples, window or samples)
     meta = {"codec": "dac", "preset": preset, "sample_rate": str(cfg.sample_rate),
             "frame_size": str(cfg.hop_length), "latent_dim": str(cfg.latent_dim),
             "codebook_size": str(cfg.codebook_size), "codebook_dim": str(cfg.codebook_dim),
@@ -251,6 +245,13 @@ def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
 # Why `codec-export dac` needs --len (the CLI asks before loading any weights).
 LEN_NEEDED = ("the samples per call of the fixed-length graphs (the chunked graphs for longer audio "
               "take --chunk-len, default --len)")
+
+
+def check_options(length: int | None, options: dict, cfg: DacConfig | None) -> None:
+    """`--chunk-len` against the receptive field before any weights are fetched, where the config
+    is known first (a preset); a checkpoint's own config is checked once it is read."""
+    if cfg is not None and length is not None:
+        Geometry.of(cfg, length, options.get("chunk_len") or length)
 
 
 def export(model: DAC, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:

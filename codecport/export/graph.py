@@ -112,10 +112,13 @@ def _constants_to_initializers(model: onnx.ModelProto) -> None:
     model.graph.node.extend(keep)
 
 
-def static_check(model: onnx.ModelProto, spec: GraphSpec) -> None:
-    """Raise `ExportError` unless the graph is portable: checked, static, plain convs."""
+def static_check(model: onnx.ModelProto, spec: GraphSpec, serialized: bytes | None = None) -> None:
+    """Raise `ExportError` unless the graph is portable: checked, static, plain convs.
+    `serialized`: the model's bytes, where the caller has them (the checker and the shape
+    inference would each serialize it again)."""
+    data = serialized if serialized is not None else model
     try:
-        onnx.checker.check_model(model, full_check=True)
+        onnx.checker.check_model(data, full_check=True)
     except onnx.checker.ValidationError as e:
         raise ExportError(f"{spec.name}: onnx.checker rejects the graph: {e}") from e
     for node in model.graph.node:
@@ -127,7 +130,7 @@ def static_check(model: onnx.ModelProto, spec: GraphSpec) -> None:
             if any(attrs.get("pads", [])) or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
                 raise ExportError(f"{spec.name}: Conv {node.name} pads its input itself "
                                   f"({attrs.get('pads')}); padding must be an explicit op")
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    inferred = onnx.shape_inference.infer_shapes(data, strict_mode=True)
     for vi in [*inferred.graph.input, *inferred.graph.output, *inferred.graph.value_info]:
         dims = vi.type.tensor_type.shape.dim
         if not vi.type.tensor_type.HasField("shape") or any(not d.HasField("dim_value") for d in dims):
@@ -143,13 +146,15 @@ def static_check(model: onnx.ModelProto, spec: GraphSpec) -> None:
 
 def export_validated(specs: list[GraphSpec], models: dict[str, onnx.ModelProto], validation: dict,
                      validate) -> None:
-    """Trace, check and validate each spec into `models` (by name); `validate(spec, model)`
-    raises past its bounds and returns the errors it measured, kept in `validation`."""
+    """Trace, check and validate each spec into `models` (by name); `validate(spec, serialized)`
+    (the model's bytes, which validate.session takes) raises past its bounds and returns the
+    errors it measured, kept in `validation`."""
     for spec in specs:
         t0 = time.perf_counter()
         model = to_onnx(spec)
-        static_check(model, spec)
-        validation[spec.name] = validate(spec, model)
+        serialized = model.SerializeToString()  # once for the checker, shape inference and sessions
+        static_check(model, spec, serialized)
+        validation[spec.name] = validate(spec, serialized)
         models[spec.name] = model
         log.info("%s: exported, checked and validated in %.1f s", spec.name, time.perf_counter() - t0)
 

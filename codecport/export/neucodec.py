@@ -272,7 +272,7 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
     return sizes
 
 
-def check_options(length: int | None, options: dict) -> None:
+def check_options(length: int | None, options: dict, cfg=None) -> None:
     """What `--buckets` says on its own, checked before any weights are fetched (a released model is
     gigabytes); what needs the model's frames is checked at export."""
     sizes = parse_buckets(options.get("buckets"))

@@ -14,12 +14,12 @@ from ..runtime.graph import Graph
 from .validate import session
 
 
-def mem_graph(model: onnx.ModelProto, name: str) -> Graph:
+def mem_graph(model: onnx.ModelProto | bytes, name: str) -> Graph:
     """An in-memory model as the runtime's Graph for a bank (a session and a name; no metadata)."""
     return Graph(Path(f"{name}.onnx"), session(model), {})
 
 
-def run_streams(model: onnx.ModelProto, name: str, slots: int, streams: list[list]) -> list[list[np.ndarray]]:
+def run_streams(model: onnx.ModelProto | bytes, name: str, slots: int, streams: list[list]) -> list[list[np.ndarray]]:
     """Each stream's step outputs, the streams sharing `slots` slots: stream i joins slot
     i % slots at step i (or when the stream before it in that slot has left; its row is reset),
     so some steps run part of the slots and some slots sit idle. `streams[i]` holds its steps'

@@ -11,14 +11,16 @@ from ..errors import ValidationError
 AUDIO_ATOL = 1e-4  # max abs error allowed on decoded audio in [-1, 1]
 
 
-def session(model: onnx.ModelProto) -> ort.InferenceSession:
-    """A CPU EP session of a model held in memory."""
+def session(model: onnx.ModelProto | bytes) -> ort.InferenceSession:
+    """A CPU EP session of a model held in memory (or its serialized bytes, which a caller that
+    also checks the model makes once: a released size takes a second or two each time)."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    data = model if isinstance(model, bytes) else model.SerializeToString()
+    return ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
 
 
-def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+def run(model: onnx.ModelProto | bytes, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run a model held in memory on the CPU EP."""
     return session(model).run(None, inputs)
 

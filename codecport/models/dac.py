@@ -143,24 +143,13 @@ class DAC(nn.Module):
         """Audio `[B, channels, samples]` from codes `[B, K, frames]`."""
         return self.decoder(self.quantizer.decode(codes))
 
-    def conv_geometry(self) -> list[tuple[bool, int, int, int]]:
-        """(is_transposed, kernel, stride, dilation) of every conv, in the official module order."""
-        return [(isinstance(m, UpConv1d), m.kernel_size[0], m.stride[0], m.dilation[0])
-                for m in self.modules() if isinstance(m, nn.Conv1d | nn.ConvTranspose1d)]
-
     def output_length(self, n: int) -> int:
         """Samples out of encode+decode with padding off (official `get_output_length`)."""
-        for transposed, k, s, d in self.conv_geometry():
-            n = (n - 1) * s + d * (k - 1) + 1 if transposed else (n - d * (k - 1) - 1) // s + 1
-        return n
+        return self.cfg.output_length(n)
 
     def delay(self) -> int:
         """Zero padding put on both sides of the signal in chunked mode (official `get_delay`)."""
-        l_out = self.output_length(0)
-        n = l_out
-        for transposed, k, s, d in reversed(self.conv_geometry()):
-            n = math.ceil((n - d * (k - 1) - 1) / s + 1) if transposed else (n - 1) * s + d * (k - 1) + 1
-        return (n - l_out) // 2
+        return self.cfg.delay()
 
 
 def init_random(model: DAC, seed: int) -> DAC:

@@ -11,7 +11,16 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .geometry import Conv, UpConv, decoder_margin, encoder_margin, residual_units, strided
+from .geometry import (
+    Conv,
+    UpConv,
+    decoder_margin,
+    encoder_margin,
+    residual_units,
+    strided,
+    unpadded_delay,
+    unpadded_length,
+)
 from .limits import MAX_PARAMS, check_int, check_ints
 
 SNAKES = ("dac", "tsac")
@@ -58,15 +67,33 @@ class DacConfig:
         """Audio samples per code frame."""
         return math.prod(self.encoder_rates)
 
-    def margins(self) -> tuple[int, int]:
-        """(encoder, decoder) frames a window of the fixed graphs keeps clear of its edges for its
-        codes and audio to be those of the whole clip (their receptive fields, geometry.py)."""
+    def layers(self) -> tuple[list, list]:
+        """(encoder, decoder) convs in the official module order, with the official padding
+        (geometry.py's layers; the quantizer's 1x1 convs between them change no length)."""
         enc = [Conv(7, pad=3), *[c for s in self.encoder_rates for c in (*residual_units(), strided(s))],
                Conv(3, pad=1)]
         dec = [Conv(7, pad=3), *[c for s in self.decoder_rates
                                  for c in (UpConv(s, math.ceil(s / 2)), *residual_units())], Conv(7, pad=3)]
+        return enc, dec
+
+    def margins(self) -> tuple[int, int]:
+        """(encoder, decoder) frames a window of the fixed graphs keeps clear of its edges for its
+        codes and audio to be those of the whole clip (their receptive fields, geometry.py)."""
+        enc, dec = self.layers()
         return (encoder_margin(enc, self.hop_length, 1),
                 decoder_margin(dec, math.prod(self.decoder_rates), 1))
+
+    def chunk_frames(self, window: int) -> int:
+        """Frames the encoder gives for `window` samples with its padding off (a chunked window)."""
+        return unpadded_length(self.layers()[0], window)
+
+    def output_length(self, n: int) -> int:
+        """Samples out of encode+decode with padding off (official `get_output_length`)."""
+        return unpadded_length([c for layers in self.layers() for c in layers], n)
+
+    def delay(self) -> int:
+        """Zero padding put on both sides of the signal in chunked mode (official `get_delay`)."""
+        return unpadded_delay([c for layers in self.layers() for c in layers])
 
     def approx_params(self) -> int:
         """Parameters of the convs and codebooks, within a few percent."""

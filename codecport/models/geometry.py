@@ -66,6 +66,29 @@ def decoder_margin(layers, hop: int, unit: int) -> int:
     return unit * math.ceil(reach / unit)
 
 
+def unpadded_length(layers, n: int) -> int:
+    """Output positions of `layers` for `n` input positions with their padding off (DAC's chunked
+    mode: the official `get_output_length`)."""
+    for layer in layers:
+        if isinstance(layer, Conv):
+            n = (n - layer.dilation * (layer.kernel - 1) - 1) // layer.stride + 1
+        elif isinstance(layer, UpConv):
+            n = (n - 1) * layer.stride + 2 * layer.stride
+    return n
+
+
+def unpadded_delay(layers) -> int:
+    """Zeros the official chunked mode pads on each side of the signal so that `layers` with their
+    padding off give out what went in (the official `get_delay`)."""
+    l_out = n = unpadded_length(layers, 0)
+    for layer in reversed(layers):
+        if isinstance(layer, Conv):
+            n = (n - 1) * layer.stride + layer.dilation * (layer.kernel - 1) + 1
+        elif isinstance(layer, UpConv):
+            n = math.ceil((n - 2 * layer.stride) / layer.stride + 1)
+    return (n - l_out) // 2
+
+
 def residual_units(dilations=(1, 3, 9)) -> list:
     """The three residual units of a DAC/SNAC block: a k7 conv of each dilation, then a 1x1."""
     return [c for d in dilations for c in (Conv(7, dilation=d, pad=3 * d), Conv(1))]
