@@ -15,6 +15,7 @@ import click
 import numpy as np
 
 from . import registry
+from .frontend import Command, Finite, guard
 
 
 def _clip(sr: int, seconds: float) -> np.ndarray:
@@ -25,11 +26,12 @@ def _clip(sr: int, seconds: float) -> np.ndarray:
     return (chirp + 0.02 * rng.standard_normal(t.size)).astype(np.float32)[None]
 
 
-@click.command(context_settings={"show_default": True})
+@click.command(cls=Command, context_settings={"show_default": True})
 @click.option("--codec", "names", multiple=True, type=click.Choice(registry.names()),
               help="Codecs to demo (repeatable) [default: all].")
-@click.option("--seconds", type=float, default=4.0, help="Length of the generated clip.")
+@click.option("--seconds", type=Finite(min=1, max=600), default=4.0, help="Length of the generated clip.")
 @click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=Path("demo-out"))
+@guard
 def main(names: tuple[str, ...], seconds: float, out_dir: Path) -> None:
     """Export each codec (random weights), encode and decode a generated clip, and report."""
     # A list, not a generator: every codec's demo runs even when one fails.

@@ -40,6 +40,14 @@ def _group(tool: str):
         from codecport.bench.cli import main
 
         return main
+    if tool == "codec-serve":
+        from codecport.cli import serve_cli
+
+        return serve_cli
+    if tool == "codec-demo":
+        from codecport.demo import main
+
+        return main
     raise ValueError(tool)
 
 

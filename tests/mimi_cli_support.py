@@ -54,12 +54,12 @@ def cli(tool: str, *args) -> subprocess.CompletedProcess:
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, out: Path, usage: bool = False) -> str:
-    """The failure contract; returns the error line. `usage`: click's own `Error:` (exit 2)."""
+    """The failure contract; returns the error line. `usage`: a usage error (exit 2)."""
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     if usage:
-        assert proc.returncode == 2 and lines and lines[-1].startswith("Error:"), proc.stderr
+        assert proc.returncode == 2 and lines == lines[-1:] and lines[-1].startswith("error:"), proc.stderr
     else:
         assert lines and lines[-1].startswith("error:"), proc.stderr
     assert not out.exists()

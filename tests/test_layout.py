@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "codecport"
 # (tokenize, serve) never import the front ends (cli, bench) nor each other.
 LAYERS = {
     "codecport.errors": 0, "codecport.version": 0, "codecport.atomic": 0.5,  # atomic raises errors' OutputError
+    "codecport.frontend": 0.5,  # every front end's one-line errors (click, errors)
     "codecport.runtime": 1, "codecport.models": 1,
     "codecport.export": 2,
     "codecport.registry": 3,

@@ -16,6 +16,7 @@ import click
 
 from .. import registry
 from ..export.targets import PRECISIONS
+from ..frontend import Finite, Group, guard
 from ..runtime.providers import PROVIDERS
 from .measure import run_report
 from .prepare import fail as _fail
@@ -61,7 +62,7 @@ _OPTIONS = [
     click.Option(["--preset"], default=None, help="Preset [default: the codec's default: " + ", ".join(
         f"{s.default_preset} for {s.name}" for s in registry.codecs()) + "]."),
     click.Option(["--variant"], default=None, hidden=True),
-    click.Option(["--seconds"], type=float, default=5.0, help="Audio per encode/decode call."),
+    click.Option(["--seconds"], type=Finite(min=0.01, max=3600), default=5.0, help="Audio per encode/decode call."),
     click.Option(["--runs"], type=click.IntRange(min=1), default=3, help="Timed runs after one warm-up."),
     click.Option(["--rounds"], type=click.IntRange(min=1), default=1,
                  help="Run every contender this many times, taking turns, and pool their runs: a slow "
@@ -94,11 +95,11 @@ _OPTIONS = [
                      f"{s.name}: {s.bench.official.label}" for s in registry.codecs()
                      if s.bench.official and s.bench.official.script) + "): the Python of an environment "
                       "where it is installed, for `--contender official`."),
-    click.Option(["--memory", "minutes"], multiple=True, type=click.FloatRange(min=0.01),
+    click.Option(["--memory", "minutes"], multiple=True, type=Finite(min=0.01, max=600),
                  help="Also run `codec-run encode` on a 44.1 kHz stereo WAV and `codec-run decode` on "
                       "codes this many minutes long, and report their peak RSS (repeatable, e.g. "
                       "--memory 0.5 --memory 10: each later length is compared with the first)."),
-    click.Option(["--peak-seconds"], type=click.FloatRange(min=0.01), default=1.5,
+    click.Option(["--peak-seconds"], type=Finite(min=0.01, max=60), default=1.5,
                  help="Seconds spent measuring this machine's fp32 GEMM peak, for each of three matrix sizes."),
     click.Option(["--dir", "work"], type=click.Path(path_type=Path), default=None,
                  help="Keep the exported model here and reuse it on the next run [default: a temp folder]."),
@@ -106,13 +107,13 @@ _OPTIONS = [
     click.Option(["--plot"], type=click.Path(path_type=Path), default=None, help="Bar chart PNG (matplotlib)."),
 ]
 
-main = click.Group("codec-bench", context_settings={"show_default": True},
+main = Group("codec-bench", context_settings={"show_default": True},
                    help="Benchmark a codec (our graphs against torch and the official packages), "
                         "corpus tokenizing (`codec-bench tokenize`), the browser (`codec-bench web`), or "
                         "the streams a server holds (`codec-bench serve`).")
 for _spec in registry.codecs():
     main.add_command(click.Command(
-        _spec.name, params=_OPTIONS, callback=functools.partial(codec_cmd, _spec.name),
+        _spec.name, params=_OPTIONS, callback=guard(functools.partial(codec_cmd, _spec.name)),
         context_settings={"show_default": True},
         help=f"Benchmark {_spec.label}: our ONNX graphs vs the torch implementations, one process each."))
 main.add_command(tokenize_cmd)

@@ -45,6 +45,7 @@ from .load import check_streams, duplex_of, open_folder, soak_run, trial
 from .measure import run_report
 
 WARMUP_SECONDS = 3.0  # a trial per server before any is measured (no longer than a trial)
+from ..frontend import Finite, guard
 from .prepare import build_folder, export_source_hash, fail, prepare, preset_of, stamped
 
 
@@ -270,17 +271,18 @@ SERVABLE = [s.name for s in registry.codecs() if s.runtime.streams]
                    "of B streams a call [default: 1, 8 and 16; 1 for a codec without step graphs].")
 @click.option("--precision", "precisions", multiple=True, type=click.Choice(PRECISIONS), default=["fp32", "int8"],
               help="Precisions (repeatable).")
-@click.option("--seconds", type=click.FloatRange(min=0.2), default=8.0, help="Seconds of each trial.")
-@click.option("--len", "clip", type=click.FloatRange(min=0.1), default=2.0,
+@click.option("--seconds", type=Finite(min=0.2, max=3600), default=8.0, help="Seconds of each trial.")
+@click.option("--len", "clip", type=Finite(min=0.1, max=600), default=2.0,
               help="Seconds per call of the fixed graphs, whose real-time factor gives the bound.")
 @click.option("--max-streams", type=click.IntRange(1, 1024), default=64, help="The ramp's ceiling.")
-@click.option("--soak", type=click.FloatRange(min=0), default=0.0,
+@click.option("--soak", type=Finite(min=0, max=1440), default=0.0,
               help="Minutes of the soak at the best configuration's held load (0: none).")
 @click.option("--provider", default="cpu", help="The servers' provider.")
 @click.option("--seed", type=int, default=0)
 @click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
               help="Keep the exports here and reuse them [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
+@guard
 def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak, provider, seed, work, json_out):
     """Real-time streams `codec-serve` holds for CODEC, per --slots and --precision, on loopback."""
     spec = registry.get(codec)

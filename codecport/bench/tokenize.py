@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import registry
 from ..atomic import atomic_path
+from ..frontend import Finite, guard
 
 BIN = Path(sys.executable).parent
 ONE_S, SHORT_S = 0.5, 0.2  # seconds of the clip that times the start, and of each short clip
@@ -107,7 +108,7 @@ def _contenders(batch: int | None, with_ray: bool) -> dict[str, dict]:
 @click.option("--codec", type=click.Choice(registry.names()), required=True, help="The codec to export and run.")
 @click.option("--preset", default=None, help="Preset [default: the codec's default].")
 @click.option("--variant", default=None, hidden=True)
-@click.option("--len", "length", type=float, default=5.0,
+@click.option("--len", "length", type=Finite(min=0.1, max=600), default=5.0,
               help="Seconds per call of the fixed graphs and of DAC's windows. Mimi batches the clips "
                    "up to this long (padded to it) and streams the longer ones.")
 @click.option("--batch", type=click.IntRange(min=2), default=8, help="Rows of the batched encoders.")
@@ -115,8 +116,8 @@ def _contenders(batch: int | None, with_ray: bool) -> dict[str, dict]:
               help="Codecs with step graphs (Mimi): frames per step, for clips longer than --len "
                    "(25: 2 s a call; a corpus needs no low latency).")
 @click.option("--clips", type=click.IntRange(min=1), default=200)
-@click.option("--min-seconds", type=float, default=1.0)
-@click.option("--max-seconds", type=float, default=20.0)
+@click.option("--min-seconds", type=Finite(min=0.01, max=3600), default=1.0)
+@click.option("--max-seconds", type=Finite(min=0.01, max=3600), default=20.0)
 @click.option("--slices", type=click.IntRange(min=1), default=2,
               help="Corpus slices the contenders take turns over (order reversed every other slice).")
 @click.option("--short-clips", "many", type=click.IntRange(min=1), default=40,
@@ -124,6 +125,7 @@ def _contenders(batch: int | None, with_ray: bool) -> dict[str, dict]:
                    "per file.")
 @click.option("--ray/--no-ray", "with_ray", default=True, help="Include the Ray engine.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None)
+@guard
 def tokenize_cmd(codec, preset, variant, length, batch, frames, clips, min_seconds, max_seconds, slices, many,
                  with_ray, json_out) -> None:
     """Corpus tokenizing: our engines against a torch loop, audio seconds per wall second."""

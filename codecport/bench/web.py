@@ -24,6 +24,7 @@ import numpy as np
 from .. import registry
 from ..errors import CodecportError
 from ..export.targets import TARGETS
+from ..frontend import Finite, guard
 from .measure import WARMUP_STEPS, clip, percentiles, run_report, summary
 
 PAGE_RUN = """async ([what, runs, steps]) => {
@@ -276,7 +277,7 @@ def table(report: dict) -> list[str]:
 @click.option("--preset", default=None,
               help="Preset of every codec run [default: each codec's bench preset: " + ", ".join(
                   f"{s.bench.web_preset} for {s.name}" for s in registry.codecs() if s.web) + "].")
-@click.option("--seconds", type=float, default=5.0, help="Audio per encode/decode call.")
+@click.option("--seconds", type=Finite(min=0.01, max=600), default=5.0, help="Audio per encode/decode call.")
 @click.option("--precision", "precisions", multiple=True, default=["fp32", "int8"],
               type=click.Choice(list(TARGETS["web"].precisions)), help="Web folders in these precisions (repeatable).")
 @click.option("--threads", multiple=True, type=click.IntRange(1, 64), default=[1, 2],
@@ -294,6 +295,7 @@ def table(report: dict) -> list[str]:
 @click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
               help="Keep the web folders here and reuse them [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
+@guard
 def web_cmd(codecs, variant, preset, seconds, precisions, threads, runs, rounds, steps, frames, decode_only,
             ort_web, work, json_out) -> None:
     """codecport.mjs in headless Chromium (wasm) against the native CPU EP, on the same folders."""

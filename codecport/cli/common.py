@@ -1,21 +1,14 @@
-"""What every command shares: the error guard (one line, never a traceback), logging, and the
-options every `codec-run` command that runs a model takes. Choices come from the registry and the
-runtime, never copied."""
+"""What the commands of codec-export, codec-run and codec-serve share: the options every
+`codec-run` command that runs a model takes, and diagnostics (the one-line errors, logging and
+SIGTERM are frontend.py's, which codec-bench and the demo share). Choices come from the registry
+and the runtime, never copied."""
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
-import signal
-import sys
-import threading
-import traceback
 from pathlib import Path
 
 import click
 
-from ..errors import CodecportError
 from ..runtime.codes import MODES
 from ..runtime.providers import PROVIDERS
 
@@ -29,97 +22,6 @@ def codebooks_help(what: str) -> str:
     defaults = ", ".join(f"{s.label} {s.runtime.default_codebooks or 'all'}" for s in registry.codecs())
     return f"{what} [default: {defaults}]."
 PROVIDER_CHOICES = (*PROVIDERS, "auto")
-_state = {"verbose": False}
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread runs so that cleanup runs (see `unwinds_on_sigterm`)."""
-
-
-def unwinds_on_sigterm(fn):
-    """While `fn` runs, SIGTERM unwinds it as Ctrl-C does (`Terminated`), so its `finally` blocks
-    remove its staging folders and temporary files: the default action killed codec-export at
-    once, leaving a hidden `.OUT.*.part` beside `-o` and gigabytes in /tmp."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        if threading.current_thread() is not threading.main_thread():  # (only it may set handlers)
-            return fn(*args, **kwargs)
-
-        def terminate(*_):
-            raise Terminated
-
-        previous = signal.signal(signal.SIGTERM, terminate)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-
-    return wrapper
-
-
-def guard(fn):
-    """One line instead of a traceback: a `CodecportError` exits 1, anything unexpected exits 2
-    (with the traceback under -v)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
-            raise
-        except CodecportError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(1)
-        except Terminated:
-            click.echo("error: terminated (SIGTERM)", err=True)
-            sys.exit(128 + signal.SIGTERM)
-        except KeyboardInterrupt:
-            click.echo("error: interrupted", err=True)
-            sys.exit(130)
-        except MemoryError as e:
-            out_of_memory(e)
-        except RuntimeError as e:
-            if "can't allocate memory" in str(e):  # torch's allocator says it so
-                out_of_memory(e)
-            internal_error(e)
-        except BrokenPipeError:  # stdout closed early (`| head`): nothing left to say
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            sys.exit(1)
-        except Exception as e:  # noqa: BLE001 (the last line of defence: a bug, never a traceback)
-            internal_error(e)
-
-    return wrapper
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [""])[0]
-
-
-def out_of_memory(e: BaseException) -> None:
-    """A job too large for the machine's memory (a --len of hours, a huge batch): what to change."""
-    if _state["verbose"]:
-        traceback.print_exc()
-    click.echo(f"error: out of memory ({_first_line(e)[:200]}); this job is too large for this "
-               "machine's memory: make it smaller (a shorter --len or --step-frames, a smaller "
-               "--batch, fewer files at once)", err=True)
-    sys.exit(1)
-
-
-def internal_error(e: BaseException) -> None:
-    if _state["verbose"]:
-        traceback.print_exc()
-    click.echo(f"internal error: {type(e).__name__}: {_first_line(e)}; rerun with -v for the "
-               "traceback, and please report it", err=True)
-    sys.exit(2)
-
-
-def setup_logging(verbose: bool) -> None:
-    _state["verbose"] = verbose
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-
-
 def note(message: str) -> None:
     """A diagnostic: stderr, so that stdout holds only results."""
     click.echo(message, err=True)

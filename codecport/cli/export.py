@@ -15,11 +15,12 @@ from .. import registry
 from ..atomic import atomic_path
 from ..errors import CodecportError
 from ..export.targets import PRECISIONS, TARGETS
+from ..frontend import Group, guard, setup_logging, unwinds_on_sigterm
 from ..version import __version__
-from .common import guard, note, setup_logging, unwinds_on_sigterm, verbose_option
+from .common import note, verbose_option
 
 
-@click.group(context_settings={"show_default": True})
+@click.group(cls=Group, context_settings={"show_default": True})
 @click.version_option(__version__, prog_name="codec-export")
 def export_cli() -> None:
     """Export a codec to fixed-length ONNX graphs, validated against torch."""

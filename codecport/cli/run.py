@@ -12,22 +12,15 @@ import click
 from .. import registry
 from ..atomic import ready_parent
 from ..errors import CodesError
+from ..frontend import Group, guard, setup_logging, unwinds_on_sigterm
 from ..runtime.codefile import FORMATS, LAYOUTS
 from ..version import __version__
-from .common import (
-    codebooks_help,
-    guard,
-    note,
-    run_options,
-    setup_logging,
-    unwinds_on_sigterm,
-    verbose_option,
-)
+from .common import codebooks_help, note, run_options, verbose_option
 from .tokenize import tokenize_cmd
 from .web import web_cmd
 
 
-@click.group(context_settings={"show_default": True})
+@click.group(cls=Group, context_settings={"show_default": True})
 @click.version_option(__version__, prog_name="codec-run")
 def run_cli() -> None:
     """Encode and decode audio with exported ONNX graphs (no torch needed)."""

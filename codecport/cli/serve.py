@@ -10,14 +10,15 @@ import click
 
 from .. import registry
 from ..errors import CodecportError
+from ..frontend import Command, Finite, guard, setup_logging
 from ..version import __version__
-from .common import guard, provider_options, setup_logging, verbose_option
+from .common import provider_options, verbose_option
 
 DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idle_timeout": 30.0, "handshake_timeout": 10.0, "max_message": 1 << 20,
             "max_backlog": 4 << 20, "send_buffer": 1 << 18}
 
 
-@click.command(context_settings={"show_default": True})
+@click.command(cls=Command, context_settings={"show_default": True})
 @click.version_option(__version__, prog_name="codec-serve")
 @click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
               help="Folder written by codec-export with step graphs (codec-export mimi, codec-export snac).")
@@ -28,14 +29,14 @@ DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idl
               help="Port to listen on (0: any free one; the printed URL says which).")
 @click.option("--queue", type=click.IntRange(min=0), default=0,
               help="Connections that may wait for a slot when all are taken (0: refuse them at once, busy).")
-@click.option("--queue-timeout", type=click.FloatRange(min=0), default=DEFAULTS["queue_timeout"],
+@click.option("--queue-timeout", type=Finite(min=0, max=86400), default=DEFAULTS["queue_timeout"],
               help="Seconds a queued connection waits before it is refused (busy).")
-@click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=DEFAULTS["idle_timeout"],
+@click.option("--idle-timeout", type=Finite(min=0.1, max=86400), default=DEFAULTS["idle_timeout"],
               help="Seconds a stream may send nothing (before its end) until it is ended (timeout) and its "
                    "slots go back.")
-@click.option("--handshake-timeout", type=click.FloatRange(min=0.1), default=DEFAULTS["handshake_timeout"],
+@click.option("--handshake-timeout", type=Finite(min=0.1, max=86400), default=DEFAULTS["handshake_timeout"],
               help="Seconds a new connection has to send its HTTP request, then its stream's JSON request.")
-@click.option("--grace", type=click.FloatRange(min=0), default=DEFAULTS["grace"],
+@click.option("--grace", type=Finite(min=0, max=86400), default=DEFAULTS["grace"],
               help="Seconds SIGTERM lets the streams in flight finish before it ends them.")
 @click.option("--max-message", type=click.IntRange(min=1024), default=DEFAULTS["max_message"],
               help="Bytes of one message from a client; a larger one is refused (too_large).")

@@ -7,9 +7,10 @@ from pathlib import Path
 import click
 
 from ..errors import CodecportError
+from ..frontend import guard, setup_logging
 from ..tokenize.driver import ENGINES
 from ..tokenize.output import ERRORS
-from .common import codebooks_help, guard, note, provider_options, setup_logging, verbose_option
+from .common import codebooks_help, note, provider_options, verbose_option
 
 
 @click.command("tokenize")

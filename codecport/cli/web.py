@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from .common import guard, setup_logging, verbose_option
+from ..frontend import guard, setup_logging
+from .common import verbose_option
 
 
 @click.command("web")
