@@ -34,6 +34,18 @@ def ready_parent(path: Path) -> None:
         raise unwritable(path, e) from e
 
 
+def check_apart(out: Path, reads: list[Path]) -> None:
+    """`OutputError` when writing `out` would replace what the command reads: one of its input
+    files (the user's audio under a codes suffix), or a file inside a folder it reads (an
+    export's rvq.npz)."""
+    target = out.resolve()
+    for src in reads:
+        if src.is_dir() and target.is_relative_to(src.resolve()):
+            raise OutputError(f"{out} is inside {src}, which this command reads; pass an -o outside it")
+        if target == src.resolve() or (out.exists() and src.exists() and os.path.samefile(out, src)):
+            raise OutputError(f"{out} is the input {src}; writing it would destroy it: pass another -o")
+
+
 def check_dir_writable(path: Path) -> None:
     """`OutputError` unless `atomic_dir(path)` could write: no file in a parent's place, and its
     staging folder can be made beside `path` (tried now, before a long job, and removed; nothing

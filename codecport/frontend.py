@@ -6,6 +6,7 @@ exit 2, not click's four lines; SIGTERM unwinds as Ctrl-C does; anything unexpec
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import math
@@ -76,10 +77,33 @@ def guard(fn):
         except BrokenPipeError:  # stdout closed early (`| head`): nothing left to say
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
+        except OSError as e:
+            if e.errno not in _PATH_ERRNOS or e.filename is None:
+                internal_error(e)
+            # A path the system refuses wherever it is met (a name past 255 bytes, a loop of links,
+            # no permission, a full or read-only disk): the user's to change, not a bug.
+            click.echo(f"error: {e.filename}: {e.strerror}; check the path (or free the disk)", err=True)
+            sys.exit(1)
+        except UnicodeEncodeError as e:
+            if "surrogates not allowed" not in str(e):
+                internal_error(e)
+            # A file name that is not valid UTF-8 reached a library that encodes paths as UTF-8.
+            click.echo("error: a path is not valid UTF-8 (its name holds undecodable bytes); rename it",
+                       err=True)
+            sys.exit(1)
         except Exception as e:  # noqa: BLE001 (the last line of defence: a bug, never a traceback)
             internal_error(e)
 
     return wrapper
+
+
+# The largest size or count an option takes: what C code downstream (numpy's dimensions, a
+# socket's buffer, torch's sizes) reads as a 32-bit int; past it they fail with their own errors.
+INT_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1
+
+_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS,
+                errno.EDQUOT, errno.EISDIR, errno.ENOTDIR, errno.ENOENT}
 
 
 def _first_line(e: BaseException) -> str:

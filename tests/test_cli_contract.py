@@ -191,7 +191,7 @@ def test_empty_weights_are_not_read_as_the_presets_release():
     ("codec-export dac", ["--bogus"], "No such option '--bogus'"),
     ("codec-export", ["nosuch"], "No such command 'nosuch'"),
     ("codec-run encode", [], "Missing argument 'AUDIO_IN'"),
-    ("codec-run tokenize", ["a", "-m", "b", "-o", "c", "--workers", "0"], "0 is not in the range x>=1"),
+    ("codec-run tokenize", ["a", "-m", "b", "-o", "c", "--workers", "0"], "0 is not in the range 1<=x<=1024"),
     ("codec-serve", ["--port", "abc"], "'abc' is not a valid integer"),
     ("codec-serve", ["-m", "x", "--idle-timeout", "nan"], "'nan' is not a finite number"),
     ("codec-bench dac", ["--seconds", "nan"], "'nan' is not a finite number"),
@@ -199,6 +199,9 @@ def test_empty_weights_are_not_read_as_the_presets_release():
     ("codec-bench tokenize", ["--codec", "nosuch"], "'nosuch' is not one of 'dac', 'mimi'"),
     ("codec-bench serve", ["mimi", "--soak", "-inf"], "-inf is not in the range"),
     ("codec-demo", ["--seconds", "nan"], "'nan' is not a finite number"),
+    ("codec-export dac", ["--len", str(10**23)], "is not in the range 1<=x<=2147483647"),
+    ("codec-export dac", ["--seed", str(10**20)], "is not in the range 0<=x<=4294967295"),
+    ("codec-serve", ["--send-buffer", str(2**31)], "is not in the range 0<=x<=2147483647"),
 ])
 def test_a_usage_error_is_one_line_naming_the_help(command, args, says):
     """click's usage errors are four lines (the usage, a hint, a blank line, `Error: ...`); ours
@@ -210,6 +213,36 @@ def test_a_usage_error_is_one_line_naming_the_help(command, args, says):
     assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
     assert proc.stderr.startswith("error: ") and says in proc.stderr, proc.stderr
     assert proc.stderr.strip().endswith(f"; see '{command} --help'"), proc.stderr
+
+
+def test_an_output_that_would_replace_what_the_command_reads_is_refused(tiny_export, tmp_path):
+    """-o naming the input (by its path, or a hard link to it, under a suffix the command writes)
+    or a file inside the model folder (its rvq.npz) was written over: the user's audio, or the
+    export, gone. Refused before the work, both untouched."""
+    model = shutil.copytree(tiny_export, tmp_path / "model")
+    audio = tmp_path / "clip.npz"  # audio under a codes suffix (soundfile reads by content)
+    sf.write(audio, noise(800).T, 16000, format="WAV")
+    (tmp_path / "link.npz").hardlink_to(audio)
+    before = {p: p.read_bytes() for p in [audio, *model.iterdir()]}
+    for args, says in ((["encode", audio, "-o", audio], "is the input"),
+                       (["encode", audio, "-o", tmp_path / "link.npz"], "is the input"),
+                       (["encode", audio, "-o", model / "rvq.npz"], "is inside"),
+                       (["decode", audio, "-o", model / "x.wav"], "is inside")):
+        line = one_line_error(run("codec-run", *args, "-m", model))
+        assert says in line and "pass" in line, line
+    assert {p: p.read_bytes() for p in [audio, *model.iterdir()]} == before
+
+
+def test_a_path_the_system_refuses_is_one_error_line(tiny_export, tmp_path):
+    """A name past 255 bytes (ENAMETOOLONG) was an internal error from most commands; it is the
+    user's path to change."""
+    audio = tmp_path / "clip.wav"
+    sf.write(audio, noise(800).T, 16000)
+    long = tmp_path / ("a" * 300 + ".npz")
+    for args in (["encode", audio, "-o", long], ["decode", long, "-o", tmp_path / "o.wav"],
+                 ["info", long]):
+        line = one_line_error(run("codec-run", *args, *(["-m", tiny_export] if args[0] != "info" else [])))
+        assert "File name too long" in line, line
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -120,6 +120,26 @@ def test_dac_fields_are_checked(tmp_path, meta, match):
         load_codes(tmp_path / "c.dac")
 
 
+class _Uninitialised:
+    """Pickles as `numpy.ndarray(shape, dtype)`: numpy allocates the shape it is told."""
+
+    def __reduce__(self):
+        return np.ndarray, ((1, 4, 2**33), np.dtype(np.uint16))
+
+
+def test_a_dac_whose_pickle_calls_ndarray_allocates_nothing(tmp_path):
+    """`numpy.ndarray` is what an np.save'd array's pickle names (as `_reconstruct`'s argument),
+    but called itself it allocates any shape a file asks for: a 500-byte file asking for 64 GB is
+    refused before numpy sees the shape (no MemoryError, no out-of-memory kill)."""
+    meta = {"input_db": np.array([-20.0], np.float32), "original_length": 600, "sample_rate": 16000,
+            "chunk_length": 2**33, "channels": 1, "padding": True, "dac_version": "1.0.0"}
+    with open(tmp_path / "c.dac", "wb") as f:
+        np.save(f, np.array({"codes": _Uninitialised(), "metadata": meta}, dtype=object), allow_pickle=True)
+    assert (tmp_path / "c.dac").stat().st_size < 1000
+    with pytest.raises(CodesError, match="not a readable .dac file"):
+        load_codes(tmp_path / "c.dac")
+
+
 def test_npy_header_that_promises_terabytes(tmp_path):
     path = tmp_path / "c.npy"
     header = io.BytesIO()

@@ -15,7 +15,7 @@ from .. import registry
 from ..atomic import atomic_path
 from ..errors import CodecportError
 from ..export.targets import PRECISIONS, TARGETS
-from ..frontend import Group, guard, setup_logging, unwinds_on_sigterm
+from ..frontend import INT_MAX, SEED_MAX, Group, guard, setup_logging, unwinds_on_sigterm
 from ..version import __version__
 from .common import note, verbose_option
 
@@ -34,7 +34,7 @@ def _export_params(spec) -> list[click.Parameter]:
                      help=f"Model preset [default: {spec.default_preset}, or what the checkpoint's "
                           "config matches]; a checkpoint's own config wins when it carries one."),
         click.Option(["--variant", "preset_alias"], type=click.Choice(presets), default=None, hidden=True),
-        click.Option(["--len", "length"], type=click.IntRange(min=1), default=None,
+        click.Option(["--len", "length"], type=click.IntRange(1, INT_MAX), default=None,
                      help="Samples per call of the fixed-length encoder/decoder pair (not a multiple "
                           "of the frame: zero-padded inside the graph, as the official model does)."),
         click.Option(["--weights"], default=None,
@@ -44,12 +44,12 @@ def _export_params(spec) -> list[click.Parameter]:
                      help="Revision (branch, tag or commit) of weights fetched from Hugging Face."),
         click.Option(["--random-init"], is_flag=True, help="Seeded random weights instead of a "
                      "checkpoint (for trying the pipeline; the audio is noise)."),
-        click.Option(["--seed"], type=int, default=0, help="Seed for --random-init."),
+        click.Option(["--seed"], type=click.IntRange(0, SEED_MAX), default=0, help="Seed for --random-init."),
         click.Option(["--in-graph-quantizer"], is_flag=True, help="Put the RVQ inside the graphs: "
                      "the encoder outputs codes, the decoder takes them."),
-        click.Option(["--codebooks"], type=click.IntRange(min=1), default=None,
+        click.Option(["--codebooks"], type=click.IntRange(1, INT_MAX), default=None,
                      help="With --in-graph-quantizer: codebooks in the graphs [default: all]."),
-        click.Option(["--batch"], type=click.IntRange(min=2), default=None,
+        click.Option(["--batch"], type=click.IntRange(2, INT_MAX), default=None,
                      help="Also write the encoders with batch dimension B (encoder_bB.onnx...), "
                           "for codec-run tokenize; each row is checked against the batch-1 graph."),
         click.Option(["-o", "--out", "out_dir"], type=click.Path(path_type=Path), default=None,
@@ -70,7 +70,7 @@ def _export_params(spec) -> list[click.Parameter]:
     own = []
     for o in spec.export_options:
         kind = click.Choice(o.type) if isinstance(o.type, tuple) else \
-            click.IntRange(min=o.minimum) if o.type is int else o.type
+            click.IntRange(o.minimum, INT_MAX) if o.type is int else o.type
         own.append(click.Option([o.flag, o.dest], default=o.default, help=o.help, type=kind))
         own += [click.Option([alias, f"{o.dest}__{i}"], default=None, type=kind, hidden=True)
                 for i, alias in enumerate(o.aliases)]

@@ -10,9 +10,9 @@ from pathlib import Path
 import click
 
 from .. import registry
-from ..atomic import ready_parent
+from ..atomic import check_apart, ready_parent
 from ..errors import CodesError
-from ..frontend import Group, guard, setup_logging, unwinds_on_sigterm
+from ..frontend import INT_MAX, SEED_MAX, Group, guard, setup_logging, unwinds_on_sigterm
 from ..runtime.codefile import FORMATS, LAYOUTS
 from ..version import __version__
 from .common import codebooks_help, note, run_options, verbose_option
@@ -41,7 +41,7 @@ layout_option = click.option(
               help="codes.npy (bare codes [channels, codebooks, frames]), codes.npz (codes plus "
                    "the original length and rate), or a codec's own format ("
                    + ", ".join(f"{f.codec}: {f.suffix}" for f in FORMATS.values() if f.codec) + ").")
-@click.option("--codebooks", type=click.IntRange(min=1), default=None,
+@click.option("--codebooks", type=click.IntRange(1, INT_MAX), default=None,
               help=codebooks_help("Use the first K codebooks (lower bitrate)"))
 @layout_option
 @run_options
@@ -55,6 +55,7 @@ def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fall
 
     setup_logging(verbose)
     spec = registry.codec_of_folder(model_dir)
+    check_apart(out, [audio_in, model_dir])
     lay = None if layout is None else find_layout(layout, spec.name)
     if lay is not None:
         format_of(out, layout)  # the layout's suffix, refused before the work
@@ -83,7 +84,7 @@ def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fall
 @click.option("-o", "--out", "out", type=click.Path(path_type=Path), required=True,
               help="Output audio (.wav, written as RF64 past 4 GiB, or .flac).")
 @layout_option
-@click.option("--noise-seed", type=click.IntRange(min=0), default=None,
+@click.option("--noise-seed", type=click.IntRange(0, SEED_MAX), default=None,
               help="Decoders that add noise: draw it from this seed, the same audio every "
                    "time [default: fresh noise each decode, as the official decode].")
 @click.option("--no-noise", is_flag=True, help="Decoders that add noise: add none (zero noise).")
@@ -101,6 +102,7 @@ def decode_cmd(codes_in, out, layout, noise_seed, no_noise, model_dir, mode, pro
     if no_noise and noise_seed is not None:
         raise click.UsageError("--noise-seed and --no-noise exclude each other")
     spec = registry.codec_of_folder(model_dir)
+    check_apart(out, [codes_in, model_dir])
     audio_format(out)
     if layout is not None:
         find_layout(layout, spec.name)

@@ -10,7 +10,7 @@ import click
 
 from .. import registry
 from ..errors import CodecportError
-from ..frontend import Command, Finite, guard, setup_logging
+from ..frontend import INT_MAX, Command, Finite, guard, setup_logging
 from ..version import __version__
 from .common import provider_options, verbose_option
 
@@ -27,7 +27,7 @@ DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idl
 @click.option("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=DEFAULTS["port"],
               help="Port to listen on (0: any free one; the printed URL says which).")
-@click.option("--queue", type=click.IntRange(min=0), default=0,
+@click.option("--queue", type=click.IntRange(0, INT_MAX), default=0,
               help="Connections that may wait for a slot when all are taken (0: refuse them at once, busy).")
 @click.option("--queue-timeout", type=Finite(min=0, max=86400), default=DEFAULTS["queue_timeout"],
               help="Seconds a queued connection waits before it is refused (busy).")
@@ -38,11 +38,11 @@ DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idl
               help="Seconds a new connection has to send its HTTP request, then its stream's JSON request.")
 @click.option("--grace", type=Finite(min=0, max=86400), default=DEFAULTS["grace"],
               help="Seconds SIGTERM lets the streams in flight finish before it ends them.")
-@click.option("--max-message", type=click.IntRange(min=1024), default=DEFAULTS["max_message"],
+@click.option("--max-message", type=click.IntRange(1024, INT_MAX), default=DEFAULTS["max_message"],
               help="Bytes of one message from a client; a larger one is refused (too_large).")
-@click.option("--max-backlog", type=click.IntRange(min=1024), default=DEFAULTS["max_backlog"],
+@click.option("--max-backlog", type=click.IntRange(1024, INT_MAX), default=DEFAULTS["max_backlog"],
               help="Bytes of output waiting for a slow client: warned at half of this, dropped past it.")
-@click.option("--send-buffer", type=click.IntRange(min=0), default=DEFAULTS["send_buffer"],
+@click.option("--send-buffer", type=click.IntRange(0, INT_MAX), default=DEFAULTS["send_buffer"],
               help="Bytes of each connection's kernel send buffer (SO_SNDBUF; 0: the system's autotuning, "
                    "up to megabytes a connection, which hide a slow reader longer).")
 @click.option("--batch/--no-batch", "batched", default=True,

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import CodecportError
-from ..frontend import guard, setup_logging
+from ..frontend import INT_MAX, guard, setup_logging
 from ..tokenize.driver import ENGINES
 from ..tokenize.output import ERRORS
 from .common import codebooks_help, note, provider_options, verbose_option
@@ -24,14 +24,14 @@ from .common import codebooks_help, note, provider_options, verbose_option
                    "'codecport[ray]'), a private local cluster or --address.")
 @click.option("--address", default=None, help="Ray cluster to attach to [default: RAY_ADDRESS, "
                                               "else a private local cluster].")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
+@click.option("--workers", type=click.IntRange(1, 1024), default=None,
               help="Worker processes (local) or actors (ray) [default: one per core; on a Ray "
                    "cluster its CPUs less one].")
-@click.option("--batch", type=click.IntRange(min=1), default=None,
+@click.option("--batch", type=click.IntRange(1, INT_MAX), default=None,
               help="Rows per call of the batched encoders [default: the folder's, else 1].")
-@click.option("--codebooks", type=click.IntRange(min=1), default=None,
+@click.option("--codebooks", type=click.IntRange(1, INT_MAX), default=None,
               help=codebooks_help("Use the first K codebooks"))
-@click.option("--shard-rows", type=click.IntRange(min=1), default=1000,
+@click.option("--shard-rows", type=click.IntRange(1, INT_MAX), default=1000,
               help="Rows per Parquet shard (a shard is also written every minute when rows come slower).")
 @provider_options
 @verbose_option

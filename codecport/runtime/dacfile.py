@@ -79,19 +79,27 @@ class DacFile:
         return cls(codes=codes.astype(np.int64), **meta)
 
 
+class _ArrayType:
+    """What the pickle gets for `numpy.ndarray`: `_reconstruct` takes the class as an argument,
+    but the class called itself (`ndarray(shape, dtype)`) would allocate any shape a file names
+    (538 bytes asked for 4 GB), so the pickle holds this stand-in, which cannot be called."""
+
+
 class _NumpyOnly(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if (module, name) not in _ALLOWED:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+        if name == "ndarray":
+            return _ArrayType
         found = super().find_class(module, name)
         if name != "_reconstruct":
             return found
 
         def reconstruct(subtype, shape, dtype):
             # It allocates `shape` before the data arrives: bound it by what a file can hold.
-            if not isinstance(shape, tuple) or math.prod(shape) > MAX_BYTES:
+            if subtype is not _ArrayType or not isinstance(shape, tuple) or math.prod(shape) > MAX_BYTES:
                 raise pickle.UnpicklingError(f"refusing an array of shape {shape}")
-            return found(subtype, shape, dtype)
+            return found(np.ndarray, shape, dtype)
 
         return reconstruct
 
