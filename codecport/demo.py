@@ -15,7 +15,7 @@ import click
 import numpy as np
 
 from . import registry
-from .frontend import Command, Finite, guard
+from .frontend import Command, Finite, guard, unwinds_on_sigterm
 
 
 def _clip(sr: int, seconds: float) -> np.ndarray:
@@ -32,6 +32,7 @@ def _clip(sr: int, seconds: float) -> np.ndarray:
 @click.option("--seconds", type=Finite(min=1, max=600), default=4.0, help="Length of the generated clip.")
 @click.option("-o", "--out", "out_dir", type=click.Path(path_type=Path), default=Path("demo-out"))
 @guard
+@unwinds_on_sigterm
 def main(names: tuple[str, ...], seconds: float, out_dir: Path) -> None:
     """Export each codec (random weights), encode and decode a generated clip, and report."""
     # A list, not a generator: every codec's demo runs even when one fails.

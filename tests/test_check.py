@@ -108,6 +108,10 @@ def test_no_graph_here(tmp_path):
     (tmp_path / "bad.onnx").write_bytes(b"not a model")
     with pytest.raises(ModelFileError, match="not a readable ONNX model"):
         check(tmp_path)
+    for junk in (b"", b"\x08\x07"):  # protobuf parses these as a model with no graph: passed as fine
+        (tmp_path / "bad.onnx").write_bytes(junk)
+        with pytest.raises(ModelFileError, match="no graph in it"):
+            check(tmp_path / "bad.onnx")
 
 
 def test_cli(tmp_path, tiny_mimi_export):

@@ -99,6 +99,11 @@ def test_the_orpheus_layout_writes_and_reads_the_flat_sequence(tiny_snac_export,
     bare_npy = run("encode", mono, "-m", tiny_snac_export, "-o", tmp_path / "b.npy")
     assert bare_npy.returncode == 1 and "write .npz (or a flat layout: --layout orpheus)" in bare_npy.stderr
     assert not (tmp_path / "b.npy").exists()
+    for empty in (np.zeros((0, 7), np.int64), np.zeros(0, np.int64)):  # no channel, no frame
+        np.save(tmp_path / "e.npy", empty)
+        proc = run("decode", tmp_path / "e.npy", "--layout", "orpheus", "-m", tiny_snac_export, "-o", tmp_path / "e.wav")
+        assert proc.returncode == 1 and proc.stderr.startswith("error: ") and "7 codes a coarse frame" in proc.stderr
+        assert proc.stderr.count("e.npy") == 1 and not (tmp_path / "e.wav").exists(), proc.stderr
 
 
 def test_tokenize_writes_every_time_scale(tiny_snac_export, wav, tmp_path):

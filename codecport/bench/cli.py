@@ -16,7 +16,7 @@ import click
 
 from .. import registry
 from ..export.targets import PRECISIONS
-from ..frontend import Finite, Group, guard
+from ..frontend import Finite, Group, guard, unwinds_on_sigterm
 from ..runtime.providers import PROVIDERS
 from .measure import run_report
 from .prepare import fail as _fail
@@ -113,7 +113,7 @@ main = Group("codec-bench", context_settings={"show_default": True},
                         "the streams a server holds (`codec-bench serve`).")
 for _spec in registry.codecs():
     main.add_command(click.Command(
-        _spec.name, params=_OPTIONS, callback=guard(functools.partial(codec_cmd, _spec.name)),
+        _spec.name, params=_OPTIONS, callback=guard(unwinds_on_sigterm(functools.partial(codec_cmd, _spec.name))),
         context_settings={"show_default": True},
         help=f"Benchmark {_spec.label}: our ONNX graphs vs the torch implementations, one process each."))
 main.add_command(tokenize_cmd)

@@ -45,7 +45,7 @@ from .load import check_streams, duplex_of, open_folder, soak_run, trial
 from .measure import run_report
 
 WARMUP_SECONDS = 3.0  # a trial per server before any is measured (no longer than a trial)
-from ..frontend import Finite, guard
+from ..frontend import Finite, guard, unwinds_on_sigterm
 from .prepare import build_folder, export_source_hash, fail, prepare, preset_of, stamped
 
 
@@ -283,6 +283,7 @@ SERVABLE = [s.name for s in registry.codecs() if s.runtime.streams]
               help="Keep the exports here and reuse them [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @guard
+@unwinds_on_sigterm
 def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak, provider, seed, work, json_out):
     """Real-time streams `codec-serve` holds for CODEC, per --slots and --precision, on loopback."""
     spec = registry.get(codec)

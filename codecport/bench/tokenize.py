@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import registry
 from ..atomic import atomic_path
-from ..frontend import Finite, guard
+from ..frontend import Finite, guard, unwinds_on_sigterm
 
 BIN = Path(sys.executable).parent
 ONE_S, SHORT_S = 0.5, 0.2  # seconds of the clip that times the start, and of each short clip
@@ -126,6 +126,7 @@ def _contenders(batch: int | None, with_ray: bool) -> dict[str, dict]:
 @click.option("--ray/--no-ray", "with_ray", default=True, help="Include the Ray engine.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None)
 @guard
+@unwinds_on_sigterm
 def tokenize_cmd(codec, preset, variant, length, batch, frames, clips, min_seconds, max_seconds, slices, many,
                  with_ray, json_out) -> None:
     """Corpus tokenizing: our engines against a torch loop, audio seconds per wall second."""

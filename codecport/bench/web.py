@@ -24,7 +24,7 @@ import numpy as np
 from .. import registry
 from ..errors import CodecportError
 from ..export.targets import TARGETS
-from ..frontend import Finite, guard
+from ..frontend import Finite, guard, unwinds_on_sigterm
 from .measure import WARMUP_STEPS, clip, percentiles, run_report, summary
 
 PAGE_RUN = """async ([what, runs, steps]) => {
@@ -296,6 +296,7 @@ def table(report: dict) -> list[str]:
               help="Keep the web folders here and reuse them [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @guard
+@unwinds_on_sigterm
 def web_cmd(codecs, variant, preset, seconds, precisions, threads, runs, rounds, steps, frames, decode_only,
             ort_web, work, json_out) -> None:
     """codecport.mjs in headless Chromium (wasm) against the native CPU EP, on the same folders."""

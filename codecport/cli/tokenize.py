@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import CodecportError
-from ..frontend import INT_MAX, guard, setup_logging
+from ..frontend import INT_MAX, guard, setup_logging, unwinds_on_sigterm
 from ..tokenize.driver import ENGINES
 from ..tokenize.output import ERRORS
 from .common import codebooks_help, note, provider_options, verbose_option
@@ -36,6 +36,7 @@ from .common import codebooks_help, note, provider_options, verbose_option
 @provider_options
 @verbose_option
 @guard
+@unwinds_on_sigterm
 def tokenize_cmd(inputs, model_dir, out_dir, engine, address, workers, batch, codebooks, shard_rows,
                  provider, fallback, options, verbose) -> None:
     """Tokenize a corpus: audio files, folders, globs, manifests (.txt, .csv, .jsonl, .parquet

@@ -102,6 +102,8 @@ def check_graph(path: Path) -> dict:
         model = onnx.shape_inference.infer_shapes(model)
     except Exception as e:  # protobuf's DecodeError, onnx's InferenceError, OSError: no common base
         raise ModelFileError(f"{path}: not a readable ONNX model ({str(e).splitlines()[0]})") from e
+    if not model.graph.node or not model.graph.output:  # (an empty file parses as an empty model)
+        raise ModelFileError(f"{path}: not an ONNX model (no graph in it); pass a file codec-export wrote")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     verdicts = [_mobile(model, ep) for ep in MOBILE_EPS] + [_directml(model)] + \
         [Verdict(**v) for v in web_verdicts(model)]

@@ -36,7 +36,7 @@ def from_orpheus(flat: np.ndarray) -> list[np.ndarray]:
     if flat.dtype.kind not in "ui":
         raise CodesError(f"an Orpheus sequence holds integer codes, got {flat.dtype}")
     flat = flat[None] if flat.ndim == 1 else flat
-    if flat.ndim != 2 or flat.shape[1] == 0 or flat.shape[1] % 7:
+    if flat.ndim != 2 or 0 in flat.shape or flat.shape[1] % 7:
         raise CodesError(f"an Orpheus sequence is 7 codes a coarse frame, [channels, 7 * frames]; got "
                          f"shape {list(flat.shape)}")
     g = flat.reshape(flat.shape[0], -1, 7).astype(np.int64)
@@ -55,7 +55,8 @@ def write(path: Path, arrays: Sequence[np.ndarray], fields: dict) -> None:
 
 
 def read(path: Path) -> tuple[list[np.ndarray], dict]:
+    flat = read_npy(path, CodesError)  # (its errors name the file)
     try:
-        return from_orpheus(read_npy(path, CodesError)), {}
+        return from_orpheus(flat), {}
     except CodesError as e:
         raise CodesError(f"{path}: {e}") from None
