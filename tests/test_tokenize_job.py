@@ -185,6 +185,26 @@ def test_a_run_that_wrote_no_row_claims_no_folder(tmp_path, smoke_exports):
         run([str(tmp_path / "corpus")], a, out)  # now it holds codes: they are never mixed
 
 
+def test_a_ray_address_nobody_answers_is_refused_at_once(tmp_path, smoke_exports, monkeypatch):
+    """ray.init retried an address no head listens on for minutes (its C++ logs printing), after
+    the output folder was claimed: now one line at once, and nothing made."""
+    import socket
+
+    from codecport.tokenize.driver import tokenize as run
+
+    make_corpus(tmp_path / "corpus", 1)
+    with socket.socket() as s:  # a port bound but never listened on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        for given in ({"address": f"127.0.0.1:{port}"}, {"env": f"ray://127.0.0.1:{port}"}):
+            if "env" in given:
+                monkeypatch.setenv("RAY_ADDRESS", given["env"])
+            with pytest.raises(registry.CodecportError, match=f"cannot reach the Ray cluster at .*127.0.0.1:{port}"):
+                run([str(tmp_path / "corpus")], smoke_exports[CODECS[0]], tmp_path / "out", engine="ray",
+                    address=given.get("address"))
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_link_keeps_its_own_id(tmp_path):
     """A Hugging Face snapshot: its files are links into a blobs folder outside it. A link's id is
     its own place (the target's name is a hash), given as a folder or as a pattern."""

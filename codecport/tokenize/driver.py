@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -72,6 +73,10 @@ def tokenize(inputs: list[str], model_dir: str | Path, out_dir: str | Path, *, e
         batch = max([b for sizes in codec.batches.values() for b in sizes], default=1)
     settings = replace(base, batch=batch, codebooks=codec.codebooks(codebooks))
     Batcher(codec, batch).check()
+    if engine == "ray" and (address or os.environ.get("RAY_ADDRESS")):  # before the folder is claimed
+        from .raydata import check_reachable
+
+        check_reachable(address or os.environ["RAY_ADDRESS"])
     out = OutputDir(Path(out_dir), codec, settings.codebooks)
     items = read_inputs(inputs)  # a wrong input path is refused before the folder is made
     with out.lock():

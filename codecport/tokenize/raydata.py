@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import re
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,6 +58,19 @@ def _ray():
     except ImportError as e:
         raise CodecportError(f"the ray engine needs Ray Data ({e}); pip install 'codecport[ray]'") from e
     return ray
+
+
+def check_reachable(address: str) -> None:
+    """A `host:port` (or `ray://host:port`) that no one answers on is refused at once: ray.init
+    retries it for minutes, printing its C++ logs meanwhile."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return  # "auto" and the like: Ray's to resolve
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except (OSError, OverflowError) as e:
+        raise CodecportError(f"cannot reach the Ray cluster at {address} ({getattr(e, 'strerror', None) or e}); "
+                             "is its head node running? check --address / RAY_ADDRESS") from None
 
 
 def run_ray(todo: list[Item], settings, address: str | None, workers: int | None, per_task: int,
