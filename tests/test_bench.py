@@ -200,6 +200,15 @@ def test_bench_runs_rustymimi_on_the_released_config(tmp_path, released_mimi):
     assert "rustymimi streaming encode_step (1 × 80 ms frame a step, 1 steps)" in proc.stdout
 
 
+@pytest.mark.parametrize("command", [["dac", "--preset", "tiny"], ["serve", "mimi", "--preset", "tiny"],
+                                     ["web", "--codec", "dac", "--preset", "tiny"]])
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(tmp_path, command):
+    """It was written after the whole run (minutes), and then failed."""
+    proc = bench(*command, "--json", tmp_path, "--dir", tmp_path / "b")
+    assert proc.returncode == 1 and proc.stderr == f"error: --json {tmp_path} is a folder; pass a file name\n"
+    assert not (tmp_path / "b").exists()
+
+
 def test_bench_frames_is_for_mimi(tmp_path):
     proc = bench("dac", "--preset", "tiny", "--frames", "2", "--dir", tmp_path / "b")
     assert proc.returncode == 2 and "--frames is for codecs with step graphs (mimi, snac)" in proc.stderr

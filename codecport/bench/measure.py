@@ -278,9 +278,18 @@ def run_report(work: Path | None, prefix: str, run: Callable[[Path], dict], line
 
     import click
 
-    from ..atomic import atomic_path
+    from ..atomic import atomic_path, ready_parent
     from ..errors import CodecportError
 
+    if json_out is not None:  # refused now, not after minutes of measuring
+        if json_out.is_dir():
+            click.echo(f"error: --json {json_out} is a folder; pass a file name", err=True)
+            sys.exit(1)
+        try:
+            ready_parent(json_out)
+        except CodecportError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
     tmp = None
     if work is None:
         tmp = tempfile.TemporaryDirectory(prefix=prefix)
