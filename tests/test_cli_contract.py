@@ -233,6 +233,18 @@ def test_an_output_that_would_replace_what_the_command_reads_is_refused(tiny_exp
     assert {p: p.read_bytes() for p in [audio, *model.iterdir()]} == before
 
 
+def test_encode_options_are_checked_before_the_audio_is_read(tiny_mimi_export, tmp_path):
+    """--codebooks and --mode were checked after the whole input was read and resampled: the
+    error came minutes late for a long file, after a resampling notice."""
+    audio = tmp_path / "clip.wav"
+    sf.write(audio, noise(3200).T, 16000)  # not the model's rate: it would be resampled first
+    for args, says in ((["--codebooks", "10000"], "--codebooks must be between 1 and"),
+                       (["--mode", "chunked"], "Mimi has no chunked mode")):
+        proc = run("codec-run", "encode", audio, "-m", tiny_mimi_export, "-o", tmp_path / "c.npz", *args)
+        assert proc.returncode == 1 and proc.stderr.splitlines() == [one_line_error(proc)], proc.stderr
+        assert says in proc.stderr and not (tmp_path / "c.npz").exists()
+
+
 def test_a_path_the_system_refuses_is_one_error_line(tiny_export, tmp_path):
     """A name past 255 bytes (ENAMETOOLONG) was an internal error from most commands; it is the
     user's path to change."""

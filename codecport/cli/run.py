@@ -63,13 +63,15 @@ def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fall
         raise CodesError(f"{out}: {spec.label} codes are written as {', '.join(spec.suffixes)}")
     source = FileSource(audio_in)
     codec = spec.runtime(model_dir, provider, fallback, options)
-    if lay is None and out.suffix == ".npy":  # refused before the work, not after
+    mode = codec.check_mode(mode)  # these three refused before the work, not after
+    codec.codebooks(codebooks)
+    if lay is None and out.suffix == ".npy":
         check_npy(out, codec.levels)
     ready_parent(out)
     if source.sample_rate != codec.input_rate:
         note(f"resampling {source.sample_rate} Hz -> {codec.input_rate} Hz (soxr)")
     t0 = time.perf_counter()
-    codes = codec.encode_source(source, codebooks, codec.check_mode(mode), True)
+    codes = codec.encode_source(source, codebooks, mode, True)
     took = time.perf_counter() - t0
     codes.save(out, layout)
     label = MODE_LABELS[codes.mode].format(chunk=codes.chunk_frames)
