@@ -149,6 +149,18 @@ def test_bad_inputs_of_the_job_are_one_line(tmp_path, smoke_exports, monkeypatch
         assert proc.returncode == 1 and proc.stderr.startswith(f"error: cannot write {out}"), proc.stderr
 
 
+def test_a_manifest_that_lists_nothing_is_refused_as_an_empty_folder_is(tmp_path):
+    """It was a job of nothing, exit 0, where an empty folder is an error."""
+    from codecport.tokenize.corpus import InputError, read_inputs
+
+    (tmp_path / "m.txt").write_text("# nothing yet\n\n")
+    (tmp_path / "m.jsonl").write_text("")
+    (tmp_path / "m.csv").write_text("path,id\n")
+    for name in ("m.txt", "m.jsonl", "m.csv"):
+        with pytest.raises(InputError, match=f"{name}: lists no file"):
+            read_inputs([str(tmp_path / name)])
+
+
 def test_a_manifest_may_begin_with_a_byte_order_mark(tmp_path):
     """As Excel's "CSV UTF-8" and Notepad write them: the mark is not part of the first name."""
     from codecport.tokenize.corpus import read_inputs

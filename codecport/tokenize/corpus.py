@@ -202,8 +202,12 @@ def _rows_of_manifest(path: Path) -> Iterator[dict]:
 
 def _manifest(path: Path) -> Iterator[Item]:
     base = path.parent
+    n = 0
     for n, row in enumerate(_rows_of_manifest(path), 1):
         yield _manifest_item(path, n, row.get("path"), row.get("id"), base)
+    if not n:  # as an empty folder is: a job of nothing is a mistake, not a success
+        raise InputError(f"{path}: lists no file (it is empty, or comments only); one path a line "
+                         "(.txt), or a 'path' column (.csv, .jsonl)")
 
 
 def _manifest_item(manifest: Path, n: int, value, id_value, base: Path) -> Item:
