@@ -20,6 +20,13 @@ import click
 
 from .errors import CodecportError
 
+# The largest size or count an option takes: what C code downstream (numpy's dimensions, a
+# socket's buffer, torch's sizes) reads as a 32-bit int; past it they fail with their own errors.
+INT_MAX = 2**31 - 1
+SEED_MAX = 2**32 - 1
+
+_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS,
+                errno.EDQUOT, errno.EISDIR, errno.ENOTDIR, errno.ENOENT}
 _state = {"verbose": False}
 
 
@@ -95,15 +102,6 @@ def guard(fn):
             internal_error(e)
 
     return wrapper
-
-
-# The largest size or count an option takes: what C code downstream (numpy's dimensions, a
-# socket's buffer, torch's sizes) reads as a 32-bit int; past it they fail with their own errors.
-INT_MAX = 2**31 - 1
-SEED_MAX = 2**32 - 1
-
-_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EROFS,
-                errno.EDQUOT, errno.EISDIR, errno.ENOTDIR, errno.ENOENT}
 
 
 def _first_line(e: BaseException) -> str:

@@ -271,34 +271,26 @@ def flat_codes(arrays) -> np.ndarray:
 def run_report(work: Path | None, prefix: str, run: Callable[[Path], dict], lines: Callable[[dict], list[str]],
                json_out: Path | None) -> dict:
     """A codec-bench command's frame: `run(work)` in `work` (a temp folder when None, removed
-    after), its table printed and its report written to `json_out`. A `CodecportError` is one
-    `error:` line and exit 1."""
+    after), its table printed and its report written to `json_out`. Its failures are
+    `CodecportError`s, which the commands' guard prints as one line."""
     import json
     import tempfile
 
     import click
 
     from ..atomic import atomic_path, ready_parent
-    from ..errors import CodecportError
+    from ..errors import OutputError
 
     if json_out is not None:  # refused now, not after minutes of measuring
         if json_out.is_dir():
-            click.echo(f"error: --json {json_out} is a folder; pass a file name", err=True)
-            sys.exit(1)
-        try:
-            ready_parent(json_out)
-        except CodecportError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(1)
+            raise OutputError(f"--json {json_out} is a folder; pass a file name")
+        ready_parent(json_out)
     tmp = None
     if work is None:
         tmp = tempfile.TemporaryDirectory(prefix=prefix)
         work = Path(tmp.name)
     try:
         report = run(work)
-    except CodecportError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(1)
     finally:
         if tmp is not None:
             tmp.cleanup()

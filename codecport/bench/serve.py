@@ -40,13 +40,13 @@ import numpy as np
 
 from .. import registry
 from ..export.targets import PRECISIONS
+from ..frontend import Finite, guard, unwinds_on_sigterm
 from ..version import __version__
 from .load import check_streams, duplex_of, open_folder, soak_run, trial
 from .measure import run_report
+from .prepare import build_folder, export_source_hash, fail, prepare, preset_of, stamped
 
 WARMUP_SECONDS = 3.0  # a trial per server before any is measured (no longer than a trial)
-from ..frontend import Finite, guard, unwinds_on_sigterm
-from .prepare import build_folder, export_source_hash, fail, prepare, preset_of, stamped
 
 
 @dataclass
