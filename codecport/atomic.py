@@ -19,7 +19,8 @@ def unwritable(path: Path, e: OSError) -> OutputError:
 def _no_file_above(path: Path) -> None:
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
-            raise OutputError(f"cannot write {path}: {parent} is a file, not a folder; pass another output path")
+            raise OutputError(f"cannot write {path}: {parent} is a file, not a folder; "
+                              "pass another output path")
 
 
 def ready_parent(path: Path) -> None:

@@ -64,7 +64,8 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
                                           weights_sha256="none")
     click.echo(f"export + validation: {time.perf_counter() - t0:.1f} s")
     for name, errs in report["validation"].items():
-        shown = ", ".join(f"{k}={v:.2e}" if "err" in k else "codes identical to torch" for k, v in errs.items())
+        shown = ", ".join(f"{k}={v:.2e}" if "err" in k else "codes identical to torch"
+                          for k, v in errs.items())
         click.echo(f"  {name:<16} {shown}")
 
     codec = codecport.load(out_dir / "model")
@@ -102,7 +103,8 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
     same = len(fixed) == len(want) and all(np.array_equal(a, b) for a, b in zip(fixed, want))
     n = min(onnx_audio.shape[1], want_audio.shape[1])
     click.echo(f"fixed graphs, {call_seconds:g} s: codes {'identical to' if same else 'DIFFER from'} torch, "
-               f"decoded audio max abs error vs torch {np.abs(onnx_audio[:, :n] - want_audio[:, :n]).max():.2e}")
+               "decoded audio max abs error vs torch "
+               f"{np.abs(onnx_audio[:, :n] - want_audio[:, :n]).max():.2e}")
     return same and tokens_ok
 
 
@@ -152,7 +154,8 @@ def _tokenize(codec, out_dir: Path) -> bool:
 
     corpus = out_dir / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
-    for i, (rate, seconds) in enumerate([(16000, 1.0), (22050, 1.5), (44100, 0.7), (48000, 2.0), (24000, 1.2)]):
+    for i, (rate, seconds) in enumerate([(16000, 1.0), (22050, 1.5), (44100, 0.7), (48000, 2.0),
+                                         (24000, 1.2)]):
         clip = _clip(rate, seconds)
         codecport.write_audio(corpus / f"clip{i}.wav", np.concatenate([clip, clip]) if i == 2 else clip, rate)
     (corpus / "broken.wav").write_bytes(b"RIFF not really a wav")

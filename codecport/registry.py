@@ -108,8 +108,8 @@ SLOTS = Option("--slots", int, None, "Also write step graphs that step this many
 
 # Fixed-length codecs whose model attends to the whole clip can write shorter graphs beside the main pair.
 BUCKETS = Option("--buckets", str, None, "Shorter fixed lengths also written, samples at the output rate, "
-                                         "comma-separated (e.g. 48000,96000): a clip runs through the shortest "
-                                         "graphs that hold it, with the same result, sooner.")
+                                         "comma-separated (e.g. 48000,96000): a clip runs through the "
+                                         "shortest graphs that hold it, with the same result, sooner.")
 
 BUILTIN = (
     CodecSpec(
@@ -151,7 +151,8 @@ BUILTIN = (
         smoke=("--preset", "tiny", "--len", "4000")),  # 0.5 s: 25 frames at the tiny preset's 8 kHz
     CodecSpec(
         "xcodec2", "XCodec2Codec", default_preset="xcodec2", export_options=(BUCKETS,), web=True,
-        smoke=("--preset", "tiny", "--len", "4000")),  # NeuCodec's model: its tiny preset, lined up as XCodec2
+        # NeuCodec's model: its tiny preset, lined up as XCodec2
+        smoke=("--preset", "tiny", "--len", "4000")),
 )
 
 _CODECS: dict[str, CodecSpec] = {spec.name: spec for spec in BUILTIN}

@@ -46,9 +46,11 @@ def main(folder: Path, seconds: float, runs: int) -> None:
         codes = bucketed.encode(x, rate)
         np.testing.assert_array_equal(codes.data, main_only.encode(x, rate).data)
         graph = bucketed._bucket("encoder", codes.data.shape[-1])
-        click.echo(f"{bucketed.label} {bucketed.preset}: a {seconds:g} s clip ({codes.data.shape[-1]} frames) through "
+        click.echo(f"{bucketed.label} {bucketed.preset}: a {seconds:g} s clip "
+                   f"({codes.data.shape[-1]} frames) through "
                    f"{graph[0]} ({graph[1]} frames) against the main graphs ({bucketed.frames} frames)")
-        times: dict[str, list[float]] = {k: [] for k in ("encode bucket", "encode main", "decode bucket", "decode main")}
+        times: dict[str, list[float]] = {k: [] for k in ("encode bucket", "encode main", "decode bucket",
+                                                         "decode main")}
         main_only.decode(codes.data)
         bucketed.decode(codes.data)
         for _ in range(runs):
@@ -59,7 +61,8 @@ def main(folder: Path, seconds: float, runs: int) -> None:
         med = {k: statistics.median(v) for k, v in times.items()}
         for side in ("encode", "decode"):
             ratios = [m / b for b, m in zip(times[f"{side} bucket"], times[f"{side} main"])]
-            click.echo(f"{side}: bucket {med[f'{side} bucket'] * 1000:.0f} ms, main {med[f'{side} main'] * 1000:.0f} ms "
+            click.echo(f"{side}: bucket {med[f'{side} bucket'] * 1000:.0f} ms, "
+                       f"main {med[f'{side} main'] * 1000:.0f} ms "
                        f"(medians of {runs}); main / bucket {statistics.median(ratios):.2f}x "
                        f"(min {min(ratios):.2f}, max {max(ratios):.2f}, call by call)")
 

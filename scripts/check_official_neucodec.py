@@ -40,8 +40,9 @@ def main() -> int:
     args = ap.parse_args()
     nc = official_neucodec()
     torch.manual_seed(0)
-    official = types.SimpleNamespace(generator=nc.codec_decoder_vocos.CodecDecoderVocos(hop_length=480).eval(),
-                                     fc_post_a=torch.nn.Linear(2048, 1024))
+    official = types.SimpleNamespace(
+        generator=nc.codec_decoder_vocos.CodecDecoderVocos(hop_length=480).eval(),
+        fc_post_a=torch.nn.Linear(2048, 1024))
     ours = NeuCodec(PRESETS["neucodec"]).eval()
     sd = {f"generator.{k}": v for k, v in official.generator.state_dict().items()}
     sd.update({f"fc_post_a.{k}": v for k, v in official.fc_post_a.state_dict().items()})
@@ -59,7 +60,8 @@ def main() -> int:
             return nc.NeuCodec.decode_code(official, torch.from_numpy(codes)).numpy()
 
     def mine():
-        return sess.run(None, {"levels": fsq.codes(codes[:, 0]), "mask": np.ones((1, 1, args.frames), np.float32)})[0]
+        return sess.run(None, {"levels": fsq.codes(codes[:, 0]),
+                               "mask": np.ones((1, 1, args.frames), np.float32)})[0]
 
     err = float(np.abs(mine() - theirs()).max())
     t_off, t_ours = [], []

@@ -440,7 +440,8 @@ def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_re
         facts = registry.get(dev.name).bench
         dec = dev.decode(Codes(base["codes_ref"]), mode=facts.fixed_mode, **facts.compare_noise)[0]
         codes = dev.encode(base["clip"], dev.input_rate, mode=facts.fixed_mode).arrays
-        out["device_vs_fp32_reference"] = {"encode": agreement(flat_codes(base["codes_ref"]), flat_codes(codes)),
+        out["device_vs_fp32_reference"] = {"encode": agreement(flat_codes(base["codes_ref"]),
+                                                               flat_codes(codes)),
                                            "decode": closeness(base["audio_ref"], dec)}
     return out
 

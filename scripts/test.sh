@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh export,dev,bench,coreml,ray,serve
 bash scripts/setup_web.sh
+# The tree's lint is part of the test command: a line ruff flags fails the run as a test would.
+.venv/bin/ruff check codecport tests scripts
 # Three processes, each taking whole test files (--dist loadfile): many tests wait on a process or
 # a page (a worker, a Ray cluster, Chromium), so on the 2-core machine three keep both cores
 # busier than two. The exports the files share are built once a run (tests/shared_exports.py).

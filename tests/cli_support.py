@@ -71,7 +71,8 @@ def invoke(tool: str, *args, env: dict | None = None) -> subprocess.CompletedPro
     return subprocess.CompletedProcess([tool, *argv], r.exit_code, r.stdout, r.stderr)
 
 
-def process(tool: str, *args, env: dict | None = None, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+def process(tool: str, *args, env: dict | None = None, timeout: float = 300,
+            **kw) -> subprocess.CompletedProcess:
     """`tool ARGS` as a user runs it: the installed console script, a process of its own."""
     return subprocess.run([str(BIN / tool), *map(str, args)], capture_output=True, text=True, check=False,
                           timeout=timeout, env=None if env is None else {**os.environ, **env}, **kw)

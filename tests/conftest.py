@@ -6,9 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from codecport.models.dac import DAC, PRESETS, init_random
+from codecport.models.mimi import PRESETS as MIMI_PRESETS
+from codecport.models.mimi import MimiModel
+from codecport.models.mimi import init_random as mimi_init_random
+
 pytest.register_assert_rewrite("shared_exports")  # a plugin (below) this file also imports from
 
-from shared_exports import (  # noqa: F401 (the constants the test files import from here)
+# E402: imported after the line above, which must come first for its asserts to be rewritten.
+from shared_exports import (  # noqa: E402, F401 (the constants the test files import from here)
     MIMI_TINY_FRAMES,
     MIMI_TINY_STEP,
     SMOKE_BATCH,
@@ -17,11 +23,6 @@ from shared_exports import (  # noqa: F401 (the constants the test files import 
     TINY_LEN,
 )
 
-from codecport.models.dac import DAC, PRESETS, init_random
-from codecport.models.mimi import PRESETS as MIMI_PRESETS
-from codecport.models.mimi import MimiModel
-from codecport.models.mimi import init_random as mimi_init_random
-
 # The exports every worker shares, the Mimi CLI tests' fixtures (shared by two test modules), and
 # the browser harness (Chromium, the tiny web exports).
 pytest_plugins = ["shared_exports", "mimi_cli_support", "web_support"]
@@ -29,8 +30,9 @@ pytest_plugins = ["shared_exports", "mimi_cli_support", "web_support"]
 # The files that take longest, in the order a worker should start them (scripts/test.sh passes
 # --no-loadscope-reorder so xdist keeps it): one begun last would leave the others idle while it
 # runs alone. The durations a run prints at its end show when this goes stale.
-LONGEST_FIRST = ["test_web.py", "test_web_windows.py", "test_web_distill.py", "test_tokenize_ray.py", "test_bench.py", "test_mimi_export.py", "test_tokenize.py",
-                 "test_bench_apps.py", "test_tokenize_job.py", "test_rustymimi.py", "test_api.py", "test_builds.py",
+LONGEST_FIRST = ["test_web.py", "test_web_windows.py", "test_web_distill.py", "test_tokenize_ray.py",
+                 "test_bench.py", "test_mimi_export.py", "test_tokenize.py", "test_bench_apps.py",
+                 "test_tokenize_job.py", "test_rustymimi.py", "test_api.py", "test_builds.py",
                  "test_serve.py", "test_dac_export.py"]
 
 

@@ -99,7 +99,8 @@ def exports(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProce
     """Every folder the tests use, exported through the CLI once a run (shared_exports.py)."""
     done = {}
     for name, args in EXPORTS.items():
-        folder = shared(tmp_path_factory, f"mimi-cli-{name}", lambda out, a=args: cli_export(out, *a, "--seed", 0))
+        folder = shared(tmp_path_factory, f"mimi-cli-{name}",
+                        lambda out, a=args: cli_export(out, *a, "--seed", 0))
         done[name] = folder, cli_output(folder)
     return done
 

@@ -126,7 +126,8 @@ def cli_export(folder: Path, *args) -> None:
 
 def cli_output(folder: Path) -> subprocess.CompletedProcess:
     """What `cli_export` printed making `folder`."""
-    return subprocess.CompletedProcess(["codec-export"], 0, folder.with_name(folder.name + ".stdout").read_text(),
+    return subprocess.CompletedProcess(["codec-export"], 0,
+                                       folder.with_name(folder.name + ".stdout").read_text(),
                                        folder.with_name(folder.name + ".stderr").read_text())
 
 
@@ -147,7 +148,8 @@ def tiny_export(tmp_path_factory, tiny_dac):
     from codecport.export.dac import export_dac
 
     return shared(tmp_path_factory, "dac-tiny", lambda out: export_dac(
-        tiny_dac, out, TINY_LEN, TINY_CHUNK, preset="tiny", weights="random-init seed 0", weights_sha256="none"))
+        tiny_dac, out, TINY_LEN, TINY_CHUNK, preset="tiny", weights="random-init seed 0",
+        weights_sha256="none"))
 
 
 @pytest.fixture(scope="session")
@@ -225,7 +227,8 @@ def released_mimi(tmp_path_factory) -> tuple[Path, Path]:
 
         model = init_random(MimiModel(PRESETS["mimi"]), seed=3).eval()
         folder.mkdir(parents=True)
-        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(folder / "mimi.safetensors"))
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+                  str(folder / "mimi.safetensors"))
         export_mimi(model, folder / "onnx", RELEASED_MIMI_FRAMES * model.cfg.frame_size, 1, preset="mimi",
                     weights="random-init seed 3", weights_sha256="none")
 

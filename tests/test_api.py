@@ -52,7 +52,8 @@ def test_load_gives_the_codec_and_its_facts(codecs, smoke_exports, name):
     assert (codec.name, codec.variant, codec.export_id) == (name, manifest["preset"], manifest["export_id"])
     assert codec.sample_rate == int(manifest["sample_rate"]) and codec.provider == "CPUExecutionProvider"
     assert codec.frame_rate == pytest.approx(codec.sample_rate / codec.frame_size)
-    assert codec.n_codebooks == manifest["n_codebooks"] and codec.codebook_size == int(manifest["codebook_size"])
+    assert codec.n_codebooks == manifest["n_codebooks"] and \
+        codec.codebook_size == int(manifest["codebook_size"])
     assert registry.get(name).bench.fixed_mode in codec.modes and len(codec.modes) >= 2
 
 
@@ -64,7 +65,8 @@ def test_encode_and_decode_any_shape_and_rate(codecs, name, channels, rate):
     n = int(0.05 * rate) + 7
     audio = noise(n, channels=channels or 1, seed=3)
     codes = codec.encode(audio[0] if channels is None else audio, rate)
-    assert (codes.codec, codes.sample_rate, codes.num_samples, codes.channels) == (name, rate, n, channels or 1)
+    assert (codes.codec, codes.sample_rate, codes.num_samples, codes.channels) == \
+        (name, rate, n, channels or 1)
     assert codes.export_id == codec.export_id and codes.mode in codec.modes
     assert len(codes.arrays) == codec.levels and codes.n_codebooks == codec.codebooks(None)
     assert all(a.dtype == np.int64 for a in codes.arrays)
@@ -190,7 +192,8 @@ def test_bad_input_through_the_api(codecs, name):
             codec.encode(audio, rate)
     codes = codec.encode(good, 16000)
     for bad, match in [
-        (codes.replace(arrays=tuple(a + codec.codebook_size for a in codes.arrays)), r"codes must be in \[0,"),
+        (codes.replace(arrays=tuple(a + codec.codebook_size for a in codes.arrays)),
+         r"codes must be in \[0,"),
         (codes.arrays[0].astype(np.float32), "integers"),
         (codes.replace(codec="other"), "these are other codes"),
         (codes.replace(preset="another"), "made by"),
@@ -266,9 +269,10 @@ def test_sigterm_midway_leaves_no_staging_folder_and_no_temporary_files(tmp_path
 
     out, tmp = tmp_path / "out", tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-c", "from codecport.cli import export_cli; export_cli()", "dac",
-                             "--preset", "tiny", "--len", "32000", "--random-init", "--precision", "fp16",
-                             "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", "from codecport.cli import export_cli; export_cli()",
+                             "dac", "--preset", "tiny", "--len", "32000", "--random-init",
+                             "--precision", "fp16", "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(tmp)})
     deadline = time.monotonic() + 120
     while not list(tmp.glob("codecport-*")) and proc.poll() is None and time.monotonic() < deadline:
@@ -276,10 +280,12 @@ def test_sigterm_midway_leaves_no_staging_folder_and_no_temporary_files(tmp_path
     assert proc.poll() is None, "the export ended before its build folder was seen"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == "error: terminated (SIGTERM)", err
+    assert proc.returncode == 128 + signal.SIGTERM and \
+        err.strip().splitlines()[-1] == "error: terminated (SIGTERM)", err
     assert "Traceback" not in err
     # (`.ses`, a session id of a library's, is written by every export, finished or not)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"] and [p.name for p in tmp.iterdir()] in ([], [".ses"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tmp"] and \
+        [p.name for p in tmp.iterdir()] in ([], [".ses"])
 
 
 def test_an_output_that_cannot_be_made_is_refused_before_the_export(tmp_path, monkeypatch):
@@ -298,7 +304,8 @@ def test_an_output_that_cannot_be_made_is_refused_before_the_export(tmp_path, mo
              "/proc/codecport-test": "cannot write /proc/codecport-test",
              ".": "is the current folder or one above it", "..": "is the current folder or one above it"}
     for out, said in cases.items():
-        r = CliRunner().invoke(export_cli, ["dac", "--preset", "tiny", "--len", "32000", "--random-init", "-o", out])
+        r = CliRunner().invoke(export_cli, ["dac", "--preset", "tiny", "--len", "32000", "--random-init",
+                                            "-o", out])
         assert r.exit_code == 1 and said in r.output and "Traceback" not in r.output, (out, r.output)
         assert "exported" not in r.output  # refused before the trace
     assert (tmp_path / "afile").read_text() == "mine" and list((tmp_path / "here").iterdir()) == []
@@ -309,7 +316,8 @@ def test_an_output_that_cannot_be_made_is_refused_before_the_export(tmp_path, mo
     exporter = registry.get("dac").module("export")
     monkeypatch.setattr(exporter, "export", lambda *a, **k: pytest.fail("traced before the -o check"))
     r = CliRunner().invoke(export_cli, ["dac", "--preset", "tiny", "--len", "32000", "--random-init"])
-    assert r.exit_code == 1 and "dac-tiny-32000 holds files that are not a codecport export" in r.output, r.output
+    assert r.exit_code == 1 and \
+        "dac-tiny-32000 holds files that are not a codecport export" in r.output, r.output
     monkeypatch.undo()
     # A link to a folder: the export fills the folder, and the user's link stays a link.
     (tmp_path / "models").mkdir()
@@ -346,11 +354,13 @@ def test_a_folder_codecport_0_2_wrote_still_loads(smoke_exports, tiny_snac, tmp_
     stored = json.loads((OLD / f"{name}.json").read_text())
     new = smoke_exports[name]
     samples = stored["manifest"].get("geometry", {}).get("samples")
-    if samples is not None and json.loads((new / "manifest.json").read_text())["geometry"]["samples"] != samples:
+    if samples is not None and \
+            json.loads((new / "manifest.json").read_text())["geometry"]["samples"] != samples:
         # The smoke export is shorter now (DAC's): today's graphs at the length 0.2 exported
         # (`codec-export` in this process: the smoke exports' own command, at that length).
         def export(folder: Path) -> None:
-            proc = invoke("codec-export", name, "--preset", "tiny", "--len", samples, "--random-init", "-o", folder)
+            proc = invoke("codec-export", name, "--preset", "tiny", "--len", samples, "--random-init",
+                          "-o", folder)
             assert proc.returncode == 0, proc.stderr
 
         new = shared(tmp_path_factory, f"{name}-0.2-length", export)

@@ -18,7 +18,8 @@ from shared_exports import shared
 
 BIN = Path(sys.executable).parent
 QUICK = ("--peak-seconds", "0.05")  # the GEMM peak measured briefly: the report needs it, not its value
-SECONDS = 0.1  # audio a call on the tiny configs: the reports' structure does not depend on it, their cost does
+# audio a call on the tiny configs: the reports' structure does not depend on it, their cost does
+SECONDS = 0.1
 
 pytestmark = pytest.mark.bench
 
@@ -62,8 +63,8 @@ def test_bench_report_structure(tmp_path_factory, tmp_path, monkeypatch, codec):
     if mimi:
         env = _fake_moshi(tmp_path / "site", "raise ImportError(\"No module named 'sentencepiece'\")\n")
         monkeypatch.syspath_prepend(str(tmp_path / "site"))  # the bench looks for moshi in its own process
-    own = (["--precision", "int8", "--frames", "2", "--rounds", "2", "--plot", str(tmp_path / "b.png")] if mimi
-           else ["--contender", "torch", "--memory", "0.02"])
+    own = (["--precision", "int8", "--frames", "2", "--rounds", "2", "--plot", str(tmp_path / "b.png")]
+           if mimi else ["--contender", "torch", "--memory", "0.02"])
     proc = bench(codec, "--preset", "tiny", "--seconds", SECONDS, "--dir", work, *QUICK, "--runs", "1",
                  "--steps", "3", "--long", "3", "--contender", "rustymimi", "--contender", "official",
                  "--precision", "fp32", *own, "--json", str(out), env=env)
@@ -73,7 +74,8 @@ def test_bench_report_structure(tmp_path_factory, tmp_path, monkeypatch, codec):
     assert report["flops"]["encode"] > 0 and report["flops"]["decode"] > 0
     ran = report["contenders"]
     int8, eager, rounds = mimi, not mimi, 2 if mimi else 1
-    official, why_official = (("moshi", "moshi is installed but does not import (No module named 'sentencepiece')")
+    official, why_official = (("moshi",
+                               "moshi is installed but does not import (No module named 'sentencepiece')")
                               if mimi else ("descript-audio-codec", "protobuf<3.20"))
     ours = ["onnx-cpu", *(["onnx-cpu-int8"] if int8 else []), *(["torch-eager"] if eager else [])]
     assert set(ran) == {*ours, "rustymimi", official}
@@ -113,13 +115,15 @@ def test_bench_report_structure(tmp_path_factory, tmp_path, monkeypatch, codec):
     if mimi:
         p = ran["onnx-cpu"]["streaming"]["encode_step"]
         assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"]
-        assert ran["onnx-cpu"]["streaming"]["steps"] == 6 and len(p["seconds"]) == 6  # 3 steps in each of 2 rounds
+        # 3 steps in each of 2 rounds
+        assert ran["onnx-cpu"]["streaming"]["steps"] == 6 and len(p["seconds"]) == 6
         assert len(p["round_p50_ms"]) == 2 and "p50 by round" in proc.stdout
         # Two frames a step: the step graphs were exported for it, and the cost per frame shown.
         assert ran["onnx-cpu"]["streaming"]["frames_per_step"] == 2
         assert ran["onnx-cpu"]["streaming"]["frame_ms"] == 1  # the tiny config: 24 samples at 24 kHz
         assert "2 × 1 ms frames a step" in proc.stdout and "per frame p50" in proc.stdout
-        assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # --plot (matplotlib is in [bench])
+        # --plot (matplotlib is in [bench])
+        assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert ("round 2 of 2" in proc.stdout) == (rounds == 2)
     if not int8:  # --memory: the real encode and decode commands, decode from the codec's own codes file
         mem = {m["direction"]: m for m in report["memory"]}
@@ -129,7 +133,8 @@ def test_bench_report_structure(tmp_path_factory, tmp_path, monkeypatch, codec):
         assert "codec-run encode of 0.02 min of a 44.1 kHz stereo WAV: peak RSS" in proc.stdout
         assert "onnx-cpu vs torch-eager" in proc.stdout
     else:
-        assert "onnx-cpu-int8 decoder deviation from fp32" in proc.stdout and "onnx-cpu-int8 vs onnx-cpu" in proc.stdout
+        assert "onnx-cpu-int8 decoder deviation from fp32" in proc.stdout and \
+            "onnx-cpu-int8 vs onnx-cpu" in proc.stdout
     assert "skipped" in proc.stdout
 
 
@@ -150,8 +155,9 @@ def test_bench_plot_without_matplotlib_fails_at_once(tmp_path, monkeypatch):
 def test_pool_summarises_the_rounds_together():
     from codecport.bench.measure import percentiles, pool, summary
 
-    a = {"encode": summary([1.0, 3.0], 2.0), "streaming": {"steps": 2, "encode_step": percentiles([0.001, 0.002]),
-                                                          "decode_step": percentiles([0.001, 0.001])},
+    a = {"encode": summary([1.0, 3.0], 2.0),
+         "streaming": {"steps": 2, "encode_step": percentiles([0.001, 0.002]),
+                       "decode_step": percentiles([0.001, 0.001])},
          "peak_rss_mb": 10.0, "provider": "x"}
     b = {"encode": summary([2.5], 2.0), "streaming": {"steps": 1, "encode_step": percentiles([0.009]),
                                                      "decode_step": percentiles([0.001])},
@@ -278,11 +284,13 @@ def _fake_moshi(root: Path, loaders: str) -> dict:
     (root / "moshi" / "models" / "__init__.py").write_text("")
     (root / "moshi" / "models" / "loaders.py").write_text(loaders)
     (root / "moshi-0.0.1.dist-info").mkdir()
-    (root / "moshi-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: moshi\nVersion: 0.0.1\n")
+    (root / "moshi-0.0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: moshi\n"
+                                                             "Version: 0.0.1\n")
     return {**os.environ, "PYTHONPATH": str(root)}
 
 
-def test_bench_official_contender_is_moshi_on_the_same_weights_and_config(tmp_path_factory, tmp_path, monkeypatch):
+def test_bench_official_contender_is_moshi_on_the_same_weights_and_config(tmp_path_factory, tmp_path,
+                                                                          monkeypatch):
     from codecport.models.mimi import PRESETS
     from codecport.models.mimi_weights import moshi_config
 
@@ -301,7 +309,8 @@ def test_bench_official_contender_is_moshi_on_the_same_weights_and_config(tmp_pa
     assert r["version"] == "0.0.1" and r["encode"]["rtf_median"] > 0 and r["decode"]["rtf_median"] > 0
     assert r["streaming"]["steps"] == 3 and r["streaming"]["encode_step"]["p95_ms"] > 0
     assert r["codes_equal_pct"]["pct"] == 100
-    assert set(report["speedups"]["onnx-cpu vs moshi"]) == {"encode", "decode", "encode_step p95", "decode_step p95"}
+    assert set(report["speedups"]["onnx-cpu vs moshi"]) == {"encode", "decode", "encode_step p95",
+                                                            "decode_step p95"}
     assert "moshi streaming decode_step" in proc.stdout
 
 
@@ -349,8 +358,8 @@ def test_bench_official_dac_runs_in_the_interpreter_given(tmp_path_factory, tmp_
     (site / "dac" / "model" / "dac.py").write_text(FAKE_DAC)
     out = tmp_path / "report.json"
     work = bench_folder(tmp_path_factory, tmp_path, "dac")
-    cmd = ["dac", "--preset", "tiny", "--seconds", SECONDS, "--dir", work, *QUICK, "--runs", "1", "--long", "0",
-           "--contender", "official", "--official-python", sys.executable, "--json", out]
+    cmd = ["dac", "--preset", "tiny", "--seconds", SECONDS, "--dir", work, *QUICK, "--runs", "1",
+           "--long", "0", "--contender", "official", "--official-python", sys.executable, "--json", out]
     proc = bench(*cmd, env={"PYTHONPATH": str(site)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     r = json.loads(out.read_text())["contenders"]["descript-audio-codec"]
@@ -362,7 +371,8 @@ def test_bench_official_dac_runs_in_the_interpreter_given(tmp_path_factory, tmp_
     # The same interpreter without the package: skipped, saying it does not import there.
     proc = bench(*cmd)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "does not import with" in json.loads(out.read_text())["contenders"]["descript-audio-codec"]["skipped"]
+    assert "does not import with" in \
+        json.loads(out.read_text())["contenders"]["descript-audio-codec"]["skipped"]
 
 
 def test_official_python_is_for_dac(tmp_path):
@@ -385,7 +395,8 @@ def test_unfold_weight_norm_is_what_torch_weight_norm_folds_back():
     sd = {"a.weight": conv.weight.detach(), "a.bias": conv.bias.detach(), "t.weight": tconv.weight.detach(),
           "codebook.weight": torch.randn(16, 8), "alpha": torch.rand(1, 3, 1)}
     official = unfold_weight_norm(sd)
-    assert {"a.weight_g", "a.weight_v", "t.weight_g", "t.weight_v", "codebook.weight", "alpha"} <= set(official)
+    assert {"a.weight_g", "a.weight_v", "t.weight_g", "t.weight_v", "codebook.weight", "alpha"} <= \
+        set(official)
     assert "a.weight" not in official and "t.weight" not in official
     for stem, module in (("a", torch.nn.Conv1d(3, 5, 7)), ("t", torch.nn.ConvTranspose1d(4, 2, 6))):
         with warnings.catch_warnings():  # deprecated, but it is the one the official layers use

@@ -21,9 +21,9 @@ def test_bench_tokenize_runs_every_local_contender_and_reports_ratios(tmp_path):
     a run). Its Ray contenders are the same command with --engine ray, which test_tokenize_ray
     runs."""
     out = tmp_path / "tok.json"
-    proc = bench("tokenize", "--codec", "mimi", "--preset", "tiny", "--len", "0.1", "--batch", "2", "--clips", "1",
-                 "--min-seconds", "0.1", "--max-seconds", "0.3", "--slices", "1", "--short-clips", "1", "--no-ray",
-                 "--json", out)
+    proc = bench("tokenize", "--codec", "mimi", "--preset", "tiny", "--len", "0.1", "--batch", "2",
+                 "--clips", "1", "--min-seconds", "0.1", "--max-seconds", "0.3", "--slices", "1",
+                 "--short-clips", "1", "--no-ray", "--json", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert set(report["results"]) == {"torch-loop", "local b1", "local b2"}
@@ -62,8 +62,9 @@ def test_bench_serve_ramps_every_configuration_and_soaks(tmp_path):
     measured three times (on fixed graphs of 0.1 s); the soak's well-behaved streams (no longer
     than the soak) are checked against single streams and every slot is free after it."""
     out = tmp_path / "serve.json"
-    args = ("serve", "snac", "--preset", "tiny", "--slots", "1", "--slots", "2", "--precision", "fp32", "--seconds", "0.2",
-            "--len", "0.1", "--max-streams", "1", "--soak", "0.01", "--dir", tmp_path / "w", "--json", out)
+    args = ("serve", "snac", "--preset", "tiny", "--slots", "1", "--slots", "2", "--precision", "fp32",
+            "--seconds", "0.2", "--len", "0.1", "--max-streams", "1", "--soak", "0.01",
+            "--dir", tmp_path / "w", "--json", out)
     # On a thread of its own: a browser test before this file may leave an event loop running on
     # the main thread, under which the command's asyncio.run would not start.
     with ThreadPoolExecutor(1) as pool:
@@ -74,7 +75,8 @@ def test_bench_serve_ramps_every_configuration_and_soaks(tmp_path):
     for c in report["configs"].values():
         assert c["exit_code"] == 0 and c["trials"] and 0 <= c["held"] <= 1
         for t in c["trials"].values():
-            assert t["frames"] > 0 and (t["n_errors"] > 0 or t["latency_ms"]["p99"] >= t["latency_ms"]["p50"] > 0)
+            assert t["frames"] > 0 and \
+                (t["n_errors"] > 0 or t["latency_ms"]["p99"] >= t["latency_ms"]["p50"] > 0)
     assert len(report["bound"]["fp32"]) == 3 and all(b["streams"] > 0 for b in report["bound"]["fp32"])
     soak = report["soak"]
     assert soak["health_after"]["slots"]["active"] == 0 and soak["check"]["checked"] > 0
@@ -107,6 +109,7 @@ def test_bench_serve_batches_only_codecs_with_step_graphs():
     from codecport.bench.cli import main
 
     r = CliRunner().invoke(main, ["serve", "neucodec", "--slots", "1", "--slots", "8"])
-    assert r.exit_code == 2 and "NeuCodec has no step graphs" in r.stderr and "--slots 1" in r.stderr, r.stderr
+    assert r.exit_code == 2 and "NeuCodec has no step graphs" in r.stderr and \
+        "--slots 1" in r.stderr, r.stderr
     r = CliRunner().invoke(main, ["serve", "dac"])
     assert r.exit_code == 2 and "'dac' is not one of" in r.stderr, r.stderr

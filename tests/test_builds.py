@@ -156,7 +156,8 @@ def test_every_target_and_precision(codec, target, precision, dac_stage, mimi_st
             assert any(n.op_type == "DequantizeLinear" for n in dec.graph.node)
             # Weights of 7 bits: x86 int8 kernels without VNNI saturate on full-range ones
             # (precision.to_int8), and the deviation measured here would not hold there.
-            weights = [numpy_helper.to_array(i) for i in dec.graph.initializer if i.data_type == TensorProto.INT8]
+            weights = [numpy_helper.to_array(i) for i in dec.graph.initializer
+                       if i.data_type == TensorProto.INT8]
             assert weights and max(int(np.abs(w.astype(np.int16)).max()) for w in weights) <= 64
 
     # The folder runs through the runtime as written.
@@ -238,7 +239,8 @@ def test_int8_calibrates_on_the_users_audio(dac_stage, tmp_path):
     finish_export(default, dac_stage["models"], dac_stage["rvq"], dac_stage["manifest"],
                   Build("cpu", "int8"), probe)
     scales = lambda d: sorted(float(numpy_helper.to_array(i).ravel()[0]) for i in
-                              onnx.load(str(d / "decoder.onnx")).graph.initializer if i.name.endswith("_scale"))
+                              onnx.load(str(d / "decoder.onnx")).graph.initializer
+                              if i.name.endswith("_scale"))
     assert scales(out) != scales(default)
 
 
@@ -294,7 +296,8 @@ def test_conv_to_2d_is_the_same_conv():
     w = numpy_helper.from_array(rng.standard_normal((6, 2, 5)).astype(np.float32), "w")
     conv = helper.make_node("Conv", ["x", "w"], ["y"], strides=[2], dilations=[3], group=2,
                             kernel_shape=[5])
-    graph = helper.make_graph([conv], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 40])],
+    graph = helper.make_graph([conv], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 40])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 14])],
                               initializer=[w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])

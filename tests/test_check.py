@@ -118,9 +118,12 @@ def test_cli(tmp_path, tiny_mimi_export):
     out = tmp_path / "report.json"
     proc = invoke("codec-export", "check", tiny_mimi_export, "--json", out)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("directml") == 10 and "coreml-mlprogram" in proc.stdout and "webgpu" in proc.stdout
+    assert proc.stdout.count("directml") == 10 and "coreml-mlprogram" in proc.stdout and \
+        "webgpu" in proc.stdout
     assert [Path(r["file"]).name for r in json.loads(out.read_text())] == \
-        ["decoder.onnx", "decoder_slots.onnx", "decoder_slots_s1.onnx", "decoder_slots_s2.onnx", "decoder_step.onnx",
-         "encoder.onnx", "encoder_slots.onnx", "encoder_slots_s1.onnx", "encoder_slots_s2.onnx", "encoder_step.onnx"]
+        ["decoder.onnx", "decoder_slots.onnx", "decoder_slots_s1.onnx", "decoder_slots_s2.onnx",
+         "decoder_step.onnx",
+         "encoder.onnx", "encoder_slots.onnx", "encoder_slots_s1.onnx", "encoder_slots_s2.onnx",
+         "encoder_step.onnx"]
     proc = invoke("codec-export", "check", tmp_path / "nope")
     assert proc.returncode == 1 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr

@@ -70,9 +70,11 @@ def test_output_suffix_is_checked_before_the_model_is_loaded(smoke_exports, tmp_
     line = one_line_error(run("codec-run", "encode", wav, "-m", model, "-o", tmp_path / "c.flac"))
     assert "codes are written as" in line
     np.save(tmp_path / "c.npy", np.zeros((1, 1, 2), np.int64))
-    line = one_line_error(run("codec-run", "decode", tmp_path / "c.npy", "-m", model, "-o", tmp_path / "o.mp5"))
+    line = one_line_error(run("codec-run", "decode", tmp_path / "c.npy", "-m", model,
+                              "-o", tmp_path / "o.mp5"))
     assert "not an audio format codecport writes" in line
-    line = one_line_error(run("codec-run", "decode", tmp_path / "c.npy", "-m", model, "-o", tmp_path / "o.wav"))
+    line = one_line_error(run("codec-run", "decode", tmp_path / "c.npy", "-m", model,
+                              "-o", tmp_path / "o.wav"))
     assert "not a loadable model" in line and not (tmp_path / "o.wav").exists()
 
 
@@ -129,18 +131,21 @@ def test_an_output_that_cannot_be_written_is_one_line(smoke_exports, tmp_path, n
     wav = tmp_path / "in.wav"
     sf.write(wav, noise(3000).T, 16000)
     (tmp_path / "c.npz").mkdir()
-    line = one_line_error(run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", tmp_path / "c.npz"))
+    line = one_line_error(run("codec-run", "encode", wav, "-m", smoke_exports[name],
+                              "-o", tmp_path / "c.npz"))
     assert "is a folder" in line and (tmp_path / "c.npz").is_dir()
     line = one_line_error(run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", wav / "c.npz"))
     assert "in.wav is a file, not a folder" in line and sf.info(str(wav)).frames == 3000
     line = one_line_error(run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", "/proc/c.npz"))
     assert "cannot write /proc/c.npz" in line
-    assert run("codec-run", "encode", wav, "-m", smoke_exports[name], "-o", tmp_path / "ok.npz").returncode == 0
+    assert run("codec-run", "encode", wav, "-m", smoke_exports[name],
+               "-o", tmp_path / "ok.npz").returncode == 0
     codes = tmp_path / "ok.npz"
     line = one_line_error(run("codec-run", "decode", codes, "-m", smoke_exports[name], "-o", wav / "o.wav"))
     assert "in.wav is a file, not a folder" in line
     (tmp_path / "o.wav").mkdir()
-    line = one_line_error(run("codec-run", "decode", codes, "-m", smoke_exports[name], "-o", tmp_path / "o.wav"))
+    line = one_line_error(run("codec-run", "decode", codes, "-m", smoke_exports[name],
+                              "-o", tmp_path / "o.wav"))
     assert "is a folder" in line
 
 
@@ -162,7 +167,8 @@ def test_running_out_of_memory_is_one_line_that_says_what_to_shrink(monkeypatch,
     """A job past the machine's memory (numpy's MemoryError, or torch's allocator failing as a
     RuntimeError: an export of a --len of hours, a huge --step-frames) is the user's to shrink:
     `error:`, exit 1, not an internal error. A RuntimeError of anything else still is one."""
-    for raised, code, said in ((MemoryError("Unable to allocate 745. GiB"), 1, "error: out of memory (Unable"),
+    for raised, code, said in ((MemoryError("Unable to allocate 745. GiB"), 1,
+                                "error: out of memory (Unable"),
                                (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried"), 1,
                                 "error: out of memory (DefaultCPUAllocator"),
                                (RuntimeError("a bug"), 2, "internal error: RuntimeError: a bug")):
@@ -288,7 +294,8 @@ def test_an_absurd_mimi_config_is_refused_before_a_model_is_built(tmp_path):
     (folder / "config.json").write_text(json.dumps({"model_type": "mimi", "hidden_size": 8192,
                                                     "num_hidden_layers": 128, "intermediate_size": 65536}))
     (folder / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
-    line = one_line_error(run("codec-export", "mimi", "--len", 960, "--weights", folder, "-o", tmp_path / "o"))
+    line = one_line_error(run("codec-export", "mimi", "--len", 960, "--weights", folder,
+                              "-o", tmp_path / "o"))
     assert "G parameters" in line
 
 
@@ -297,7 +304,8 @@ def test_export_help_needs_no_torch(name):
     """--help is built from the registry and the torch-free config modules."""
     code = ("import sys\nsys.modules['torch'] = None\nsys.modules['onnx'] = None\n"
             f"from codecport.cli import export_cli\nexport_cli.main(['{name}', '--help'])")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     assert "--preset" in proc.stdout and all(p in proc.stdout for p in registry.get(name).presets)
     assert export_cli.commands[name].name == name
@@ -344,5 +352,6 @@ def test_sigterm_midway_through_a_decode_leaves_no_partial_file(tiny_export, tmp
     assert proc.poll() is None, f"the decode ended before its temporary file was seen: {proc.communicate()}"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM and err.strip().splitlines()[-1] == "error: terminated (SIGTERM)", err
+    assert proc.returncode == 128 + signal.SIGTERM and \
+        err.strip().splitlines()[-1] == "error: terminated (SIGTERM)", err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.npy"]

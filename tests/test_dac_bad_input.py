@@ -305,8 +305,8 @@ def test_export_mobile_int8_and_run_it(tmp_path):
 
 
 def test_windows_option_on_the_command_line(tmp_path, out_dir, tiny_export, geometry):
-    """`--provider-option parallel=N` (or its old name `windows`) reaches the runtime: a bad value is a one-line error, and
-    one window at a time writes the same audio as the default."""
+    """`--provider-option parallel=N` (or its old name `windows`) reaches the runtime: a bad value
+    is a one-line error, and one window at a time writes the same audio as the default."""
     size = int(json.loads((tiny_export / "manifest.json").read_text())["codebook_size"])
     codes = save_codes(tmp_path / "codes.npy", np.random.default_rng(0).integers(
         0, size, (1, 4, 3 * geometry["chunk_frames"])))

@@ -55,7 +55,8 @@ def test_info(model_dir):
     out = cli("codec-run", "info", model_dir).stdout
     assert out.startswith(f"{model_dir}: dac tiny, 16000 Hz")
     for name in GRAPHS:
-        assert f"{model_dir / name}: {name.split('.')[0].split('_')[0]} {'chunked' if 'chunked' in name else 'fixed'}" in out
+        assert f"{model_dir / name}: {name.split('.')[0].split('_')[0]} " \
+            f"{'chunked' if 'chunked' in name else 'fixed'}" in out
     info = json.loads(cli("codec-run", "info", model_dir, "--json").stdout)
     assert info["manifest"]["codec"] == "dac" and info["manifest"]["preset"] == "tiny"
     assert sorted(Path(p).name for p in info["graphs"]) == sorted(GRAPHS)

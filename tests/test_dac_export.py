@@ -136,7 +136,8 @@ def test_a_short_chunk_len_is_refused_before_the_released_weights_are_fetched(mo
 
     monkeypatch.setattr(registry.get("dac").module("weights"), "load", load)
     for args in (("--preset", "24khz"), ("--weights", "16khz"), ("--random-init",)):
-        proc = invoke("codec-export", "dac", *args, "--len", "48000", "--chunk-len", "4000", "-o", tmp_path / "no")
+        proc = invoke("codec-export", "dac", *args, "--len", "48000", "--chunk-len", "4000",
+                      "-o", tmp_path / "no")
         assert proc.returncode == 1 and "receptive field" in proc.stderr and not fetched, (args, proc.stderr)
     assert not (tmp_path / "no").exists()
     # A window past the receptive field goes on to the weights; a file's config is read from it.

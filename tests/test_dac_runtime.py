@@ -169,7 +169,8 @@ def test_parallel_windows_give_the_same_bits(codec, tiny_export, windows):
     audio = noise(9 * TINY_CHUNK + 7, channels=2, seed=3)
     codes = codec.encode(audio, 16000, mode="chunked").data
     np.testing.assert_array_equal(other.encode(audio, 16000, mode="chunked").data, codes)
-    np.testing.assert_array_equal(other.decode(codes, mode="chunked")[0], codec.decode(codes, mode="chunked")[0])
+    np.testing.assert_array_equal(other.decode(codes, mode="chunked")[0],
+                                  codec.decode(codes, mode="chunked")[0])
     threads = other.graph("decoder_chunked").session.get_session_options().intra_op_num_threads
     assert threads == (0 if windows == "1" else max(1, cpu_cores() // 3))  # 0: ORT's default
     assert other.graph("decoder").session.get_session_options().intra_op_num_threads == 0

@@ -53,7 +53,8 @@ def test_graph_features_are_the_numpy_ones_on_the_masked_clip(pad, extra):
     mask = np.zeros((1, 1, frames), np.float32)
     mask[..., :valid] = 1
     with torch.no_grad():
-        got = FbankFeatures(pad, 320, extra)(torch.from_numpy(x[None, None]), torch.from_numpy(mask)).numpy()[0]
+        got = FbankFeatures(pad, 320, extra)(torch.from_numpy(x[None, None]),
+                                             torch.from_numpy(mask)).numpy()[0]
     assert got.shape == (frames, 160)
     np.testing.assert_allclose(got[:valid], Fbank().features(np.pad(clip, pad)), atol=1e-4, rtol=0)
     assert not got[valid:].any()

@@ -115,7 +115,8 @@ def test_dac_fields_are_checked(tmp_path, meta, match):
     good = {"input_db": np.array([-20.0], np.float32), "original_length": 600, "sample_rate": 16000,
             "chunk_length": 100, "channels": 1, "padding": True, "dac_version": "1.0.0"}
     with open(tmp_path / "c.dac", "wb") as f:
-        np.save(f, {"codes": np.zeros((1, 4, 100), np.uint16), "metadata": {**good, **meta}}, allow_pickle=True)
+        np.save(f, {"codes": np.zeros((1, 4, 100), np.uint16), "metadata": {**good, **meta}},
+                allow_pickle=True)
     with pytest.raises(CodesError, match=match):
         load_codes(tmp_path / "c.dac")
 
@@ -177,7 +178,8 @@ def _zip_bomb(path: Path, inflated: int) -> None:
     np.lib.format.write_array_header_1_0(header, {"descr": "<i8", "fortran_order": False,
                                                   "shape": (1, 1, (inflated - 128) // 8)})
     head = header.getvalue()
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z, z.open("codes_0.npy", "w", force_zip64=True) as f:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z, \
+            z.open("codes_0.npy", "w", force_zip64=True) as f:
         f.write(head)
         zeros = bytes(1 << 24)
         left = (inflated - 128) // 8 * 8
@@ -340,15 +342,17 @@ def test_a_wav_past_4_gib_is_written_as_rf64(tmp_path):
 
 
 # ---- checkpoint configs --------------------------------------------------------------------
-JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40) | st.floats(allow_nan=True)
-                       | st.text(max_size=5), lambda inner: st.lists(inner, max_size=4), max_leaves=6)
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 40)
+                       | st.floats(allow_nan=True) | st.text(max_size=5),
+                       lambda inner: st.lists(inner, max_size=4), max_leaves=6)
 
 
 @FAST
 @given(conf=st.dictionaries(st.sampled_from(
     ["sampling_rate", "upsampling_ratios", "hidden_size", "num_filters", "num_hidden_layers", "_frame_rate",
      "intermediate_size", "num_attention_heads", "sliding_window", "codebook_size", "num_quantizers",
-     "rope_parameters", "vector_quantization_hidden_dimension", "kernel_size", "compress"]), JSONISH, max_size=6))
+     "rope_parameters", "vector_quantization_hidden_dimension", "kernel_size", "compress"]),
+    JSONISH, max_size=6))
 # Found by this test: the ratios' product, taken before they were checked, repeated the inner list
 # 88 billion times (a test process was killed for memory at 22 GB).
 @example(conf={"upsampling_ratios": [[88061255015, True], 88061255015, None, None], "hidden_size": True})
@@ -457,7 +461,8 @@ def test_a_npz_of_code_arrays_only_decodes_as_bare_codes(tmp_path, smoke_exports
     assert got.bare and [a.tolist() for a in got.arrays] == [a.tolist() for a in codes.arrays]
     out = tmp_path / "o.wav"
     noise = ["--no-noise"] if codec.draws_noise else []
-    result = CliRunner().invoke(run_cli, ["decode", str(path), "-m", str(smoke_exports[name]), "-o", str(out), *noise])
+    result = CliRunner().invoke(run_cli, ["decode", str(path), "-m", str(smoke_exports[name]),
+                                          "-o", str(out), *noise])
     assert result.exit_code == 0, result.output
     assert f"names no codec: decoding it as bare {codec.label} codes" in result.output
     want, _ = codec.decode(codes.replace(sample_rate=None, num_samples=None, loudness_db=None),

@@ -46,7 +46,8 @@ def test_the_reference_is_torch_istft_inside_the_trim():
     # centre=True trims n_fft/2 from the front, "same" (n_fft - hop)/2: ours is hop/2 later.
     shift = (n_fft // 2) - (n_fft - hop) // 2
     inner = slice(n_fft, (t - 1) * hop - n_fft)
-    torch.testing.assert_close(ours[:, inner.start + shift:inner.stop + shift], centred[:, inner], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours[:, inner.start + shift:inner.stop + shift], centred[:, inner],
+                               atol=1e-5, rtol=1e-5)
 
 
 class _Head(torch.nn.Module):
@@ -62,7 +63,8 @@ def test_the_graph_is_plain_ops_every_target_takes_whole(tmp_path):
     n_fft, hop, t = 1920, 480, 25  # NeuCodec's head, half a second
     m = IstftSame(n_fft, hop)
     f = n_fft // 2 + 1
-    spec = GraphSpec("istft", _Head(m), [Tensor("mag", (1, f, t), "float32"), Tensor("phase", (1, f, t), "float32")],
+    spec = GraphSpec("istft", _Head(m),
+                     [Tensor("mag", (1, f, t), "float32"), Tensor("phase", (1, f, t), "float32")],
                      [Tensor("audio", (1, t * hop), "float32")])
     model = to_onnx(spec)
     static_check(model, spec)  # static shapes, no ConvTranspose, no Conv pads

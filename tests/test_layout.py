@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1] / "codecport"
 # runtime and the torch models sit side by side and never import each other; the applications
 # (tokenize, serve) never import the front ends (cli, bench) nor each other.
 LAYERS = {
-    "codecport.errors": 0, "codecport.version": 0, "codecport.atomic": 0.5,  # atomic raises errors' OutputError
+    # atomic raises errors' OutputError
+    "codecport.errors": 0, "codecport.version": 0, "codecport.atomic": 0.5,
     "codecport.frontend": 0.5,  # every front end's one-line errors (click, errors)
     "codecport.runtime": 1, "codecport.models": 1,
     "codecport.export": 2,
@@ -149,7 +150,8 @@ def test_the_runtime_imports_no_torch():
         if layer(name)[0] == "codecport.runtime":
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, (ast.Import, ast.ImportFrom)):
-                    mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                    mods = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                            else [node.module or ""])
                     assert not any(m.split(".")[0] in ("torch", "onnx", "onnxsim") for m in mods), \
                         f"{path.name}:{node.lineno} imports {mods}"
 
@@ -163,7 +165,8 @@ def test_help_loads_neither_onnxruntime_nor_torch(command):
     code = (f"import sys\nfrom {module} import {group}\n"
             f"try:\n    {group}.main({args!r}, prog_name='x')\nexcept SystemExit:\n    pass\n"
             "print('LOADED', sorted(m for m in ('onnxruntime', 'torch', 'onnx') if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=True)
     assert "Usage:" in proc.stdout and proc.stdout.strip().endswith("LOADED []"), proc.stdout[-500:]
 
 

@@ -41,7 +41,8 @@ def test_export_writes_the_folder(exports):
 
 def test_info_says_mimi(model_dir):
     out = cli("codec-run", "info", model_dir).stdout
-    assert out.startswith(f"{model_dir}: mimi tiny, 24000 Hz, 1000 frames/s, 4 codebooks of 64, quantizer numpy")
+    assert out.startswith(f"{model_dir}: mimi tiny, 24000 Hz, 1000 frames/s, 4 codebooks of 64, "
+                          "quantizer numpy")
     for name in GRAPHS:
         assert f"{model_dir / name}: {name.split('.')[0].split('_')[0]}" in out
     info = json.loads(cli("codec-run", "info", model_dir, "--json").stdout)

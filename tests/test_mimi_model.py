@@ -18,9 +18,9 @@ from safetensors.torch import load_file, save_file
 
 from codecport.errors import CheckpointError
 from codecport.models import mimi_weights
-from codecport.models.layers import StreamState
 from codecport.models.mimi import PRESETS, MimiModel, init_random
 from codecport.models.mimi_weights import config_from_transformers, load_mimi
+from codecport.models.streaming import StreamState
 
 TINY = PRESETS["tiny"]
 SHORT, LONG = 20, 200  # code frames; LONG is 400 transformer positions, past the 250-position window
@@ -273,7 +273,7 @@ def test_streaming_equals_whole_clip(tiny_mimi, one_thread, step):
 
 def test_rows_stepped_together_are_each_a_stream_alone(tiny_mimi, one_thread):
     """Several streams a step (the slot graphs): the SEANet lays the rows end to end on the time
-    axis (one conv over all of them, layers.fold_rows), each with its own context, offset and
+    axis (one conv over all of them, streaming.fold_rows), each with its own context, offset and
     first-step padding. Every row equals its stream stepped alone; the rows start at different
     steps, so their contexts and offsets differ."""
     model, cfg = tiny_mimi, tiny_mimi.cfg
@@ -415,8 +415,8 @@ def test_transformers_projection_of_the_wrong_shape(hf_folder, tmp_path):
     sd = load_file(folder / "model.safetensors")
     sd["decoder_transformer.layers.0.self_attn.v_proj.weight"] = torch.zeros(7, 5)
     save_file(sd, folder / "model.safetensors")
-    with pytest.raises(CheckpointError, match=r"decoder_transformer\.layers\.0\.self_attn\.v_proj\.weight has "
-                                              r"shape \(7, 5\), the config's hidden_size asks for"):
+    with pytest.raises(CheckpointError, match=r"decoder_transformer\.layers\.0\.self_attn\.v_proj\.weight "
+                                              r"has shape \(7, 5\), the config's hidden_size asks for"):
         load_mimi(str(folder))
 
 

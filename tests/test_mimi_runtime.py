@@ -115,7 +115,7 @@ def test_any_length(codec, tiny_mimi, n):
     assert np.abs(out - _torch_audio(tiny_mimi, codes)).max() <= 1e-4
 
 
-# ---- stream() (the encoder and decoder streams in one) ---------------------------------------------------------------------------
+# ---- stream() (the encoder and decoder streams in one) ----------------------------------------
 def _feed_audio(stream, audio: np.ndarray, chunk: int) -> np.ndarray:
     pieces, fed = [], 0
     for i in range(0, len(audio), chunk):

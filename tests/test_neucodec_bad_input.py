@@ -122,7 +122,8 @@ def test_audio_of_absurd_amplitude_is_refused_not_encoded(model, tmp_path):
     codec = codecport.load(model)
     with pytest.raises(AudioError, match="samples reach"):
         codec.encode(noise(3000) * np.float32(1e30), 16000)
-    with pytest.raises(AudioError, match="samples reach"):  # what every encoder stream (Mimi's, a server's) takes
+    # what every encoder stream (Mimi's, a server's) takes
+    with pytest.raises(AudioError, match="samples reach"):
         as_pcm(np.full(4, -1e20, np.float32))
     # Past the reader: an encoder output that overflowed anyway is refused, not quantized or written.
     with pytest.raises(AudioError, match="not finite"):

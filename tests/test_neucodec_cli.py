@@ -49,7 +49,8 @@ def test_a_clip_past_the_graphs_is_windowed_or_refused(smoke_exports, tmp_path):
     model, long = smoke_exports["neucodec"], tmp_path / "long.wav"
     sf.write(long, noise(40000, seed=3)[0], 16000, subtype="FLOAT")  # 2.5 s; the graphs hold 0.5 s
     proc = run("encode", long, "-m", model, "-o", tmp_path / "f.npz", "--mode", "fixed")
-    assert proc.returncode == 1 and "re-export with --len 20000 or more" in proc.stderr and not (tmp_path / "f.npz").exists()
+    assert proc.returncode == 1 and "re-export with --len 20000 or more" in proc.stderr and \
+        not (tmp_path / "f.npz").exists()
     proc = run("encode", long, "-m", model, "-o", tmp_path / "w.npz")
     assert proc.returncode == 0 and "[cross-faded windows, not the whole-clip result]" in proc.stdout
     assert codecport.load_codes(tmp_path / "w.npz").data.shape == (1, 1, 125)

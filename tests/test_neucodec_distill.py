@@ -61,8 +61,9 @@ def pair():
 
     nc = official_neucodec()
     torch.manual_seed(0)
-    hubert = HubertConfig(num_hidden_layers=2, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
-                          conv_bias=False, feat_extract_norm="group", do_stable_layer_norm=False)
+    hubert = HubertConfig(num_hidden_layers=2, hidden_size=768, num_attention_heads=12,
+                          intermediate_size=3072, conv_bias=False, feat_extract_norm="group",
+                          do_stable_layer_norm=False)
     one_block = functools.partial(nc.codec_decoder_vocos.CodecDecoderVocos, depth=1)
     with mock.patch.object(nc.model, "CodecDecoderVocos", one_block), \
             mock.patch.object(nc.model.HubertModel, "from_pretrained", lambda *a, **k: HubertModel(hubert)), \
@@ -97,14 +98,17 @@ def test_the_local_attention_over_several_windows_is_the_officials():
     d = dataclasses.replace(cfg.distill, heads=6)  # the official builder's heads
     torch.manual_seed(1)
     official = torch.nn.Module()
-    official.encoder = ce.Encoder(feature_dim=d.feature, strides=cfg.enc_strides[:-1], depths=d.depths, dims=d.dims)
+    official.encoder = ce.Encoder(feature_dim=d.feature, strides=cfg.enc_strides[:-1], depths=d.depths,
+                                  dims=d.dims)
     official.en_encoder = ce.CompressedLocalEncoderWithCache(
         feature_dim=d.feature, local_window_size=d.window, compress_rate=cfg.enc_strides[-1], cache_size=0,
         depth=d.depth, use_dynamic_pos_bias=True)
     ours = DistillCodecEncoder(d, cfg.enc_strides).eval()
-    sd = {k: v + 0.1 * torch.randn(v.shape) if v.is_floating_point() else v for k, v in official.state_dict().items()}
+    sd = {k: v + 0.1 * torch.randn(v.shape) if v.is_floating_point() else v
+          for k, v in official.state_dict().items()}
     official.load_state_dict(sd)
-    ours.load_state_dict(fold_weight_norm({k: v for k, v in official.state_dict().items() if not ours.unused(k)}))
+    ours.load_state_dict(fold_weight_norm({k: v for k, v in official.state_dict().items()
+                                           if not ours.unused(k)}))
     x = torch.from_numpy(noise(25 * 320, seed=11))[None]
     with torch.no_grad():
         want = ce.DistillCodecEncoder.forward(official.eval(), x)
@@ -127,8 +131,10 @@ def test_official_parity_encode_code(pair):
     long, short = noise(24000 + 123, seed=3), noise(9000, seed=4)  # 1.5 s and a bit, 0.56 s at 16 kHz
     with torch.no_grad():
         padded, values = _prepared(long)
-        torch.testing.assert_close(ours.codec_encoder(padded), official.codec_encoder(padded), atol=2e-4, rtol=1e-4)
-        torch.testing.assert_close(ours.semantic_model(values), official.semantic_model(values).last_hidden_state,
+        torch.testing.assert_close(ours.codec_encoder(padded), official.codec_encoder(padded),
+                                   atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(ours.semantic_model(values),
+                                   official.semantic_model(values).last_hidden_state,
                                    atol=1e-4, rtol=1e-4)
         for audio in (long, short):
             want = official.encode_code(torch.from_numpy(audio)[None]).numpy()  # [1, 1, F]
@@ -156,7 +162,8 @@ def test_raw_values_are_transformers_feature_extractor(normalize):
 
     clip = torch.from_numpy(noise(9000 + 320 - 9000 % 320, seed=6))
     fe = Wav2Vec2FeatureExtractor(do_normalize=normalize)
-    want = fe(torch.nn.functional.pad(clip, (160, 160)), sampling_rate=16000, return_tensors="pt").input_values
+    want = fe(torch.nn.functional.pad(clip, (160, 160)), sampling_rate=16000,
+              return_tensors="pt").input_values
     got = raw_values(clip[0].numpy(), 160, normalize)
     assert got.dtype == np.float32 and got.shape == (1, clip.shape[-1] + 320)
     np.testing.assert_array_equal(got, want.reshape(1, -1).numpy())
@@ -184,7 +191,8 @@ def test_export_is_validated_and_portable(tiny_folder):
 
     model = onnx.load(str(tiny_folder / "encoder.onnx"))
     shapes = {tuple(t.dims) for t in model.graph.initializer}
-    windows = {(m.heads, m.window) for m in NeuCodec(PRESETS["tiny-distill"]).modules() if isinstance(m, LocalAttention)}
+    windows = {(m.heads, m.window) for m in NeuCodec(PRESETS["tiny-distill"]).modules()
+               if isinstance(m, LocalAttention)}
     assert len(windows) == 2 and not {(h, 1, w, 2 * w) for h, w in windows} & shapes, shapes
     # codec-bench's split of the encoder's time (BenchFacts.parts) finds the distilled encoder's parts.
     from codecport import registry
@@ -250,7 +258,8 @@ def official_files(model: NeuCodec, heads: int, normalize: bool) -> dict[str, by
     prefix = "semantic_model."
     bin_sd = _normed({k: v for k, v in sd.items() if not k.startswith(prefix)}, "codec_encoder.")
     bin_sd["codec_encoder.en_encoder.cache_token"] = torch.zeros(1, 0, model.cfg.distill.feature)
-    hub = _normed({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}, "encoder.pos_conv_embed.", 2)
+    hub = _normed({k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)},
+                  "encoder.pos_conv_embed.", 2)
     hub["masked_spec_embed"] = torch.rand(model.cfg.semantic_dim)
     buf = io.BytesIO()
     torch.save(bin_sd, buf)
@@ -261,7 +270,8 @@ def official_files(model: NeuCodec, heads: int, normalize: bool) -> dict[str, by
               "num_conv_pos_embedding_groups": h.pos_groups, "layer_norm_eps": 1e-5}
     return {"bin": buf.getvalue(), "hubert": save_safetensors(hub), "repo": DISTILL_REPO,
             "config.json": json.dumps(config).encode(),
-            "preprocessor_config.json": json.dumps({"do_normalize": normalize, "sampling_rate": 16000}).encode()}
+            "preprocessor_config.json": json.dumps({"do_normalize": normalize,
+                                                    "sampling_rate": 16000}).encode()}
 
 
 def test_release_by_name_reads_distilhuberts_weights_and_configs(env, tmp_path):  # noqa: F811
@@ -281,8 +291,9 @@ def test_release_by_name_reads_distilhuberts_weights_and_configs(env, tmp_path):
              f["repo"]: {"main": {"model.safetensors": f["hubert"], "config.json": f["config.json"],
                                   "preprocessor_config.json": f["preprocessor_config.json"]}}}
     with hubs(repos) as (url, h):
-        proc = subprocess.run([sys.executable, "-c", LOAD, "distill", str(tmp_path / "sd.pt")], capture_output=True,
-                              text=True, env={**env, "HF_ENDPOINT": url}, timeout=120, check=False)
+        proc = subprocess.run([sys.executable, "-c", LOAD, "distill", str(tmp_path / "sd.pt")],
+                              capture_output=True, text=True, env={**env, "HF_ENDPOINT": url},
+                              timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (got["heads"], got["normalize"]) == (1, False)  # the configs', not the preset's (2, True)
@@ -292,7 +303,8 @@ def test_release_by_name_reads_distilhuberts_weights_and_configs(env, tmp_path):
     for k, v in tiny.state_dict().items():
         torch.testing.assert_close(sd[k], v, rtol=1e-6, atol=1e-7)
     assert sorted(h[f["repo"]].gets) == sorted(f"/{f['repo']}/resolve/main/{n}" for n in
-                                               ("model.safetensors", "config.json", "preprocessor_config.json"))
+                                               ("model.safetensors", "config.json",
+                                                "preprocessor_config.json"))
 
 
 def test_a_folder_needs_distilhuberts_configs(tmp_path):
@@ -314,15 +326,18 @@ def test_a_folder_needs_distilhuberts_configs(tmp_path):
     (sub / "preprocessor_config.json").write_bytes(f["preprocessor_config.json"])
     model, _ = load(str(tmp_path))
     assert model.cfg == PRESETS["tiny-distill"]
-    (sub / "config.json").write_text(json.dumps({**json.loads(f["config.json"]), "do_stable_layer_norm": True}))
+    (sub / "config.json").write_text(json.dumps({**json.loads(f["config.json"]),
+                                                 "do_stable_layer_norm": True}))
     with pytest.raises(CheckpointError, match="do_stable_layer_norm is True; codecport computes"):
         load(str(tmp_path))
     # A DistilHuBERT without the projection's LayerNorm, as its config says.
     from safetensors.torch import load as load_safetensors
     from safetensors.torch import save as save_safetensors
 
-    (sub / "config.json").write_text(json.dumps({**json.loads(f["config.json"]), "feat_proj_layer_norm": False}))
-    hub = {k: v for k, v in load_safetensors(f["hubert"]).items() if not k.startswith("feature_projection.layer_norm.")}
+    (sub / "config.json").write_text(json.dumps({**json.loads(f["config.json"]),
+                                                 "feat_proj_layer_norm": False}))
+    hub = {k: v for k, v in load_safetensors(f["hubert"]).items()
+           if not k.startswith("feature_projection.layer_norm.")}
     (sub / "model.safetensors").write_bytes(save_safetensors(hub))
     model, _ = load(str(tmp_path))
     assert not model.cfg.distill.hubert.proj_norm

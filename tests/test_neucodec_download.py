@@ -50,7 +50,8 @@ def hubs(repos: dict[str, dict]) -> Iterator[tuple[str, dict[str, Hub]]]:
                     self.end_headers()
                     return
                 conn = http.client.HTTPConnection(back.url.removeprefix("http://"), timeout=30)
-                conn.request(method, self.path, headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
+                conn.request(method, self.path,
+                             headers={k: v for k, v in self.headers.items() if k.lower() != "host"})
                 resp = conn.getresponse()
                 body = resp.read()
                 conn.close()
@@ -99,15 +100,16 @@ else:
 
 
 def _load(weights: str, env: dict, out: Path, preset: str = "", revision: str = "") -> dict:
-    proc = subprocess.run([sys.executable, "-c", LOAD, weights, preset, revision, str(out)], capture_output=True,
-                          text=True, env=env, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-c", LOAD, weights, preset, revision, str(out)],
+                          capture_output=True, text=True, env=env, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
 def env(tmp_path) -> dict:
-    out = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
+    out = {k: v for k, v in os.environ.items()
+           if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
     return {**out, "HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
             "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1"}
 
@@ -174,7 +176,8 @@ def test_release_by_name_fetches_both_repos(files, env, tiny, tmp_path):
         assert_same(torch.load(tmp_path / "sd.pt"), tiny)
         assert h[REPO].gets == [f"/{REPO}/resolve/main/{WEIGHTS_FILE}"]
         assert h[SEMANTIC_REPO].gets == [f"/{SEMANTIC_REPO}/resolve/main/{SEMANTIC_FILE}"]
-        assert len(list(Path(env["HF_HOME"]).rglob(f"snapshots/{COMMITS['main']}/*"))) == 2  # the shared cache
+        # the shared cache
+        assert len(list(Path(env["HF_HOME"]).rglob(f"snapshots/{COMMITS['main']}/*"))) == 2
         # A revision picks NeuCodec's file only: w2v-BERT stays at main (its repo has no v1).
         v1 = _load("neucodec", env, tmp_path / "v1.pt", preset="tiny", revision="v1")
         assert v1["sha"] == hashlib.sha256(files["v1"] + files["w2v"]).hexdigest()
@@ -184,7 +187,8 @@ def test_release_by_name_fetches_both_repos(files, env, tiny, tmp_path):
         assert torch.equal(sd[f"{PREFIX}feature_projection.projection.weight"],
                            tiny.semantic_model.feature_projection.projection.weight)  # from w2v-BERT's repo
         wrong = _load("neucodec", env, tmp_path / "x.pt", preset="neucodec")
-        assert "not a checkpoint of preset neucodec" in wrong["error"] and "fc_post_a.weight" in wrong["error"]
+        assert "not a checkpoint of preset neucodec" in wrong["error"] and \
+            "fc_post_a.weight" in wrong["error"]
 
 
 def test_revision_is_for_released_names(tmp_path):

@@ -47,7 +47,8 @@ def test_the_nnapi_build_runs_whole_on_nnapi(smoke_exports, tmp_path):
 
     before = check_graph(smoke_exports["neucodec"] / "decoder.onnx")["eps"]["nnapi"]
     assert not before["full"] and "ReduceSum" in before["reasons"]
-    report = build_of_folder(registry.get("neucodec"), smoke_exports["neucodec"], tmp_path / "n", Build("nnapi"))
+    report = build_of_folder(registry.get("neucodec"), smoke_exports["neucodec"], tmp_path / "n",
+                             Build("nnapi"))
     assert report["deviation"]["encoder"]["code_agreement_pct"] == 100.0
     assert report["deviation"]["decoder"]["snr_db"] > 90
     for name in ("decoder", "encoder"):
@@ -137,7 +138,8 @@ def test_buckets_run_a_clip_through_the_shortest_graphs_that_hold_it(smoke_expor
         np.testing.assert_allclose(bucketed.decode(codes.data)[0], main.decode(codes.data)[0], atol=1e-6)
     dev = json.loads((int8 / "manifest.json").read_text())["deviation"]
     assert set(dev) == set(manifest["validation"]) and all(d["snr_db"] > 0 for d in dev.values())
-    for buckets, match in (("4000", "shorter than --len"), ("800,x", "separated by commas"), ("0", "positive")):
+    for buckets, match in (("4000", "shorter than --len"), ("800,x", "separated by commas"),
+                           ("0", "positive")):
         proc = invoke("codec-export", "neucodec", "--preset", "tiny", "--random-init", "--len", "4000",
                       "--buckets", buckets, "-o", tmp_path / "no")
         assert proc.returncode == 1 and match in proc.stderr and not (tmp_path / "no").exists(), proc.stderr

@@ -28,7 +28,8 @@ def pair():
     with skipped_init():  # both take `init_random`'s weights below
         generator = nc.codec_decoder_vocos.CodecDecoderVocos(hop_length=480).eval()
         fc_post_a = torch.nn.Linear(2048, 1024)
-        cfg = PRESETS["neucodec"]  # the decoder at the released size; the semantic model it never reads, small
+        # the decoder at the released size; the semantic model it never reads, small
+        cfg = PRESETS["neucodec"]
         ours = NeuCodec(dataclasses.replace(cfg, semantic=dataclasses.replace(cfg.semantic, layers=1,
                                                                                 intermediate=8)))
     official = types.SimpleNamespace(generator=generator, fc_post_a=fc_post_a)

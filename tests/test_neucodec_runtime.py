@@ -50,13 +50,15 @@ def test_a_longer_clip_goes_through_windows_each_a_clip_alone(codec, reference):
     window, overlap, hop = codec.frames, codec.overlap, 320
     step = window - overlap
     x = noise(3 * window * hop + 77, seed=9)[0]
-    with pytest.raises(CodesError, match=r"75 frames \(1.50 s\) are more than .* re-export with --len 12000 or more, or pass the windowed mode"):
+    with pytest.raises(CodesError, match=r"75 frames \(1.50 s\) are more than .* re-export with "
+                                         r"--len 12000 or more, or pass the windowed mode"):
         codec.encode(x, 16000, mode="fixed")
     codes = codec.encode(x, 16000)
     assert codes.mode == "windowed" and codes.data.shape == (1, 1, x.size // hop)
     # Window k encodes its audio alone and keeps its frames from the middle of each overlap.
     for k, start in enumerate(range(0, x.size // hop - overlap, step)):
-        alone = torch_codes(reference, torch.from_numpy(x[start * hop:(start + window) * hop])[None, None], 1)[0]
+        alone = torch_codes(reference,
+                            torch.from_numpy(x[start * hop:(start + window) * hop])[None, None], 1)[0]
         lo = 0 if k == 0 else overlap // 2
         hi = min(step + overlap // 2, x.size // hop - start)
         np.testing.assert_array_equal(codes.data[..., start + lo:start + hi], alone[..., lo:hi])

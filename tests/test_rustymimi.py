@@ -85,7 +85,7 @@ def test_step_graphs_equal_rustymimi_streaming(released, tokenizer, clip):
                                       err_msg=f"step {i}")
         codes.append(c)
     tokenizer.reset()
-    for i, c in enumerate(codes):
+    for c in codes:
         ours.append(stream.decode_step(c[None]))
         theirs.append(tokenizer.decode_step(np.ascontiguousarray(c[None].astype(np.uint32)))[0, 0])
     np.testing.assert_allclose(np.concatenate(ours), np.concatenate(theirs), atol=1e-4)

@@ -119,11 +119,13 @@ def test_an_end_after_all_the_output_still_gets_done(mimi, mimi_codec, op):
         async with await connect(mimi.url, op, codebooks=4) as c:
             if not empty:
                 await (c.send_codes(codes) if op == "decode" else c.send_pcm(x))
-                want = {"encode": [codes.shape[1], 0], "decode": [0, x.size], "duplex": [codes.shape[1], x.size]}
+                want = {"encode": [codes.shape[1], 0], "decode": [0, x.size],
+                        "duplex": [codes.shape[1], x.size]}
                 have = [0, 0]  # code frames, samples
                 while have != want[op]:
                     piece = await c.receive(timeout=10)
-                    have[piece.kind == "audio"] += piece.data[0].shape[1] if piece.kind == "codes" else piece.data.size
+                    have[piece.kind == "audio"] += (piece.data[0].shape[1] if piece.kind == "codes"
+                                                    else piece.data.size)
             await c.end()
             assert await c.receive(timeout=10) is None and c.done is not None
 
@@ -189,7 +191,8 @@ def _clients_that_come_and_go(mimi, mimi_codec):
     async def encoder(i):
         await asyncio.sleep(0.03 * i)
         async with await connect(mimi.url, "encode", codebooks=1 + i % 4) as c:
-            return await stream(c, chunks(xs[i], [int(rng.integers(10, 900)) for _ in range(4)]), interval=0.002)
+            return await stream(c, chunks(xs[i], [int(rng.integers(10, 900)) for _ in range(4)]),
+                                interval=0.002)
 
     async def decoder(i):
         await asyncio.sleep(0.05 * i)
@@ -360,7 +363,8 @@ def test_more_clients_than_slots_are_told_busy(tiny_mimi_export, tmp_path, mimi_
 
 def test_the_queue_waits_for_a_slot_then_times_out(tiny_mimi_export, tmp_path, mimi_codec):
     x = noise(1000, seed=7)[0]
-    with serving(tiny_mimi_export, tmp_path / "log", "--slots", 1, "--queue", 1, "--queue-timeout", 1) as server:
+    with serving(tiny_mimi_export, tmp_path / "log", "--slots", 1, "--queue", 1,
+                 "--queue-timeout", 1) as server:
         async def go():
             first = await connect(server.url, "encode")
             waiting = asyncio.ensure_future(connect(server.url, "encode"))
@@ -392,8 +396,9 @@ class RawSocket:
         self.sock.settimeout(timeout)
         self.sock.connect((parts.hostname, parts.port))
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall(f"GET /stream HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\nConnection: "
-                          f"Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+        self.sock.sendall(f"GET /stream HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
+                          f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                          "Sec-WebSocket-Version: 13\r\n\r\n".encode())
         self.buf = b""
         while b"\r\n\r\n" not in self.buf:
             self.buf += self.sock.recv(4096)
@@ -447,7 +452,8 @@ def test_a_slow_reader_is_warned_then_dropped_and_nobody_waits(tiny_mimi_export,
     """Output waiting for a client past half of --max-backlog is a warning (ahead of the backlog it
     warns of); past all of it, the client is dropped. Another stream meanwhile is exact and on time."""
     codes = np.random.default_rng(8).integers(0, mimi_codec.codebook_size, (4, 40000))
-    with serving(tiny_mimi_export, tmp_path / "log", "--max-backlog", 1 << 18, "--send-buffer", 4096) as server:
+    with serving(tiny_mimi_export, tmp_path / "log", "--max-backlog", 1 << 18,
+                 "--send-buffer", 4096) as server:
         def metrics() -> dict:
             text = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
             return {k: float(v) for k, v in re.findall(r"^codec_serve_(\S+) (\S+)$", text, re.MULTILINE)}
@@ -467,7 +473,8 @@ def test_a_slow_reader_is_warned_then_dropped_and_nobody_waits(tiny_mimi_export,
         warned.send(json.dumps({"op": "end"}))
         audio, texts, close = warned.rest()
         assert close == 1000 and texts[-1]["op"] == "done" and texts[:-1], texts
-        assert all(t["op"] == "warning" and t["code"] == "behind" and t["backlog"] > 1 << 17 for t in texts[:-1])
+        assert all(t["op"] == "warning" and t["code"] == "behind" and t["backlog"] > 1 << 17
+                   for t in texts[:-1])
         assert np.array_equal(audio, ref_decode(mimi_codec, codes[:, :sent]))
 
         # Dropped: never reads, while another stream runs.
@@ -506,9 +513,10 @@ def test_health_and_metrics(mimi):
     for name in ("slots", "active_slots", "frames_total", "step_seconds", "drops_total", "errors_total",
                  "busy_total"):
         assert f"# TYPE codec_serve_{name} " in text
-    buckets = [int(v) for v in re.findall(r'^codec_serve_step_seconds_bucket\{side="encoder",le="[^"]+"\} (\d+)$',
-                                          text, re.MULTILINE)]
-    count = int(re.search(r'^codec_serve_step_seconds_count\{side="encoder"\} (\d+)$', text, re.MULTILINE).group(1))
+    buckets = [int(v) for v in re.findall(r'^codec_serve_step_seconds_bucket\{side="encoder",'
+                                          r'le="[^"]+"\} (\d+)$', text, re.MULTILINE)]
+    count = int(re.search(r'^codec_serve_step_seconds_count\{side="encoder"\} (\d+)$', text,
+                          re.MULTILINE).group(1))
     assert buckets == sorted(buckets) and buckets[-1] == count > 0
     assert re.search(r'^codec_serve_errors_total\{code="bad_request"\} [1-9]', text, re.MULTILINE)
 
@@ -521,7 +529,8 @@ def test_cli_errors_are_one_line(tiny_mimi_export, tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         r = in_thread(CliRunner().invoke, serve_cli, ["-m", str(tiny_mimi_export), "--port", str(port)])
-    assert r.exit_code == 1 and "cannot listen on 127.0.0.1" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.exit_code == 1 and "cannot listen on 127.0.0.1" in r.stderr and \
+        "Traceback" not in r.stderr, r.stderr
 
 
 # ---- SIGTERM ------------------------------------------------------------------------------------
@@ -595,7 +604,8 @@ def test_a_stream_that_sends_nothing_gives_its_slot_back(tiny_mimi_export, tmp_p
         assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
 
 
-def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(tiny_mimi_export, mimi_codec, monkeypatch):
+def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(tiny_mimi_export, mimi_codec,
+                                                                    monkeypatch):
     """A client that sends faster than the engine steps is no longer read (its input waits); if
     it leaves meanwhile, its slot goes back at once, not after the engine has stepped through all
     it had sent. In process, each step made 0.3 s slower, so that its input outlasts the test."""
@@ -644,7 +654,8 @@ def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(tiny_mimi_ex
     assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
 
 
-def test_tiny_messages_meet_the_input_bound_and_a_client_gone_is_not_fed(tiny_mimi_export, mimi_codec, monkeypatch):
+def test_tiny_messages_meet_the_input_bound_and_a_client_gone_is_not_fed(tiny_mimi_export, mimi_codec,
+                                                                         monkeypatch):
     """Each waiting piece of input counts its cost beyond its data (`PIECE_BYTES`), so a client
     sending one sample a message is stopped being read after as few pieces as the bound allows,
     not after thousands. And a client that vanishes while aiohttp still holds messages it read
@@ -724,7 +735,8 @@ def test_a_folder_whose_step_graphs_hold_no_batch_rows_is_refused(tiny_snac_expo
 # ---- a codec whose stream runs whole windows (NeuCodec) -------------------------------------------
 @pytest.fixture(scope="module")
 def neucodec(smoke_exports, tmp_path_factory):
-    with serving(smoke_exports["neucodec"], tmp_path_factory.mktemp("serve") / "neucodec.log", "--slots", 2) as s:
+    with serving(smoke_exports["neucodec"], tmp_path_factory.mktemp("serve") / "neucodec.log",
+                 "--slots", 2) as s:
         yield s
 
 

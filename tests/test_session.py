@@ -174,7 +174,8 @@ def test_a_listed_provider_that_fails_to_start_is_one_error_or_the_fallback(tiny
     listed = [*onnxruntime.get_available_providers(), "CUDAExecutionProvider"]
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: listed)
     monkeypatch.setattr(providers, "_cuda_loaded", False)
-    with pytest.raises(ProviderError, match=r"CUDAExecutionProvider failed to initialise .*codecport\[gpu\].*--fallback cpu"):
+    with pytest.raises(ProviderError, match=r"CUDAExecutionProvider failed to initialise "
+                                            r".*codecport\[gpu\].*--fallback cpu"):
         MimiCodec(tiny_mimi_export, provider="cuda")
     codec = MimiCodec(tiny_mimi_export, provider="cuda", fallback="cpu")
     assert codec.provider == "CPUExecutionProvider"

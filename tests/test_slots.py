@@ -97,7 +97,7 @@ def _run_pool(pool: SlotPool, plan: list[tuple[int, list, dict]]):
     held, where, fed, done = {}, {}, {i: 0 for i in range(len(plan))}, set()
     step = 0
     while len(done) < len(plan):
-        for i, (join, pieces, settings) in enumerate(plan):
+        for i, (join, _pieces, settings) in enumerate(plan):
             if i not in held and i not in done and join <= step:
                 slot = pool.open(**settings)
                 if slot is not None:
@@ -322,7 +322,8 @@ def test_an_int8_build_measures_its_slot_graphs(tiny_mimi_export, tmp_path):
         meta = {p.key: p.value for p in onnx.load(str(tmp_path / "int8" / f"{name}.onnx")).metadata_props}
         assert json.loads(meta["deviation"])["snr_db"] == d["snr_db"]
     # The batched graph quantized as the step graph is: its error is of the same order.
-    assert abs(report["deviation"]["decoder_slots"]["snr_db"] - report["deviation"]["decoder_step"]["snr_db"]) < 15
+    assert abs(report["deviation"]["decoder_slots"]["snr_db"]
+               - report["deviation"]["decoder_step"]["snr_db"]) < 15
 
 
 def test_a_full_pool_says_so_and_bad_input_takes_no_step(mimi, snac):
@@ -370,7 +371,8 @@ def test_the_24khz_step_decoder_gives_the_official_decode():
         offset, out = torch.zeros(1, dtype=torch.int64), []
         for x, extra in step_feeds(step, latent, drawn):
             noise = [torch.from_numpy(extra[f"noise_{i}"]) for i in range(len(drawn))]
-            y, offset, *state = step(torch.from_numpy(x), offset, torch.from_numpy(extra["end"]), *noise, *state)
+            y, offset, *state = step(torch.from_numpy(x), offset, torch.from_numpy(extra["end"]), *noise,
+                                     *state)
             out.append(y[0, 0].numpy())
     got = np.concatenate(out)[step.plan.delay:step.plan.delay + len(want)]
     assert got.shape == want.shape

@@ -65,11 +65,12 @@ def test_bad_orpheus_sequences_are_one_line(tiny_snac_export, tmp_path):
                        (np.full(14, 4096, np.int64), r"codes must be in \[0, 64\)"),
                        (np.zeros((1, 2, 7), np.int64), r"\[channels, 7 \* frames\]")):
         np.save(tmp_path / "o.npy", bad)
-        line = assert_one_line_error(run("decode", tmp_path / "o.npy", "--layout", "orpheus", "-m", tiny_snac_export,
-                                         "-o", out), out)
+        line = assert_one_line_error(run("decode", tmp_path / "o.npy", "--layout", "orpheus",
+                                         "-m", tiny_snac_export, "-o", out), out)
         assert re.search(match, line), line
     (tmp_path / "t.npy").write_bytes(b"\x93NUMPY\x01\x00garbage")
-    assert_one_line_error(run("decode", tmp_path / "t.npy", "--layout", "orpheus", "-m", tiny_snac_export, "-o", out), out)
+    assert_one_line_error(run("decode", tmp_path / "t.npy", "--layout", "orpheus", "-m", tiny_snac_export,
+                              "-o", out), out)
     four = Codes(tuple(np.zeros((1, 1, n), np.int64) for n in (1, 2, 4, 8)))
     with pytest.raises(CodesError, match="3 time scales"):
         to_orpheus(four.arrays)
@@ -80,7 +81,8 @@ def test_a_layout_of_another_codec_is_refused(smoke_exports, tmp_path):
     wav = tmp_path / "a.wav"
     sf.write(wav, noise(3000)[0], 16000)
     out = tmp_path / "o.npy"
-    line = assert_one_line_error(run("encode", wav, "-m", smoke_exports["dac"], "-o", out, "--layout", "orpheus"), out)
+    line = assert_one_line_error(run("encode", wav, "-m", smoke_exports["dac"], "-o", out,
+                                     "--layout", "orpheus"), out)
     assert "the orpheus layout is for snac codes; this folder holds dac" in line
 
 

@@ -32,7 +32,8 @@ def wav(tmp_path_factory) -> Path:
     return path
 
 
-def test_npz_holds_each_time_scale_as_the_official_encode_does(tiny_snac_export, tiny_snac_official, wav, tmp_path):
+def test_npz_holds_each_time_scale_as_the_official_encode_does(tiny_snac_export, tiny_snac_official, wav,
+                                                               tmp_path):
     out = tmp_path / "c.npz"
     proc = run("encode", wav, "-m", tiny_snac_export, "-o", out)
     assert proc.returncode == 0, proc.stderr
@@ -55,11 +56,14 @@ def test_npz_holds_each_time_scale_as_the_official_encode_does(tiny_snac_export,
         np.testing.assert_array_equal(z[f"codes_{i}"], w.numpy())
 
 
-def test_decode_gives_the_original_length_and_rate_and_the_seed_the_same_audio(tiny_snac_export, wav, tmp_path):
+def test_decode_gives_the_original_length_and_rate_and_the_seed_the_same_audio(tiny_snac_export, wav,
+                                                                               tmp_path):
     assert run("encode", wav, "-m", tiny_snac_export, "-o", tmp_path / "c.npz").returncode == 0
     outs = []
-    for name, extra in (("a", ["--noise-seed", "4"]), ("b", ["--noise-seed", "4"]), ("c", []), ("z", ["--no-noise"])):
-        proc = run("decode", tmp_path / "c.npz", "-m", tiny_snac_export, "-o", tmp_path / f"{name}.wav", *extra)
+    for name, extra in (("a", ["--noise-seed", "4"]), ("b", ["--noise-seed", "4"]), ("c", []),
+                        ("z", ["--no-noise"])):
+        proc = run("decode", tmp_path / "c.npz", "-m", tiny_snac_export, "-o", tmp_path / f"{name}.wav",
+                   *extra)
         assert proc.returncode == 0, proc.stderr
         y, sr = sf.read(tmp_path / f"{name}.wav", dtype="float32", always_2d=True)
         assert sr == 22050 and y.shape == (int(0.35 * 22050), 2)
@@ -101,8 +105,10 @@ def test_the_orpheus_layout_writes_and_reads_the_flat_sequence(tiny_snac_export,
     assert not (tmp_path / "b.npy").exists()
     for empty in (np.zeros((0, 7), np.int64), np.zeros(0, np.int64)):  # no channel, no frame
         np.save(tmp_path / "e.npy", empty)
-        proc = run("decode", tmp_path / "e.npy", "--layout", "orpheus", "-m", tiny_snac_export, "-o", tmp_path / "e.wav")
-        assert proc.returncode == 1 and proc.stderr.startswith("error: ") and "7 codes a coarse frame" in proc.stderr
+        proc = run("decode", tmp_path / "e.npy", "--layout", "orpheus", "-m", tiny_snac_export,
+                   "-o", tmp_path / "e.wav")
+        assert proc.returncode == 1 and proc.stderr.startswith("error: ") and \
+            "7 codes a coarse frame" in proc.stderr
         assert proc.stderr.count("e.npy") == 1 and not (tmp_path / "e.wav").exists(), proc.stderr
 
 

@@ -48,14 +48,17 @@ def release(tiny_snac) -> dict[str, dict[str, bytes]]:
     for rev, scale in (("main", 1.0), ("v1", 2.0)):
         buf = io.BytesIO()
         sd = official_snac(tiny_snac).state_dict()
-        torch.save({k: v * scale if v.is_floating_point() and "inv_freq" not in k else v for k, v in sd.items()}, buf)
-        out[rev] = {"pytorch_model.bin": buf.getvalue(), "config.json": json.dumps(tiny_snac.cfg.to_kwargs()).encode()}
+        torch.save({k: v * scale if v.is_floating_point() and "inv_freq" not in k else v
+                    for k, v in sd.items()}, buf)
+        out[rev] = {"pytorch_model.bin": buf.getvalue(),
+                    "config.json": json.dumps(tiny_snac.cfg.to_kwargs()).encode()}
     return out
 
 
 @pytest.fixture
 def env(tmp_path) -> dict:
-    out = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
+    out = {k: v for k, v in os.environ.items()
+           if not k.lower().endswith("_proxy") and not k.startswith("HF_")}
     return {**out, "HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
             "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1"}
 
@@ -66,8 +69,10 @@ def test_release_by_name_fetches_both_files_into_the_shared_cache(release, env, 
         got = _load("24khz", env)
         assert got["sha"] == hashlib.sha256(release["main"]["pytorch_model.bin"]).hexdigest()
         assert got["cfg"] == tiny_snac.cfg.to_kwargs()  # the config is the file's, not the preset's
-        assert got["sum"] == pytest.approx(float(sum(v.double().sum() for v in tiny_snac.state_dict().values())))
-        assert sorted(h.gets) == [f"/{REPO}/resolve/main/config.json", f"/{REPO}/resolve/main/pytorch_model.bin"]
+        assert got["sum"] == \
+            pytest.approx(float(sum(v.double().sum() for v in tiny_snac.state_dict().values())))
+        assert sorted(h.gets) == [f"/{REPO}/resolve/main/config.json",
+                                  f"/{REPO}/resolve/main/pytorch_model.bin"]
         snap = sorted(Path(env["HF_HOME"]).rglob("snapshots/*/pytorch_model.bin"))
         assert len(snap) == 1 and COMMITS["main"] in str(snap[0])
         assert _load("24khz", env)["sha"] == got["sha"] and len(h.gets) == 2  # the cache answers

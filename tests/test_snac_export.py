@@ -20,8 +20,8 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 def test_graphs_are_static_plain_convs_with_the_receptive_field_in_the_metadata(tiny_snac_export):
     manifest = json.loads((tiny_snac_export / "manifest.json").read_text())
-    assert set(manifest["files"]) == {"encoder", "decoder", "decoder_step", "decoder_slots", "decoder_slots_s2",
-                                      "rvq", "manifest"}
+    assert set(manifest["files"]) == {"encoder", "decoder", "decoder_step", "decoder_slots",
+                                      "decoder_slots_s2", "rvq", "manifest"}
     enc_margin, dec_margin = PRESETS["tiny"].margins()
     for name in ("encoder", "decoder", "decoder_step", "decoder_slots", "decoder_slots_s2"):
         model = onnx.load(str(tiny_snac_export / f"{name}.onnx"))

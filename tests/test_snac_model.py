@@ -44,7 +44,8 @@ def test_official_parity_codes_and_audio(variant):
     official = official_snac(model)
     cfg = model.cfg
     rng = np.random.default_rng(2)
-    x = torch.from_numpy((0.3 * rng.standard_normal((2, 1, int(0.4 * cfg.sample_rate) + 13))).astype(np.float32))
+    x = torch.from_numpy(
+        (0.3 * rng.standard_normal((2, 1, int(0.4 * cfg.sample_rate) + 13))).astype(np.float32))
     with torch.no_grad():
         want = official.encode(x)
         got = model.encode(x)
@@ -67,7 +68,8 @@ def test_a_masked_window_computes_the_clip_alone(tiny_snac):
     clip_frames, window, at = 5 * unit, 12 * unit, 3 * unit
     rng = np.random.default_rng(4)
     x = torch.from_numpy((0.3 * rng.standard_normal((1, 1, clip_frames * hop))).astype(np.float32))
-    big = torch.from_numpy((0.3 * rng.standard_normal((1, 1, window * hop))).astype(np.float32))  # junk around
+    # junk around
+    big = torch.from_numpy((0.3 * rng.standard_normal((1, 1, window * hop))).astype(np.float32))
     big[..., at * hop:(at + clip_frames) * hop] = x
     mask = torch.zeros(1, 1, window)
     mask[..., at:at + clip_frames] = 1
@@ -104,7 +106,8 @@ def test_the_computed_receptive_field_holds_and_is_tight(tiny_snac, side):
                 for at in (mid * hop, mid * hop + hop - 1):
                     y = x.clone()
                     y[..., at] += 1.0
-                    changed = torch.nonzero((tiny_snac.encode_latent(y) - base).abs().amax(dim=1)[0] > 1e-7)[:, 0]
+                    changed = torch.nonzero((tiny_snac.encode_latent(y) - base).abs().amax(dim=1)[0]
+                                            > 1e-7)[:, 0]
                     reach = max(reach, mid - int(changed.min()), int(changed.max()) - mid)
             else:
                 w = z.clone()
@@ -118,7 +121,8 @@ def test_the_presets_are_the_published_configs():
     assert PRESETS["24khz"].to_kwargs() == {**SNAC_MD_24K, "latent_dim": None}
     for name, rate in (("32khz", 32000), ("44khz", 44100)):
         cfg = PRESETS[name]
-        assert (cfg.sample_rate, cfg.hop_length, cfg.attn_window_size, cfg.vq_strides) == (rate, 384, 32, (8, 4, 2, 1))
+        assert (cfg.sample_rate, cfg.hop_length, cfg.attn_window_size, cfg.vq_strides) == \
+            (rate, 384, 32, (8, 4, 2, 1))
     assert SnacConfig.from_kwargs(SNAC_MD_24K) == PRESETS["24khz"]
     assert PRESETS["24khz"].margins() == (12, 12)  # 3 coarse frames each side
     assert 19.0e6 < PRESETS["24khz"].approx_params() < 21.0e6  # the release has 19.8 M

@@ -117,7 +117,8 @@ def _push_frames(stream, codes: Codes, per_push: int):
     coarse, out = codes.n_frames[0], []
     for j in range(0, coarse, per_push):
         k = min(per_push, coarse - j)
-        out.append(stream.push([a[0, 0, j * 4 // s:(j + k) * 4 // s] for a, s in zip(codes.arrays, (4, 2, 1))]))
+        out.append(stream.push([a[0, 0, j * 4 // s:(j + k) * 4 // s]
+                                for a, s in zip(codes.arrays, (4, 2, 1))]))
     out.append(stream.finish())
     return out
 
@@ -175,14 +176,16 @@ def test_the_orpheus_layout_is_orpheus_order(codec):
     for a, b in zip(back.arrays, codes.arrays):
         np.testing.assert_array_equal(a, b)
     audio = codec.decode(back, noise=2)[0]
-    np.testing.assert_array_equal(audio, codec.decode(codes.replace(sample_rate=None, num_samples=None), noise=2)[0])
+    np.testing.assert_array_equal(audio, codec.decode(codes.replace(sample_rate=None, num_samples=None),
+                                                      noise=2)[0])
 
 
 def test_windows_side_by_side_give_the_same_bits(tiny_snac_export):
     """Long audio runs two windows at once on the CPU (each on its share of the cores, a session
     of its own beside the one single calls use); one at a time gives the same codes and audio."""
     x = noise(int(0.3 * SR), channels=2, seed=14)
-    one, two = SnacCodec(tiny_snac_export, options={"parallel": "1"}), SnacCodec(tiny_snac_export, options={"parallel": "2"})
+    one, two = (SnacCodec(tiny_snac_export, options={"parallel": "1"}),
+                SnacCodec(tiny_snac_export, options={"parallel": "2"}))
     a, b = one.encode(x, SR), two.encode(x, SR)
     for p, q in zip(a.arrays, b.arrays):
         np.testing.assert_array_equal(p, q)

@@ -115,7 +115,8 @@ def test_state_moves_between_streams_and_reset_starts_over(codecs, name, side):
     first.push(pieces[2])  # the first stream goes on; the state taken out does not move with it
     moved = _open(codec, side)
     moved.state = state
-    np.testing.assert_array_equal(_join([*head, *(moved.push(p) for p in pieces[2:]), moved.flush()], side), whole)
+    np.testing.assert_array_equal(_join([*head, *(moved.push(p) for p in pieces[2:]), moved.flush()], side),
+                                  whole)
     first.reset()
     np.testing.assert_array_equal(_run(first, pieces, side), whole)
     others = [o for o in SIDES if o != (name, side)]

@@ -90,8 +90,10 @@ def test_every_kind_of_input(tmp_path, smoke_exports):
     folder = smoke_exports[JOB]
     corpus = tmp_path / "corpus"
     files = make_corpus(corpus, 7)
-    want_by_path = {str(p.resolve()): c for p, c in zip(files, reference(folder, dict(zip(files, files))).values())}
-    (tmp_path / "list.txt").write_text("# clips\n" + "\n".join(str(p.relative_to(tmp_path)) for p in files[:2]))
+    want_by_path = {str(p.resolve()): c
+                    for p, c in zip(files, reference(folder, dict(zip(files, files))).values())}
+    (tmp_path / "list.txt").write_text("# clips\n"
+                                       + "\n".join(str(p.relative_to(tmp_path)) for p in files[:2]))
     with open(tmp_path / "list.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["id", "path", "speaker"])
@@ -131,7 +133,8 @@ def test_bad_inputs_of_the_job_are_one_line(tmp_path, smoke_exports, monkeypatch
     (tmp_path / "m4a" / "a.m4a").write_bytes(b"")
     cases = {"nothing/here": "no such file", "nomatch/*.wav": "matches no file",
              "dup.txt": "comes twice", "nopath.csv": "no 'path' column", "bad.jsonl": "not a JSON object",
-             "long.txt": "line 1 is longer than 64 KiB", "m4a": "holds no audio file tokenize reads (it holds .m4a)"}
+             "long.txt": "line 1 is longer than 64 KiB",
+             "m4a": "holds no audio file tokenize reads (it holds .m4a)"}
     for arg, words in cases.items():
         proc = invoke("codec-run", "tokenize", arg, "-m", folder, "-o", tmp_path / "out")
         assert proc.returncode == 1 and words in proc.stderr, (arg, proc.stderr)
@@ -142,7 +145,8 @@ def test_bad_inputs_of_the_job_are_one_line(tmp_path, smoke_exports, monkeypatch
     # Not one input tokenized: the errors table is written, and the exit status says so.
     proc = invoke("codec-run", "tokenize", "a.wav", "-m", folder, "-o", tmp_path / "o3")
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: every input this run tried failed (1), as a.wav: ")
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: every input this run tried failed (1), "
+                                                           "as a.wav: ")
     assert (tmp_path / "o3" / "__errors__" / "errors.parquet").is_file()
     for out in (tmp_path / "a.wav" / "out", tmp_path / ("x" * 300)):  # under a file; a name too long
         proc = invoke("codec-run", "tokenize", "a.wav", "-m", folder, "-o", out)
@@ -270,11 +274,13 @@ def test_a_failed_graph_call_fails_its_clips_only(smoke_exports):
             return self.inner(x)
 
     rng = np.random.default_rng(2)
-    clips = [(0.2 * rng.standard_normal((1, int(0.05 * sr)))).astype(np.float32) for _ in range(2 * SMOKE_BATCH + 1)]
+    clips = [(0.2 * rng.standard_normal((1, int(0.05 * sr)))).astype(np.float32)
+             for _ in range(2 * SMOKE_BATCH + 1)]
     codec.graph = FailingSecondCall
     try:
         batcher = Batcher(codec, SMOKE_BATCH)
-        done = [r for i, x in enumerate(clips) for r in batcher.add(i, codec.window_plan(ArraySource(x, sr), None))]
+        done = [r for i, x in enumerate(clips)
+                for r in batcher.add(i, codec.window_plan(ArraySource(x, sr), None))]
         done += batcher.flush()
     finally:
         del codec.graph
@@ -304,7 +310,8 @@ def test_the_driver_needs_only_the_manifest(tmp_path, smoke_exports, monkeypatch
 
     def workers_elsewhere(todo, settings, workers, per_task, emit):
         seen["provider"] = settings.provider
-        emit(result_table(settings.facts(), todo, {i.id: CodecportError("no GPU on this worker") for i in todo}))
+        emit(result_table(settings.facts(), todo,
+                          {i.id: CodecportError("no GPU on this worker") for i in todo}))
 
     monkeypatch.setattr(local, "run_local", workers_elsewhere)
     summary = run([str(corpus)], smoke_exports[JOB], tmp_path / "out", provider="cuda")

@@ -133,7 +133,8 @@ def test_folders_with_the_same_file_names_are_told_apart_and_resumed(tmp_path, s
     folder = smoke_exports[JOB]
     train = make_corpus(tmp_path / "train", 3)
     test = make_corpus(tmp_path / "test", 3, seed=1)
-    assert [p.relative_to(tmp_path / "train") for p in train] == [p.relative_to(tmp_path / "test") for p in test]
+    assert [p.relative_to(tmp_path / "train") for p in train] == \
+        [p.relative_to(tmp_path / "test") for p in test]
     out = tmp_path / "out"
     tokenize("train", "-m", folder, "-o", out, *ONE, cwd=tmp_path)
     assert set(rows(out)) == {p.relative_to(tmp_path / "train").as_posix() for p in train}
@@ -199,7 +200,8 @@ def test_a_ray_address_nobody_answers_is_refused_at_once(tmp_path, smoke_exports
         for given in ({"address": f"127.0.0.1:{port}"}, {"env": f"ray://127.0.0.1:{port}"}):
             if "env" in given:
                 monkeypatch.setenv("RAY_ADDRESS", given["env"])
-            with pytest.raises(registry.CodecportError, match=f"cannot reach the Ray cluster at .*127.0.0.1:{port}"):
+            with pytest.raises(registry.CodecportError,
+                               match=f"cannot reach the Ray cluster at .*127.0.0.1:{port}"):
                 run([str(tmp_path / "corpus")], smoke_exports[CODECS[0]], tmp_path / "out", engine="ray",
                     address=given.get("address"))
     assert not (tmp_path / "out").exists()
@@ -309,7 +311,8 @@ def test_what_the_folder_holds_that_is_not_its_codes_is_refused_and_left_alone(t
     ours = {p.name: p.read_bytes() for p in out.glob("part-*.parquet")}
     pq.write_table(pa.table({"speaker": ["s1"]}), tmp_path / "labels.parquet")
     cases = {"part-0000-00000.parquet": (next(other.glob("part-*.parquet")), "holds codes of another model"),
-             "part-labels.parquet": (tmp_path / "labels.parquet", "is not a shard of codes .it has no 'id' column"),
+             "part-labels.parquet": (tmp_path / "labels.parquet",
+                                     "is not a shard of codes .it has no 'id' column"),
              "part-x.parquet": (None, "does not open as Parquet")}
     for name, (source, words) in cases.items():
         data = source.read_bytes() if source else b"PAR1 not really"

@@ -58,8 +58,8 @@ print(json.dumps({"frames": list(codes.n_frames), "shape": list(decoded.shape), 
 def test_a_folder_runs_without_torch(smoke_exports, tmp_path, name):
     wav = tmp_path / "in.wav"
     sf.write(wav, noise(9000, channels=2).T, 22050, subtype="FLOAT")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, ",".join(BLOCKED), str(smoke_exports[name]), str(wav),
-                           str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, ",".join(BLOCKED), str(smoke_exports[name]),
+                           str(wav), str(tmp_path)], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["loaded"] == []

@@ -74,7 +74,8 @@ class _NumpySnake(torch.nn.Module):
         self.alpha = alpha
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(snake_s_vectorised(x.numpy().astype(np.float64), self.alpha).astype(np.float32))
+        return torch.from_numpy(
+            snake_s_vectorised(x.numpy().astype(np.float64), self.alpha).astype(np.float32))
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,8 @@ def tsac(tmp_path_factory):
     with torch.no_grad():  # alphas spread out (some clamped) so the flat indexing shows
         for m in model.decoder.modules():
             if isinstance(m, Snake):
-                m.alpha.copy_(torch.rand(m.alpha.shape, generator=torch.Generator().manual_seed(m.alpha.numel())) * 2)
+                m.alpha.copy_(torch.rand(m.alpha.shape,
+                                         generator=torch.Generator().manual_seed(m.alpha.numel())) * 2)
     out = tmp_path_factory.mktemp("tsac") / "model"
     report = export_dac(model, out, 1200, 600, preset="tiny-tsac", weights="random", weights_sha256="none")
     return model, out, report
@@ -93,14 +95,15 @@ def test_the_decoder_graph_is_the_formula_at_every_layer(tsac):
     model, out, _ = tsac
     ref = copy.deepcopy(model)
     swapped = 0
-    for name, m in list(ref.decoder.named_modules()):
+    for _name, m in list(ref.decoder.named_modules()):
         for child_name, child in list(m.named_children()):
             if isinstance(child, Snake):
                 assert child.flat
                 setattr(m, child_name, _NumpySnake(child.alpha.detach().numpy().reshape(-1)))
                 swapped += 1
     assert swapped == 1 + 7 * len(PRESETS["tiny-tsac"].decoder_rates)  # the last + each block's
-    assert not any(isinstance(m, Snake) and m.flat for m in model.encoder.modules())  # TSAC's encoder is DAC's
+    # TSAC's encoder is DAC's
+    assert not any(isinstance(m, Snake) and m.flat for m in model.encoder.modules())
     sess = ort.InferenceSession(str(out / "decoder.onnx"), providers=["CPUExecutionProvider"])
     latent = sess.get_inputs()[0]
     assert sess.get_outputs()[0].shape[:2] == [1, 2]  # both channels out of one call
@@ -168,12 +171,14 @@ def test_config_kwargs_and_a_tsac_checkpoint(tmp_path):
     # A checkpoint in DAC's format whose kwargs say TSAC loads as TSAC, weights and all.
     model = init_random(DAC(cfg), seed=3).eval()
     path = tmp_path / "tsac.pth"
-    torch.save({"state_dict": _official_state(model, "legacy"), "metadata": {"kwargs": cfg.to_kwargs()}}, path)
+    torch.save({"state_dict": _official_state(model, "legacy"),
+                "metadata": {"kwargs": cfg.to_kwargs()}}, path)
     loaded, _ = load_dac(str(path))
     assert loaded.cfg == cfg
     x = torch.from_numpy(noise(600, channels=2, seed=4))[None]
     with torch.no_grad():
-        torch.testing.assert_close(loaded.decode(loaded.encode(x)), model.decode(model.encode(x)), atol=1e-5, rtol=0)
+        torch.testing.assert_close(loaded.decode(loaded.encode(x)), model.decode(model.encode(x)),
+                                   atol=1e-5, rtol=0)
 
 
 def test_web_target_refuses_a_stereo_model(tmp_path):

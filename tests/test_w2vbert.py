@@ -14,15 +14,17 @@ from codecport.models.w2vbert import W2vBert, W2vBertConfig, relative_bias
 def pair():
     from transformers import Wav2Vec2BertConfig, Wav2Vec2BertModel
 
-    ref_cfg = Wav2Vec2BertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=48,
-                                 conv_depthwise_kernel_size=5, left_max_position_embeddings=6,
-                                 right_max_position_embeddings=3, output_hidden_states=True)
+    ref_cfg = Wav2Vec2BertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                 intermediate_size=48, conv_depthwise_kernel_size=5,
+                                 left_max_position_embeddings=6, right_max_position_embeddings=3,
+                                 output_hidden_states=True)
     torch.manual_seed(0)
     ref = Wav2Vec2BertModel(ref_cfg).eval()
     with torch.no_grad():  # transformers' init leaves biases zero and norms one: spread them
         for p in ref.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    ours = W2vBert(W2vBertConfig(hidden=32, layers=2, heads=4, intermediate=48, kernel=5, left=6, right=3)).eval()
+    ours = W2vBert(W2vBertConfig(hidden=32, layers=2, heads=4, intermediate=48, kernel=5, left=6,
+                                 right=3)).eval()
     ours.load_state_dict({k: v for k, v in ref.state_dict().items() if not ours.unused(k)}, strict=True)
     return ours, ref
 

@@ -60,7 +60,8 @@ def test_web_folder_is_what_the_module_reads(folders, codec):
     folder = folders[codec]
     manifest = json.loads((folder / "manifest.json").read_text())
     assert not (folder / "rvq.npz").exists()
-    assert manifest["quantizer"] == "graph" and manifest["target"] == "web" and manifest["precision"] == "fp32"
+    assert manifest["quantizer"] == "graph" and manifest["target"] == "web" and \
+        manifest["precision"] == "fp32"
     assert set(manifest["graphs"]) == {n for n, f in manifest["files"].items() if f.endswith(".onnx")}
     for name, facts in manifest["graphs"].items():
         model = onnx.load(str(folder / facts["file"]))
@@ -71,11 +72,13 @@ def test_web_folder_is_what_the_module_reads(folders, codec):
         dev = json.loads(facts["metadata"]["deviation"])  # the rewrite is measured, and exact
         assert dev.get("code_agreement_pct", 100.0) == 100.0 and dev.get("max_abs_err", 0.0) == 0.0
         inferred = onnx.shape_inference.infer_shapes(model)
-        types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.input]}
+        types = {v.name: v.type.tensor_type.elem_type
+                 for v in [*inferred.graph.value_info, *inferred.graph.input]}
         consts = {i.name for i in model.graph.initializer}
         for node in model.graph.node:
             if node.op_type == "Gather":
-                assert all(types.get(i) != onnx.TensorProto.INT64 for i in node.input[:2] if i not in consts), name
+                assert all(types.get(i) != onnx.TensorProto.INT64
+                           for i in node.input[:2] if i not in consts), name
     c = codecport.load(folder)
     assert c.rvq is None and c.n_codebooks == int(manifest["n_codebooks"])
 
@@ -136,7 +139,8 @@ def test_browser_equals_python_on_wasm(browser, folders, codec, threads):
         assert page.state == "ready", page.error()
         facts = page.page.inner_text("#facts")
         assert f"wasm, {threads} thread(s), cross-origin isolated: true" in facts
-        assert _wasm_fetched(page) == ["ort-wasm-simd-threaded.wasm"]  # not the WebGPU build's, twice the size
+        # not the WebGPU build's, twice the size
+        assert _wasm_fetched(page) == ["ort-wasm-simd-threaded.wasm"]
         for n in LENGTHS[codec]:
             x = clip(n, seed=n)
             want = py.encode(x, py.sample_rate)
@@ -224,7 +228,8 @@ STREAM = """async ([x, sizes]) => {
     at += n;
     parts.push(codes);
     for (let f = 0; f < codes.shape[1]; f++) {  // decoded frame by frame
-      const one = {data: Int32Array.from({length: codes.shape[0]}, (_, k) => codes.data[k * codes.shape[1] + f]),
+      const one = {data: Int32Array.from({length: codes.shape[0]},
+                                         (_, k) => codes.data[k * codes.shape[1] + f]),
                    shape: [codes.shape[0], 1]};
       audio.push(...await d.push(one));
     }
@@ -233,7 +238,8 @@ STREAM = """async ([x, sizes]) => {
   parts.push(tail);
   audio.push(...await d.push(tail), ...await d.flush());
   const k = c.nCodebooks, t = parts.reduce((n, p) => n + p.shape[1], 0), codes = [];
-  for (let q = 0; q < k; q++) for (const p of parts) codes.push(...p.data.slice(q * p.shape[1], (q + 1) * p.shape[1]));
+  for (let q = 0; q < k; q++)
+    for (const p of parts) codes.push(...p.data.slice(q * p.shape[1], (q + 1) * p.shape[1]));
   e.reset();
   const again = await e.push(Float32Array.from(x.slice(0, 2 * e.stepSamples)));
   const whole = await c.encode(Float32Array.from(x));
@@ -295,7 +301,8 @@ def test_live_microphone_loop_on_the_fake_device(browser, mimi_web):
     with served(mimi_web) as server:
         page = Page(browser, server.url)
         page.page.click("#live")
-        page.page.wait_for_function("window.demo.live && window.demo.live.stats && window.demo.live.stats.frames >= 50")
+        page.page.wait_for_function("window.demo.live && window.demo.live.stats && "
+                                    "window.demo.live.stats.frames >= 50")
         stats = page.run("window.demo.live.stats")
         assert stats["p95"] > 0 and stats["frameMs"] == 1.0  # the tiny Mimi's 24-sample frames
         assert "live:" in page.page.inner_text("#live-stats")
@@ -361,7 +368,8 @@ def test_module_refuses_bad_input(browser, dac_web):
         out = page.run(BAD_INPUT)
         page.close()
     assert all(v.startswith("CodecportError: ") for v in out.values()), out
-    assert "NaN" in out["nan"] and "scale it to [-1, 1]" in out["loud"] and "empty" in out["empty"] and "Float32Array" in out["notFloat"]
+    assert "NaN" in out["nan"] and "scale it to [-1, 1]" in out["loud"] and "empty" in out["empty"] and \
+        "Float32Array" in out["notFloat"]
     assert "[0, 64)" in out["range"] and "exactly 4 codebooks" in out["codebooks"]
     assert "7 frames are not whole chunks of this model's" in out["frames"]
     assert "dac has no encoder stream: it has no step graphs" in out["stream"]
@@ -382,7 +390,8 @@ def test_codec_run_web_serves_isolated_and_stops(mimi_web):
     Ctrl-C."""
     import socket
 
-    proc = subprocess.Popen([*CODEC_RUN, "web", "-m", str(mimi_web), "--port", "0", "--ort-web", str(ORT_WEB)],
+    proc = subprocess.Popen([*CODEC_RUN, "web", "-m", str(mimi_web), "--port", "0",
+                             "--ort-web", str(ORT_WEB)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = [proc.stdout.readline(), proc.stdout.readline()]
@@ -440,7 +449,8 @@ def test_int8_is_refused_on_webgpu(browser, tmp_path, tiny_mimi):
                 in_graph_codebooks=tiny_mimi.cfg.n_codebooks, build=Build("web", "int8"))
     with served(out) as server:
         page = Page(browser, f"{server.url}?ep=webgpu")
-        assert page.state == "error" and "int8 export, which onnxruntime-web's WebGPU runs wrongly" in page.error()
+        assert page.state == "error" and \
+            "int8 export, which onnxruntime-web's WebGPU runs wrongly" in page.error()
         page.close()
         page = Page(browser, server.url)  # the same folder on wasm runs
         assert page.state == "ready", page.error()
@@ -452,11 +462,11 @@ def test_codec_bench_web_reports_both_runtimes(tmp_path):
     """`codec-bench web` on the tiny Mimi: the native and the in-page contenders both timed, in
     one report, with the live loop's percentiles and the folder's deviation."""
     out = tmp_path / "web.json"
-    r = subprocess.run([sys.executable, "-c", "from codecport.bench.cli import main; main()", "web", "--codec",
-                        "mimi", "--preset", "tiny", "--seconds", "0.1", "--precision", "fp32", "--threads", "1",
-                        "--runs", "2", "--rounds", "2", "--steps", "5", "--ort-web", str(ORT_WEB),
-                        "--dir", str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True, check=False,
-                       timeout=600)
+    r = subprocess.run([sys.executable, "-c", "from codecport.bench.cli import main; main()", "web",
+                        "--codec", "mimi", "--preset", "tiny", "--seconds", "0.1", "--precision", "fp32",
+                        "--threads", "1", "--runs", "2", "--rounds", "2", "--steps", "5",
+                        "--ort-web", str(ORT_WEB), "--dir", str(tmp_path / "work"), "--json", str(out)],
+                       capture_output=True, text=True, check=False, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(out.read_text())
     entry = report["codecs"]["mimi"]["fp32"]
@@ -500,14 +510,16 @@ def test_codec_run_web_answers_its_own_host_serves_no_link_out_and_streams(dac_w
     proc = subprocess.Popen([*CODEC_RUN, "web", "-m", str(folder), "--port", "0", "--ort-web", str(ORT_WEB)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = re.search(r"open (http://127\.0\.0\.1:(\d+)/)", [proc.stdout.readline(), proc.stdout.readline()][1])
+        url = re.search(r"open (http://127\.0\.0\.1:(\d+)/)",
+                        [proc.stdout.readline(), proc.stdout.readline()][1])
         base, port = url.group(1), url.group(2)
         assert _get_as(base + "model/manifest.json", f"127.0.0.1:{port}")[0] == 200
         assert _get_as(base + "model/manifest.json", f"localhost:{port}")[0] == 200
         status, body = _get_as(base + "model/manifest.json", f"attacker.example:{port}")
         assert status == 421 and b"127.0.0.1 and localhost only" in body
         assert _get(base + "model/leak.txt")[0] == 404
-        assert _get(base + "model/" + "a" * 300)[0] == 404  # past the file system's name bound: no reply before
+        # past the file system's name bound: no reply before
+        assert _get(base + "model/" + "a" * 300)[0] == 404
         status, headers, body = _get(base + "model/big.bin")
         assert status == 200 and len(body) == 400 << 20 and int(headers["Content-Length"]) == 400 << 20
         del body

@@ -22,7 +22,8 @@ def test_the_distilled_encoder_in_the_browser(browser, tmp_path_factory):
     within 1e-4 of Python's."""
     folder = distilled_web_folder(tmp_path_factory)
     for r in check(folder):
-        assert r["eps"]["wasm"]["full"] and r["eps"]["webgpu"]["partitions"] == 1, (r["file"], r["eps"]["webgpu"])
+        assert r["eps"]["wasm"]["full"] and r["eps"]["webgpu"]["partitions"] == 1, \
+            (r["file"], r["eps"]["webgpu"])
     py = codecport.load(folder)
     with served(folder) as server:
         page = Page(browser, server.url)
@@ -31,9 +32,11 @@ def test_the_distilled_encoder_in_the_browser(browser, tmp_path_factory):
             x = clip(n, seed=n)
             want = py.encode(x, 16000)
             got = page.run(ROUND_TRIP, x.tolist())
-            np.testing.assert_array_equal(np.array(got["codes"]).reshape(got["shape"]), want.data[0], err_msg=f"{n}")
+            np.testing.assert_array_equal(np.array(got["codes"]).reshape(got["shape"]), want.data[0],
+                                          err_msg=f"{n}")
             bare = py.decode(want.data[0])[0][0]
-            audio = np.array(page.run(DECODE, [want.data[0].ravel().tolist(), list(want.data[0].shape)]), np.float32)
+            audio = np.array(page.run(DECODE, [want.data[0].ravel().tolist(), list(want.data[0].shape)]),
+                             np.float32)
             assert audio.shape == bare.shape and np.abs(audio - bare).max() < 1e-4, n
         assert page.problems == []
         page.close()

@@ -26,7 +26,8 @@ import { readFileSync } from "node:fs";
 for (const f of process.argv.slice(1)) {
   try {
     const c = await readCodes(process.env.BUFFER ? readFileSync(f) : new Uint8Array(readFileSync(f)));
-    console.log(JSON.stringify({ ok: true, shape: c.shape, data: Array.from(c.data), numSamples: c.numSamples }));
+    console.log(JSON.stringify({ ok: true, shape: c.shape, data: Array.from(c.data),
+                                 numSamples: c.numSamples }));
   } catch (e) { console.log(JSON.stringify({ name: e.name, error: e.message })); }
 }
 """
@@ -80,7 +81,8 @@ def test_a_zip_bomb_is_refused_before_it_inflates(tmp_path):
     """512 MiB of zeros in a half-megabyte file: the Python reader refuses it, and now the
     module does too (it took 2.2 GB of memory and returned the codes)."""
     bomb = tmp_path / "bomb.npz"
-    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z, z.open("codes_0.npy", "w", force_zip64=True) as f:
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z, \
+            z.open("codes_0.npy", "w", force_zip64=True) as f:
         f.write(b"\x93NUMPY\x01\x00v\x00{'descr': '<i8', 'fortran_order': False, 'shape': (1, 4, 16777216), }"
                 .ljust(128 - 1) + b"\n")
         chunk = bytes(1 << 20)
@@ -124,8 +126,8 @@ catch (e) { console.log(JSON.stringify({ name: e.name, error: e.message })); }
 """
 
 PLANS = {"encode": [{"graph": "encoder", "mode": "fixed", "frames": 100, "samples": 600, "fits": "exact"},
-                    {"graph": "encoder_chunked", "mode": "chunked", "frames": 56, "samples": 600, "window": 600,
-                     "step": 68, "delay": 264}],
+                    {"graph": "encoder_chunked", "mode": "chunked", "frames": 56, "samples": 600,
+                     "window": 600, "step": 68, "delay": 264}],
          "decode": [{"graph": "decoder", "mode": "windowed", "frames": 25, "samples": 4000, "overlap": 6}],
          "loudness": {"stages": [[1.0, [1, 2, 3], [1, 2, 3]]], "block_s": 0.4, "overlap": 0.75}}
 GRAPHS = {"encoder": {"file": "encoder.onnx", "inputs": [{"name": "audio", "shape": [1, 1, 600]}],
@@ -134,10 +136,13 @@ GRAPHS = {"encoder": {"file": "encoder.onnx", "inputs": [{"name": "audio", "shap
 
 @pytest.mark.parametrize("plans, graphs, words", [
     (PLANS, GRAPHS, None),
-    ({**PLANS, "encode": [{**PLANS["encode"][1], "step": 0}]}, GRAPHS, "plan's step is 0, not a positive integer"),
+    ({**PLANS, "encode": [{**PLANS["encode"][1], "step": 0}]}, GRAPHS,
+     "plan's step is 0, not a positive integer"),
     ({**PLANS, "encode": [None]}, GRAPHS, "a plan of encode names no graph"),
-    ({**PLANS, "decode": [{**PLANS["decode"][0], "overlap": 25}]}, GRAPHS, "overlap 25 is not under its 25 frames"),
-    ({**PLANS, "decode": [{**PLANS["decode"][0], "mode": "streaming"}]}, GRAPHS, 'mode "streaming" is not one of'),
+    ({**PLANS, "decode": [{**PLANS["decode"][0], "overlap": 25}]}, GRAPHS,
+     "overlap 25 is not under its 25 frames"),
+    ({**PLANS, "decode": [{**PLANS["decode"][0], "mode": "streaming"}]}, GRAPHS,
+     'mode "streaming" is not one of'),
     ({**PLANS, "loudness": {"block_s": 0.4}}, GRAPHS, "loudness plan is not one codec-export writes"),
     (PLANS, {"encoder": {"file": "encoder.onnx"}}, "its entry of encoder has no file, inputs and outputs"),
     (PLANS, {"encoder": {**GRAPHS["encoder"], "inputs": [{"name": "audio", "shape": [1, 1, -1]}]}},
@@ -164,5 +169,6 @@ def test_the_npm_package_holds_every_module(tmp_path):
     packed = {f["path"] for f in json.loads(proc.stdout)[0]["files"]}
     modules = {p.name for p in WEB.glob("*.mjs")}
     assert modules <= packed, modules - packed
-    imported = {name for p in WEB.glob("*.mjs") for name in re.findall(r'from "\./([\w-]+\.mjs)"', p.read_text())}
+    imported = {name for p in WEB.glob("*.mjs")
+                for name in re.findall(r'from "\./([\w-]+\.mjs)"', p.read_text())}
     assert imported <= packed

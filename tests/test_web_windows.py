@@ -41,7 +41,8 @@ LENGTHS = (3000, 7900, 8320, 20001)
 
 
 def web_folder(tmp_path_factory, name: str):
-    return shared(tmp_path_factory, f"web-{name}", lambda folder: cli_export(folder, name, *WEB_ARGS, *BUCKETS[name]))
+    return shared(tmp_path_factory, f"web-{name}",
+                  lambda folder: cli_export(folder, name, *WEB_ARGS, *BUCKETS[name]))
 
 
 @pytest.fixture(scope="module", params=["neucodec", "xcodec2"])
@@ -70,7 +71,8 @@ def test_folder_runs_whole_everywhere_and_as_the_numpy_folder(web, smoke_exports
     for r in check(folder):
         assert r["eps"]["wasm"]["full"], r["file"]
         gpu = r["eps"]["webgpu"]
-        assert gpu["supported"] == gpu["nodes"] and gpu["partitions"] == 1 and not gpu["reasons"], (r["file"], gpu)
+        assert gpu["supported"] == gpu["nodes"] and gpu["partitions"] == 1 and not gpu["reasons"], \
+            (r["file"], gpu)
     ours, numpy_folder = codecport.load(folder), codecport.load(smoke_exports[name])
     for n in LENGTHS[::3]:  # the bucket's graphs and the windows
         x = clip(n, seed=n)
@@ -111,11 +113,13 @@ def test_browser_equals_python_on_wasm(browser, web):
             x = clip(n, seed=n)
             want = py.encode(x, 16000)
             got = page.run(ROUND_TRIP, x.tolist())
-            np.testing.assert_array_equal(np.array(got["codes"]).reshape(got["shape"]), want.data[0], err_msg=f"{n}")
+            np.testing.assert_array_equal(np.array(got["codes"]).reshape(got["shape"]), want.data[0],
+                                          err_msg=f"{n}")
             same_fields(want, got["fields"])
             assert len(got["audio"]) == round(n * py.sample_rate / 16000)  # Python's rounding, halves to even
             bare = py.decode(want.data[0])[0][0]
-            audio = np.array(page.run(DECODE, [want.data[0].ravel().tolist(), list(want.data[0].shape)]), np.float32)
+            audio = np.array(page.run(DECODE, [want.data[0].ravel().tolist(), list(want.data[0].shape)]),
+                             np.float32)
             assert audio.shape == bare.shape and np.abs(audio - bare).max() < 1e-4, n
         stream = py.decoder_stream()
         got = page.run(DECODE_STREAM, [want.data[0].ravel().tolist(), [1, 3, 7, 2]])
@@ -150,7 +154,8 @@ def test_browser_refuses_a_clip_under_a_frame_and_bad_codes(browser, web):
         wrong_side = page.run(SIDES, [server.url + "model/", ["listen"]])
         page.close()
     # A page that decodes only opens no encoder (one whose encoder is past what wasm32 loads).
-    assert decode_only["present"] == ["decoder_f13"] * bool(BUCKETS[name]) + ["decoder"] and decode_only["audio"] == 2 * codecport.load(folder).frame_size
+    assert decode_only["present"] == ["decoder_f13"] * bool(BUCKETS[name]) + ["decoder"] and \
+        decode_only["audio"] == 2 * codecport.load(folder).frame_size
     assert decode_only["streams"] == ["decoder"] and 'with "encode" among them' in decode_only["encode"]
     assert "takes [\"encode\"], [\"decode\"] or both" in wrong_side["error"]
     if name == "neucodec":  # XCodec2's official pad makes a frame of any clip

@@ -19,24 +19,28 @@ from codecport.errors import ModelFileError
 def test_neucodec_codes_are_not_xcodec2s(smoke_exports, tmp_path):
     wav, out = tmp_path / "a.wav", tmp_path / "o.wav"
     sf.write(wav, noise(3000)[0], 16000)
-    assert invoke("codec-run", "encode", wav, "-m", smoke_exports["neucodec"], "-o", tmp_path / "n.npz").returncode == 0
-    line = assert_one_line_error(invoke("codec-run", "decode", tmp_path / "n.npz", "-m", smoke_exports["xcodec2"],
-                                        "-o", out), out)
+    assert invoke("codec-run", "encode", wav, "-m", smoke_exports["neucodec"],
+                  "-o", tmp_path / "n.npz").returncode == 0
+    line = assert_one_line_error(invoke("codec-run", "decode", tmp_path / "n.npz",
+                                        "-m", smoke_exports["xcodec2"], "-o", out), out)
     assert "holds neucodec codes, not xcodec2" in line
 
 
 def test_bad_codes_and_audio_are_one_line(smoke_exports, tmp_path):
     model, out = smoke_exports["xcodec2"], tmp_path / "out.wav"
     np.save(tmp_path / "big.npy", np.full((1, 1, 4), 64, np.int64))
-    line = assert_one_line_error(invoke("codec-run", "decode", tmp_path / "big.npy", "-m", model, "-o", out), out)
+    line = assert_one_line_error(invoke("codec-run", "decode", tmp_path / "big.npy", "-m", model,
+                                        "-o", out), out)
     assert "codes must be in [0, 64)" in line
     sf.write(tmp_path / "nan.wav", np.full(4000, np.nan, np.float32), 16000, subtype="FLOAT")
     out = tmp_path / "c.npz"
-    line = assert_one_line_error(invoke("codec-run", "encode", tmp_path / "nan.wav", "-m", model, "-o", out), out)
+    line = assert_one_line_error(invoke("codec-run", "encode", tmp_path / "nan.wav", "-m", model,
+                                        "-o", out), out)
     assert "NaN" in line or "not finite" in line
     # Finite but of no audio's amplitude: the features overflowed into codes of nothing, written.
     sf.write(tmp_path / "loud.wav", np.full(4000, 1e20, np.float32), 16000, subtype="FLOAT")
-    line = assert_one_line_error(invoke("codec-run", "encode", tmp_path / "loud.wav", "-m", model, "-o", out), out)
+    line = assert_one_line_error(invoke("codec-run", "encode", tmp_path / "loud.wav", "-m", model,
+                                        "-o", out), out)
     assert "samples reach 1e+20" in line, line
 
 

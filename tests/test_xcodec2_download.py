@@ -51,7 +51,8 @@ def official(model) -> dict[str, torch.Tensor]:
     for k, v in model.state_dict().items():
         if k.startswith("CodecEnc.") and k.endswith(".weight") and v.dim() == 3:
             stem = k[: -len(".weight")]
-            out[f"{stem}.parametrizations.weight.original0"] = v.flatten(1).norm(dim=1).reshape(-1, 1, 1).clone()
+            out[f"{stem}.parametrizations.weight.original0"] = \
+                v.flatten(1).norm(dim=1).reshape(-1, 1, 1).clone()
             out[f"{stem}.parametrizations.weight.original1"] = v.clone()
         else:
             out[k] = v.clone()
@@ -74,8 +75,9 @@ def assert_same(got: dict[str, torch.Tensor], model) -> None:
 def test_release_by_name_reads_one_file(tiny, env, tmp_path):  # noqa: F811 (the fixture)
     data = save_safetensors(official(tiny))
     with hub({"main": {WEIGHTS_FILE: data}}, repo=REPO) as h:
-        proc = subprocess.run([sys.executable, "-c", LOAD, "xcodec2", str(tmp_path / "sd.pt")], capture_output=True,
-                              text=True, env={**env, "HF_ENDPOINT": h.url}, timeout=120, check=False)
+        proc = subprocess.run([sys.executable, "-c", LOAD, "xcodec2", str(tmp_path / "sd.pt")],
+                              capture_output=True, text=True, env={**env, "HF_ENDPOINT": h.url},
+                              timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {"sha": hashlib.sha256(data).hexdigest(), "preset": ["tiny"]}

@@ -46,9 +46,10 @@ def test_every_target_takes_them_whole(folder):
 
 
 def test_too_short_and_a_quantized_batch_are_refused_with_xcodec2s_name(tmp_path):
-    proc = invoke("codec-export", "xcodec2", "--preset", "tiny", "--random-init", "--len", "100", "-o", tmp_path / "a")
+    proc = invoke("codec-export", "xcodec2", "--preset", "tiny", "--random-init", "--len", "100",
+                  "-o", tmp_path / "a")
     assert proc.returncode == 1 and "XCodec2 graphs need at least 2 frames" in proc.stderr
-    proc = invoke("codec-export", "xcodec2", "--preset", "tiny", "--random-init", "--len", "4000", "--batch", "2",
-                  "--precision", "int8", "-o", tmp_path / "b")
+    proc = invoke("codec-export", "xcodec2", "--preset", "tiny", "--random-init", "--len", "4000",
+                  "--batch", "2", "--precision", "int8", "-o", tmp_path / "b")
     assert proc.returncode == 1 and "--batch writes fp32 graphs" in proc.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

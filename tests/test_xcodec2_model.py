@@ -34,7 +34,8 @@ def pair():
     official = build_official(import_official(), semantic_layers=16, intermediate=128)
     cfg = PRESETS["xcodec2"]
     with skipped_init():  # every weight is the official's, loaded next
-        ours = MODEL(dataclasses.replace(cfg, semantic=dataclasses.replace(cfg.semantic, intermediate=128))).eval()
+        ours = MODEL(dataclasses.replace(cfg, semantic=dataclasses.replace(cfg.semantic,
+                                                                           intermediate=128))).eval()
     # The official keys, every one (weight norm folded, SnakeBeta's `bias` read as its beta).
     sd = fold_weight_norm(XCODEC2.to_ours({k: v for k, v in official.state_dict().items()
                                            if not ours.unused(k)}))
@@ -90,7 +91,8 @@ def test_official_parity_decode_code(pair):
     mask = torch.zeros(1, 1, 30)
     mask[..., :17] = 1.0
     with torch.no_grad():
-        for n, got in ((30, ours.decode(codes)), (17, ours.decode_levels(fsq_codes(codes[:, 0], (4,) * 8), mask))):
+        for n, got in ((30, ours.decode(codes)),
+                       (17, ours.decode_levels(fsq_codes(codes[:, 0], (4,) * 8), mask))):
             want = official.decode_code(codes[..., :n].int())
             assert want.shape == (1, 1, n * 320) and got.shape == (1, 1, 30 * 320)
             scale = want.abs().max().item()

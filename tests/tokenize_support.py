@@ -53,7 +53,8 @@ def add_bad_files(root: Path) -> dict[str, str]:
 
 def tokenize(*args, check: bool = True, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     proc = subprocess.run([str(BIN / "codec-run"), "tokenize", *map(str, args)], check=False,
-                          capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})}, **kw)
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})}, **kw)
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "Traceback" not in proc.stderr, proc.stderr

@@ -143,7 +143,8 @@ def mount(page: Page, name: str, folder: Path) -> str:
 
 # Load the folder at a URL on WebGPU, encoder alone, and encode a clip.
 LOAD_ENCODE = """async ([url, x]) => {
-  const c = await window.demo.load(url, {ort: window.demo.ort, executionProviders: ["webgpu"], sides: ["encode"]});
+  const c = await window.demo.load(url, {ort: window.demo.ort, executionProviders: ["webgpu"],
+                                         sides: ["encode"]});
   const codes = await c.encode(Float32Array.from(x));
   return {codes: Array.from(codes.data), shape: codes.shape};
 }"""
@@ -165,7 +166,8 @@ ROUND_TRIP = """async (x) => {
   return {codes: Array.from(data), shape, fields, audio: Array.from(audio)};
 }"""
 
-DECODE = """async ([data, shape]) => Array.from(await window.demo.codec.decode({data: Int32Array.from(data), shape}))"""
+DECODE = ("async ([data, shape]) => "
+          "Array.from(await window.demo.codec.decode({data: Int32Array.from(data), shape}))")
 
 # A codes file the Python runtime wrote, read and decoded in the page.
 DECODE_FILE = """async (bytes) => {
@@ -177,7 +179,8 @@ DECODE_FILE = """async (bytes) => {
 
 # Python's Codes fields under the module's names.
 JS_FIELDS = {"codec": "codec", "preset": "preset", "export_id": "exportId", "sample_rate": "sampleRate",
-             "num_samples": "numSamples", "loudness_db": "loudnessDb", "mode": "mode", "chunk_frames": "chunkFrames"}
+             "num_samples": "numSamples", "loudness_db": "loudnessDb", "mode": "mode",
+             "chunk_frames": "chunkFrames"}
 
 
 def same_fields(codes, js: dict) -> None:

@@ -28,8 +28,9 @@ from .tokenize import tokenize_cmd
 from .web import web_cmd
 
 
-def codec_cmd(codec, preset, variant, seconds, runs, rounds, providers, precisions, steps, frames, long_windows,
-              contenders, official_python, minutes, peak_seconds, work, json_out, plot) -> None:
+def codec_cmd(codec, preset, variant, seconds, runs, rounds, providers, precisions, steps, frames,
+              long_windows, contenders, official_python, minutes, peak_seconds, work, json_out,
+              plot) -> None:
     """Benchmark CODEC: our ONNX graphs vs the torch implementations, one process each."""
     if plot and importlib.util.find_spec("matplotlib") is None:  # before torch's seconds of import
         _fail("--plot needs matplotlib; pip install 'codecport[bench]'", 1)
@@ -62,14 +63,16 @@ _OPTIONS = [
     click.Option(["--preset"], default=None, help="Preset [default: the codec's default: " + ", ".join(
         f"{s.default_preset} for {s.name}" for s in registry.codecs()) + "]."),
     click.Option(["--variant"], default=None, hidden=True),
-    click.Option(["--seconds"], type=Finite(min=0.01, max=3600), default=5.0, help="Audio per encode/decode call."),
+    click.Option(["--seconds"], type=Finite(min=0.01, max=3600), default=5.0,
+                 help="Audio per encode/decode call."),
     click.Option(["--runs"], type=click.IntRange(min=1), default=3, help="Timed runs after one warm-up."),
     click.Option(["--rounds"], type=click.IntRange(min=1), default=1,
                  help="Run every contender this many times, taking turns, and pool their runs: a slow "
                       "spell of the machine then falls on all of them."),
     click.Option(["--provider", "providers"], multiple=True, default=["cpu"],
                  type=click.Choice(list(PROVIDERS)), help="Our graphs on these (repeatable)."),
-    click.Option(["--precision", "precisions"], multiple=True, default=["fp32"], type=click.Choice(PRECISIONS),
+    click.Option(["--precision", "precisions"], multiple=True, default=["fp32"],
+                 type=click.Choice(PRECISIONS),
                  help="Our graphs in these precisions (repeatable); fp16/int8 are built from the fp32 "
                       "export and their measured deviation is reported next to their speed."),
     click.Option(["--steps"], type=click.IntRange(min=1), default=50, help="Streaming steps timed."),
@@ -100,11 +103,14 @@ _OPTIONS = [
                       "codes this many minutes long, and report their peak RSS (repeatable, e.g. "
                       "--memory 0.5 --memory 10: each later length is compared with the first)."),
     click.Option(["--peak-seconds"], type=Finite(min=0.01, max=60), default=1.5,
-                 help="Seconds spent measuring this machine's fp32 GEMM peak, for each of three matrix sizes."),
+                 help="Seconds spent measuring this machine's fp32 GEMM peak, for each of three "
+                      "matrix sizes."),
     click.Option(["--dir", "work"], type=click.Path(path_type=Path), default=None,
                  help="Keep the exported model here and reuse it on the next run [default: a temp folder]."),
-    click.Option(["--json", "json_out"], type=click.Path(path_type=Path), default=None, help="Write the report."),
-    click.Option(["--plot"], type=click.Path(path_type=Path), default=None, help="Bar chart PNG (matplotlib)."),
+    click.Option(["--json", "json_out"], type=click.Path(path_type=Path), default=None,
+                 help="Write the report."),
+    click.Option(["--plot"], type=click.Path(path_type=Path), default=None,
+                 help="Bar chart PNG (matplotlib)."),
 ]
 
 main = Group("codec-bench", context_settings={"show_default": True},
@@ -113,7 +119,8 @@ main = Group("codec-bench", context_settings={"show_default": True},
                         "the streams a server holds (`codec-bench serve`).")
 for _spec in registry.codecs():
     main.add_command(click.Command(
-        _spec.name, params=_OPTIONS, callback=guard(unwinds_on_sigterm(functools.partial(codec_cmd, _spec.name))),
+        _spec.name, params=_OPTIONS,
+        callback=guard(unwinds_on_sigterm(functools.partial(codec_cmd, _spec.name))),
         context_settings={"show_default": True},
         help=f"Benchmark {_spec.label}: our ONNX graphs vs the torch implementations, one process each."))
 main.add_command(tokenize_cmd)

@@ -29,7 +29,8 @@ class LongAudio:
     graphs: tuple[str, str]  # the encoder and decoder graphs each window goes through
     label: str  # how the report says it
     torch: str  # how the torch reference runs the same audio
-    samples: Callable[[dict, int], int]  # (manifest, windows) -> samples (at the encoder's rate) that take them
+    # (manifest, windows) -> samples (at the encoder's rate) that take them
+    samples: Callable[[dict, int], int]
 
 
 def _seconds_of_frames(cfg, seconds: float) -> int:
@@ -51,8 +52,10 @@ class BenchFacts:
     demo_preset: str  # the preset the demo exports (small, for a quick offline run)
     demo_seconds: float  # audio per call of the demo's fixed graphs
     torch_encode: Callable  # (model, x [B, 1, T], k) -> what the torch reference's encode returns
-    torch_codes: Callable | None = None  # (model, x, k) -> its codes as `Codes` arrays (None: torch_encode's, one scale)
-    torch_decode: Callable = _one_scale_decode  # (model, arrays) -> audio [B, samples], noise as `compare_noise` asks
+    # (model, x, k) -> its codes as `Codes` arrays (None: torch_encode's, one scale)
+    torch_codes: Callable | None = None
+    # (model, arrays) -> audio [B, samples], noise as `compare_noise` asks
+    torch_decode: Callable = _one_scale_decode
     transformers_model: Callable | None = None  # (config kwargs) -> (encode, decode) of transformers' port
     clip_samples: Callable = _seconds_of_frames  # (config, seconds) -> samples of one fixed call
     skip: Callable = _no_skip  # (contender, preset) -> why it cannot run, or None
@@ -70,7 +73,8 @@ class BenchFacts:
 
     def __post_init__(self):
         if self.torch_codes is None:
-            object.__setattr__(self, "torch_codes", lambda model, x, k: [self.torch_encode(model, x, k).numpy()])
+            object.__setattr__(self, "torch_codes",
+                               lambda model, x, k: [self.torch_encode(model, x, k).numpy()])
         object.__setattr__(self, "compare_noise", MappingProxyType(dict(self.compare_noise)))
         object.__setattr__(self, "contenders", MappingProxyType(dict(self.contenders)))
         object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))

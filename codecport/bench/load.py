@@ -187,7 +187,8 @@ def trial(url: str, spec, n: int, seconds: float, seed: int, period: float) -> d
     skip = max(1, min(round(0.5 / period), round(seconds / period) // 4))
     lat = [x for s in streams for x in s.latencies(skip)]
     errors = [s.error for s in streams if s.error]
-    complete = all(s.arrivals and s.arrivals[-1][0] >= len(s.sent) * s.frame - 1 for s in streams if not s.error)
+    complete = all(s.arrivals and s.arrivals[-1][0] >= len(s.sent) * s.frame - 1
+                   for s in streams if not s.error)
     ttfa = [s.arrivals[0][1] - s.sent[0] for s in streams if s.arrivals and s.sent]
     report = {"streams": n, "frames": sum(len(s.sent) for s in streams), "errors": errors[:3],
               "n_errors": len(errors), "warnings": sum(s.warnings for s in streams),

@@ -166,11 +166,11 @@ def graph_flops(path) -> int:
 
 def node_times(path: Path, modules: dict[str, str], runs: int = 3) -> dict[str, dict]:
     """Where one call of graph `path` spends its time, from ORT's per-node profile of `runs`
-    calls on random inputs (each node's median) (a node's time does not depend on the values): for each label, the
-    ms a call in the nodes of the torch module it names (`"semantic_model"`, `"head.istft"`) and
-    their share of all nodes' time. A node is the module's when its name or a tensor it reads or
-    writes carries the module's path: the exporter names a Linear's Gemm after nothing but its
-    weights."""
+    calls on random inputs (each node's median) (a node's time does not depend on the values):
+    for each label, the ms a call in the nodes of the torch module it names (`"semantic_model"`,
+    `"head.istft"`) and their share of all nodes' time. A node is the module's when its name or a
+    tensor it reads or writes carries the module's path: the exporter names a Linear's Gemm after
+    nothing but its weights."""
     import json
     import tempfile
 
@@ -268,8 +268,8 @@ def flat_codes(arrays) -> np.ndarray:
     return np.concatenate([a.reshape(a.shape[0], 1, -1) for a in arrays], axis=-1)
 
 
-def run_report(work: Path | None, prefix: str, run: Callable[[Path], dict], lines: Callable[[dict], list[str]],
-               json_out: Path | None) -> dict:
+def run_report(work: Path | None, prefix: str, run: Callable[[Path], dict],
+               lines: Callable[[dict], list[str]], json_out: Path | None) -> dict:
     """A codec-bench command's frame: `run(work)` in `work` (a temp folder when None, removed
     after), its table printed and its report written to `json_out`. Its failures are
     `CodecportError`s, which the commands' guard prints as one line."""

@@ -67,7 +67,8 @@ def run_rustymimi(job: dict) -> dict:
     tok.reset()
     return {"encode": summary(enc, job["seconds"]), "decode": summary(dec, job["seconds"]),
             "streaming": stream_steps(_Push(lambda frame: tok.encode_step(frame[None, None])),
-                                      _Push(tok.decode_step), job["frames"], job["frames"] * int(meta["frame_size"]),
+                                      _Push(tok.decode_step), job["frames"],
+                                      job["frames"] * int(meta["frame_size"]),
                                       int(meta["sample_rate"]), job["steps"]),
             "version": version("rustymimi"), "codes": codes.astype(np.int64).tolist()}
 

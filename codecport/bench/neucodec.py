@@ -79,7 +79,8 @@ def offline(module, build, semantic_layers: int = 24, intermediate: int | None =
 
     w2v = Wav2Vec2BertConfig(num_hidden_layers=semantic_layers, output_hidden_states=True,
                              **({"intermediate_size": intermediate} if intermediate else {}))
-    with mock.patch.object(module.Wav2Vec2BertModel, "from_pretrained", lambda *a, **k: Wav2Vec2BertModel(w2v)), \
+    with mock.patch.object(module.Wav2Vec2BertModel, "from_pretrained",
+                           lambda *a, **k: Wav2Vec2BertModel(w2v)), \
             mock.patch.object(module.AutoFeatureExtractor, "from_pretrained",
                               lambda *a, **k: SeamlessM4TFeatureExtractor()):
         return build().eval()
@@ -98,8 +99,9 @@ def build_distill(nc, cfg):
     from transformers import HubertConfig, HubertModel, Wav2Vec2FeatureExtractor
 
     h = cfg["distill"]["hubert"]
-    hubert = HubertConfig(num_hidden_layers=h["layers"], hidden_size=h["hidden"], num_attention_heads=h["heads"],
-                          intermediate_size=h["intermediate"], conv_bias=False, feat_extract_norm="group",
+    hubert = HubertConfig(num_hidden_layers=h["layers"], hidden_size=h["hidden"],
+                          num_attention_heads=h["heads"], intermediate_size=h["intermediate"],
+                          conv_bias=False, feat_extract_norm="group",
                           do_stable_layer_norm=False, layer_norm_eps=h["eps"])
     with mock.patch.object(nc.model.HubertModel, "from_pretrained", lambda *a, **k: HubertModel(hubert)), \
             mock.patch.object(nc.model.AutoFeatureExtractor, "from_pretrained",
@@ -143,7 +145,8 @@ def run_package(job: dict, official, package: str, shape, to_official=lambda sd:
     # What may stay random: w2v-BERT past the layers NeuCodec reads (and DistilHuBERT's
     # masked-prediction embedding), and the ISTFT window (a constant the official model holds as a buffer).
     # The distilled encoder's cache tokens are empty.
-    lacking = [k for k in missing if not k.startswith("semantic_model.") and not k.endswith(("istft.window", "cache_token"))]
+    lacking = [k for k in missing
+               if not k.startswith("semantic_model.") and not k.endswith(("istft.window", "cache_token"))]
     if lacking:
         return {"skipped": f"the official model has parameters the bench's weights lack ({lacking[0]})"}
     geo = json.loads((folder / "model" / "manifest.json").read_text())["geometry"]

@@ -26,7 +26,8 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).re
 
 
 def _measure():
-    spec = importlib.util.spec_from_file_location("codec_bench_measure", Path(__file__).with_name("measure.py"))
+    spec = importlib.util.spec_from_file_location("codec_bench_measure",
+                                                  Path(__file__).with_name("measure.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

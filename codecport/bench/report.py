@@ -84,10 +84,10 @@ def table(report: dict) -> list[str]:
     if "long" in report:
         lines.append(f"-long: {report['long']['windows']} windows ({report['long']['seconds']:g} s of audio) "
                      f"{report['long'].get('through', 'through the chunked graphs')}; ours run "
-                     + ", ".join(f"{r['windows_at_once']} at once ({n})" for n, r in report["contenders"].items()
-                                 if "windows_at_once" in r)
-                     + (f"; torch {report['long'].get('torch', 'one after another')}" if "encode-long" in report["contenders"].get("torch-eager", {})
-                        else ""))
+                     + ", ".join(f"{r['windows_at_once']} at once ({n})"
+                                 for n, r in report["contenders"].items() if "windows_at_once" in r)
+                     + (f"; torch {report['long'].get('torch', 'one after another')}"
+                        if "encode-long" in report["contenders"].get("torch-eager", {}) else ""))
     for name, r in report["contenders"].items():
         if "codes_equal_pct" in r:
             eq = r["codes_equal_pct"]
@@ -107,7 +107,8 @@ def table(report: dict) -> list[str]:
         ref = first.setdefault(d, m)
         what = "of a 44.1 kHz stereo WAV" if d == "encode" else f"({m['output_mb']:.0f} MB of audio written)"
         what += "" if d == "encode" else f" from {m['from']}"
-        ratio = f" ({m['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x the {ref['minutes']:g} min run)" if m is not ref else ""
+        ratio = (f" ({m['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x the {ref['minutes']:g} min run)"
+                 if m is not ref else "")
         lines.append(f"codec-run {d} of {m['minutes']:g} min {what}: peak RSS {m['peak_rss_mb']:.0f} MB"
                      f"{ratio}, {m['seconds']:.1f} s")
     for name, r in report["contenders"].items():
@@ -116,7 +117,8 @@ def table(report: dict) -> list[str]:
             for d in [d for d in ("encode_step", "decode_step") if d in st]:
                 p = st[d]
                 f = st["frames_per_step"]
-                line = (f"{name} streaming {d} ({f} × {st['frame_ms']:g} ms frame{'s' if f > 1 else ''} a step, "
+                line = (f"{name} streaming {d} ({f} × {st['frame_ms']:g} ms "
+                        f"frame{'s' if f > 1 else ''} a step, "
                         f"{st['steps']} steps): p50 {p['p50_ms']:.1f} ms, p95 {p['p95_ms']:.1f} ms, "
                         f"p99 {p['p99_ms']:.1f} ms")
                 if f > 1:  # the weights are read once a step, so the cost of a frame falls
@@ -145,7 +147,8 @@ def plot(report: dict, path: Path) -> None:
                [r[d]["rtf_median"] for d in dirs if d in r], width, label=name)
     ax.set_xticks([j + width * (len(ran) - 1) / 2 for j in range(len(dirs))], dirs)
     ax.set_ylabel("real-time factor (lower is faster)")
-    ax.set_title(f"{report['codec']} {report['preset']}, {report['seconds']:g} s, {report['machine']['cpus']} CPUs")
+    ax.set_title(f"{report['codec']} {report['preset']}, {report['seconds']:g} s, "
+                 f"{report['machine']['cpus']} CPUs")
     ax.legend()
     fig.tight_layout()
     with atomic_path(path) as tmp:

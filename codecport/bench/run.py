@@ -93,7 +93,8 @@ def _jobs(spec, o: Options, work: Path, base: dict) -> tuple[dict, dict, dict]:
                 if official else ("official", None, f"{spec.label} has no official package to run")
         else:
             label = "torch-eager" if name == "torch" else name
-            module, reason = ("torch", "") if name == "torch" else OPTIONAL.get(name, (name, f"pip install {name}"))
+            module, reason = (("torch", "") if name == "torch"
+                              else OPTIONAL.get(name, (name, f"pip install {name}")))
         if official and facts.official.script is not None:
             if o.official_python is None:
                 skipped[label] = {"skipped": reason}
@@ -148,7 +149,8 @@ def bench(spec, o: Options, work: Path) -> dict:
         for name, job in jobs.items():
             if name in skipped:
                 continue
-            click.echo(f"running {name}" + (f" (round {r + 1} of {o.rounds})" if o.rounds > 1 else "") + " ...")
+            click.echo(f"running {name}" + (f" (round {r + 1} of {o.rounds})" if o.rounds > 1 else "")
+                       + " ...")
             result = run_worker(job)
             if "skipped" in result:  # installed, but it found it cannot run here
                 skipped[name] = result
@@ -172,6 +174,7 @@ def bench(spec, o: Options, work: Path) -> dict:
         # Each lower precision against our own fp32, as the targets are stated.
         low = f"onnx-{o.providers[0]}-{precision}"
         report["speedups"][f"{low} vs {ours}"] = {
-            d: report["contenders"][ours][d]["seconds_median"] / report["contenders"][low][d]["seconds_median"]
+            d: (report["contenders"][ours][d]["seconds_median"]
+                / report["contenders"][low][d]["seconds_median"])
             for d in directions(report["contenders"][low])}
     return report

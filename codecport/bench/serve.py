@@ -68,8 +68,8 @@ class Config:
 # ---- the servers -------------------------------------------------------------------------------
 def start_server(folder: Path, pool: int, batched: bool, provider: str) -> subprocess.Popen:
     """`codec-serve` on a free port of 127.0.0.1, starting (`server_url` waits for it)."""
-    cmd = [sys.executable, "-c", "from codecport.cli.serve import serve_cli; serve_cli()", "-m", str(folder), "--slots", str(pool), "--port", "0",
-           "--provider", provider, "--max-backlog", str(64 << 20)]
+    cmd = [sys.executable, "-c", "from codecport.cli.serve import serve_cli; serve_cli()", "-m", str(folder),
+           "--slots", str(pool), "--port", "0", "--provider", provider, "--max-backlog", str(64 << 20)]
     if not batched:
         cmd.append("--no-batch")
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -126,14 +126,16 @@ def ensure_export(spec, preset: str, clip: float, seed: int, slots: int, base: P
            "codecport": __version__, "source": export_source_hash()}
 
     def make() -> None:
-        click.echo(f"exporting {spec.label} {preset} (random weights){f' with --slots {slots}' if slots else ''} ...")
+        click.echo(f"exporting {spec.label} {preset} (random weights)"
+                   f"{f' with --slots {slots}' if slots else ''} ...")
         prepare(spec, preset, clip, 1, seed, base, **({"slots": slots} if slots else {}))
 
     stamped(base, key, make)
 
 
 def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str, ...], seconds: float,
-                max_streams: int, soak: float, provider: str, seed: int, work: Path, clip: float = 2.0) -> dict:
+                max_streams: int, soak: float, provider: str, seed: int, work: Path,
+                clip: float = 2.0) -> dict:
     """The whole run in `work`; `clip`: seconds per call of the fixed graphs, the bound's clip."""
     batched = sorted({b for b in slots if b > 1})
     bases = {}
@@ -171,7 +173,8 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
 
         def bound_round():
             for p in precisions:
-                report["bound"][p].append(fixed_bound(spec, folders[(batched[0] if batched else 0, p)], clip, seed, provider))
+                report["bound"][p].append(fixed_bound(spec, folders[(batched[0] if batched else 0, p)], clip,
+                                                      seed, provider))
 
         bound_round()
         n = 1
@@ -235,7 +238,8 @@ def lines(report: dict) -> list[str]:
     """The table: streams held per configuration, latency at that load, ratios in this run."""
     out = [(f"{report['codec']} {report['preset']} on {report['provider']}, {report['cores']} cores, frames "
             f"of {report['period_ms']:.0f} ms, {report['trial_seconds']:g} s a trial"),
-           "| config | streams held | p50 / p95 / p99 frame latency | time to first audio p50 | × B=1 | × fixed bound |",
+           ("| config | streams held | p50 / p95 / p99 frame latency | time to first audio p50 "
+            "| × B=1 | × fixed bound |"),
            "|---|---|---|---|---|---|"]
     bounds = {p: float(np.median([b["streams"] for b in v])) for p, v in report["bound"].items()}
     for name, c in report["configs"].items():
@@ -245,12 +249,14 @@ def lines(report: dict) -> list[str]:
         t = c["trials"].get(c["held"], {})
         lat, ttfa = t.get("latency_ms", {}), t.get("ttfa_ms", {})
         held = f"{c['held']}{'+' if c['capped'] else ''}"
-        out.append(f"| {name} | {held} | {lat.get('p50', float('nan')):.1f} / {lat.get('p95', float('nan')):.1f} / "
+        out.append(f"| {name} | {held} | {lat.get('p50', float('nan')):.1f} / "
+                   f"{lat.get('p95', float('nan')):.1f} / "
                    f"{lat.get('p99', float('nan')):.1f} ms | {ttfa.get('p50', float('nan')):.0f} ms | "
                    f"{c['held'] / one:.2f} | {c['held'] / bounds[c['precision']]:.0%} |")
     for p, v in report["bound"].items():
         rtfs = ", ".join(f"{b['rtf']:.3f}" for b in v)
-        out.append(f"fixed-graph bound ({p}): {bounds[p]:.1f} streams (RTF {rtfs} at the start, middle and end)")
+        out.append(f"fixed-graph bound ({p}): {bounds[p]:.1f} streams (RTF {rtfs} at the start, middle "
+                   "and end)")
     if "soak" in report:
         s = report["soak"]
         out.append(f"soak: {s['config']} at {s['streams']} streams for {s['minutes']:g} min; clients "
@@ -269,7 +275,8 @@ SERVABLE = [s.name for s in registry.codecs() if s.runtime.streams]
 @click.option("--slots", "slots", multiple=True, type=click.IntRange(1, 256),
               help="Configurations (repeatable): 1 steps each stream on its own, B > 1 the batched graphs "
                    "of B streams a call [default: 1, 8 and 16; 1 for a codec without step graphs].")
-@click.option("--precision", "precisions", multiple=True, type=click.Choice(PRECISIONS), default=["fp32", "int8"],
+@click.option("--precision", "precisions", multiple=True, type=click.Choice(PRECISIONS),
+              default=["fp32", "int8"],
               help="Precisions (repeatable).")
 @click.option("--seconds", type=Finite(min=0.2, max=3600), default=8.0, help="Seconds of each trial.")
 @click.option("--len", "clip", type=Finite(min=0.1, max=600), default=2.0,
@@ -284,7 +291,8 @@ SERVABLE = [s.name for s in registry.codecs() if s.runtime.streams]
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @guard
 @unwinds_on_sigterm
-def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak, provider, seed, work, json_out):
+def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak, provider, seed, work,
+              json_out):
     """Real-time streams `codec-serve` holds for CODEC, per --slots and --precision, on loopback."""
     spec = registry.get(codec)
     slots = slots or ((1, 8, 16) if spec.has_step_graphs else (1,))

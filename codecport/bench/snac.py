@@ -92,7 +92,8 @@ FACTS = BenchFacts(
     fixed_mode="whole",  # one call of the window graph
     compare_noise={"noise": "zero"},  # comparisons with torch's decode: neither adds noise
     long=LongAudio("whole", ("encoder", "decoder"),
-                   "through the window graphs, overlapping by the receptive field", "on the whole clip at once",
+                   "through the window graphs, overlapping by the receptive field",
+                   "on the whole clip at once",
                    long_samples),
     torch_long=torch_long,
     official=Official("snac", "snac", "pip install snac (it installs beside codecport's torch)"),

@@ -32,7 +32,8 @@ BIN = Path(sys.executable).parent
 ONE_S, SHORT_S = 0.5, 0.2  # seconds of the clip that times the start, and of each short clip
 
 
-def per_file_ms(start_s: float, many_wall_s: float, many: int, wall_s: float, runs: int, audio_s: float) -> float:
+def per_file_ms(start_s: float, many_wall_s: float, many: int, wall_s: float, runs: int,
+                audio_s: float) -> float:
     """What a file costs beyond its audio, in ms: the wall time of `many` short clips, less the
     start and their audio at the corpus's rate (`audio_s` in `runs` runs of `wall_s` in all, each
     run's start taken off: a small corpus is mostly starts). Never below 0: where the runs are too
@@ -80,7 +81,8 @@ def _torch_loop(job: dict) -> None:
             audio = soxr.resample(audio, sr, cfg.sample_rate)
         with torch.no_grad():
             for channel in audio.T:
-                facts.torch_encode(model, torch.from_numpy(np.ascontiguousarray(channel))[None, None], job["k"])
+                facts.torch_encode(model, torch.from_numpy(np.ascontiguousarray(channel))[None, None],
+                                   job["k"])
     print(json.dumps({"wall_s": time.perf_counter() - t0}))
 
 
@@ -105,7 +107,8 @@ def _contenders(batch: int | None, with_ray: bool) -> dict[str, dict]:
 
 
 @click.command("tokenize", context_settings={"show_default": True})
-@click.option("--codec", type=click.Choice(registry.names()), required=True, help="The codec to export and run.")
+@click.option("--codec", type=click.Choice(registry.names()), required=True,
+              help="The codec to export and run.")
 @click.option("--preset", default=None, help="Preset [default: the codec's default].")
 @click.option("--variant", default=None, hidden=True)
 @click.option("--len", "length", type=Finite(min=0.1, max=600), default=5.0,
@@ -178,7 +181,8 @@ def tokenize_cmd(codec, preset, variant, length, batch, frames, clips, min_secon
                 wall = _run(command(name, part, work / f"out-{runs}"))
                 runs += 1
                 results[name]["wall_s"] += wall
-                click.echo(f"  slice {i + 1}/{slices} {name:<12} {audio[i] / wall:7.1f} audio s per s", err=True)
+                click.echo(f"  slice {i + 1}/{slices} {name:<12} {audio[i] / wall:7.1f} audio s per s",
+                           err=True)
         for name in contenders:
             if contenders[name]:
                 wall = _run(command(name, shorts, work / f"out-short-{runs}"))
@@ -195,7 +199,8 @@ def tokenize_cmd(codec, preset, variant, length, batch, frames, clips, min_secon
     base = results["torch-loop"]["audio_s_per_s"]
     click.echo(f"{codec} {preset}: {clips} clips, {total / 3600:.2f} h of audio ({min_seconds:g}-"
                f"{max_seconds:g} s, rates 16-48 kHz, mono and stereo), batch {batch or 1}")
-    click.echo(f"{'contender':<14}{'audio s/s':>10}{'vs torch':>10}{'vs local':>10}{'start s':>9}{'ms/file':>9}")
+    click.echo(f"{'contender':<14}{'audio s/s':>10}{'vs torch':>10}{'vs local':>10}"
+               f"{'start s':>9}{'ms/file':>9}")
     click.echo("  (vs local: against the local engine at the same batch)")
     for name, r in results.items():
         rate = r["audio_s_per_s"]

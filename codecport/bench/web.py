@@ -29,7 +29,9 @@ from .measure import WARMUP_STEPS, clip, percentiles, run_report, summary
 
 PAGE_RUN = """async ([what, runs, steps]) => {
   const c = window.demo.codec, x = window.benchClip, out = {};
-  const time = async (f) => { const t0 = performance.now(); const r = await f(); return [performance.now() - t0, r]; };
+  const time = async (f) => {
+    const t0 = performance.now(); const r = await f(); return [performance.now() - t0, r];
+  };
   if (what.includes("decode")) {  // the native runtime's codes where the page does not encode
     let codes = window.benchCodes ?? (await time(() => c.encode(x)))[1];  // warm-up: opens the sessions
     await c.decode(codes);
@@ -44,7 +46,8 @@ PAGE_RUN = """async ([what, runs, steps]) => {
     }
   }
   if (what.includes("stream")) {
-    const e = c.encoderStream(), d = c.decoderStream(), n = e.stepFrames * c.frameSize, both = [], enc = [], dec = [];
+    const e = c.encoderStream(), d = c.decoderStream(), n = e.stepFrames * c.frameSize,
+      both = [], enc = [], dec = [];
     for (let i = 0; i < steps + WARMUP; i++) {
       const pcm = x.subarray((i * n) % (x.length - n), (i * n) % (x.length - n) + n);
       const [me, codes] = await time(() => e.push(pcm));
@@ -77,10 +80,11 @@ def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], fram
     base = work / "base"
 
     def make() -> None:
-        click.echo(f"exporting {spec.name} {preset} for {seconds:g} s (random weights, quantizer in the graphs) ...")
+        click.echo(f"exporting {spec.name} {preset} for {seconds:g} s (random weights, quantizer in the "
+                   "graphs) ...")
         model = models.init_random(models.MODEL(cfg), 0).eval()
-        spec.module("export").export(model, base, samples, options=export_options(spec, frames), preset=preset,
-                                     weights="random-init seed 0", weights_sha256="none",
+        spec.module("export").export(model, base, samples, options=export_options(spec, frames),
+                                     preset=preset, weights="random-init seed 0", weights_sha256="none",
                                      in_graph_codebooks=codebooks)
 
     stamped(work, key, make, builds="web-*")
@@ -130,7 +134,8 @@ class Native:
                 if i >= WARMUP_STEPS:
                     enc.append(t1 - t0)
                     dec.append(time.perf_counter() - t1)
-            out["stream"] = {"encode_step": enc, "decode_step": dec, "both": [a + b for a, b in zip(enc, dec)],
+            out["stream"] = {"encode_step": enc, "decode_step": dec,
+                             "both": [a + b for a, b in zip(enc, dec)],
                              "frames_per_step": e.step_frames}
         return out
 
@@ -183,7 +188,8 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
         raise CodecportError("codec-bench web drives Chromium with playwright: pip install "
                              "'codecport[bench]'") from None
 
-    machine = {"cpus": os.cpu_count(), "platform": platform.platform(), "onnxruntime": onnxruntime.__version__}
+    machine = {"cpus": os.cpu_count(), "platform": platform.platform(),
+               "onnxruntime": onnxruntime.__version__}
     report = {"seconds": seconds, "runs": runs, "rounds": rounds, "steps": steps, "threads": list(threads),
               "frames": frames, "decode_only": decode_only,
               "machine": machine, "codecs": {}}
@@ -208,17 +214,20 @@ def bench_web(codecs: list[str], seconds: float, precisions: tuple[str, ...], th
                     in_rate = int(manifest.get("input_rate", rate))
                     x = clip(samples)[0]
                     duplex = {"encoder", "decoder"} <= set(spec.runtime.streams)
-                    what = ("decode",) if decode_only else ("encode", "decode", *(("stream",) if duplex else ()))
+                    what = (("decode",) if decode_only
+                            else ("encode", "decode", *(("stream",) if duplex else ())))
                     frame_ms = 1000 * int(manifest["frame_size"]) / rate
                     server = WebServer(folder, ort_dir, 0).start()
                     try:
                         contenders = {}
                         for t in threads:
                             contenders[f"native {t} thread{'s' if t > 1 else ''}"] = Native(folder, t)
-                        codes = next(iter(contenders.values())).codec.encode(x, in_rate).data[0] if decode_only else None
+                        codes = (next(iter(contenders.values())).codec.encode(x, in_rate).data[0]
+                                 if decode_only else None)
                         for t in threads:
                             click.echo(f"loading {name} {precision} in the page, wasm {t} thread(s) ...")
-                            contenders[f"wasm {t} thread{'s' if t > 1 else ''}"] = InPage(browser, server.url, x, t, codes)
+                            contenders[f"wasm {t} thread{'s' if t > 1 else ''}"] = InPage(
+                                browser, server.url, x, t, codes)
                         results: dict[str, list[dict]] = {c: [] for c in contenders}
                         for r in range(rounds):
                             for label, c in contenders.items():
@@ -243,10 +252,12 @@ def table(report: dict) -> list[str]:
     m = report["machine"]
     lines = [(f"codecport.mjs on onnxruntime-web {m.get('onnxruntime_web')} (Chromium {m.get('chromium')}) "
               f"beside the native CPU EP (onnxruntime {m['onnxruntime']}), {m['cpus']} CPUs; "
-              f"{report['runs']} runs x {report['rounds']} rounds taken in turn; RTF = compute s per audio s")]
+              f"{report['runs']} runs x {report['rounds']} rounds taken in turn; "
+              "RTF = compute s per audio s")]
     for name, by_precision in report["codecs"].items():
         for precision, r in by_precision.items():
-            lines.append(f"{name} {r.get('preset', r.get('variant'))} {precision}, {r['audio_seconds']:g} s a call:")
+            lines.append(f"{name} {r.get('preset', r.get('variant'))} {precision}, "
+                         f"{r['audio_seconds']:g} s a call:")
             cs = r["contenders"]
             for label, c in cs.items():
                 timed = [d for d in ("encode", "decode") if d in c]
@@ -259,7 +270,8 @@ def table(report: dict) -> list[str]:
                     st, b = c["stream"], c["stream"]["both"]
                     f = st["frames_per_step"]
                     step = f"{f} x {st['frame_ms']:g} ms frames" if f > 1 else f"{st['frame_ms']:g} ms frame"
-                    parts.append(f"live encode+decode per {step} p50 {b['p50_ms']:.1f} ms, p95 {b['p95_ms']:.1f} ms "
+                    parts.append(f"live encode+decode per {step} p50 {b['p50_ms']:.1f} ms, "
+                                 f"p95 {b['p95_ms']:.1f} ms "
                                  f"({'real time' if b['p95_ms'] < f * st['frame_ms'] else 'NOT real time'})")
                 lines.append(f"  {label:<17} " + "; ".join(parts))
             for g, d in r["deviation"].items():
@@ -279,14 +291,16 @@ def table(report: dict) -> list[str]:
                   f"{s.bench.web_preset} for {s.name}" for s in registry.codecs() if s.web) + "].")
 @click.option("--seconds", type=Finite(min=0.01, max=600), default=5.0, help="Audio per encode/decode call.")
 @click.option("--precision", "precisions", multiple=True, default=["fp32", "int8"],
-              type=click.Choice(list(TARGETS["web"].precisions)), help="Web folders in these precisions (repeatable).")
+              type=click.Choice(list(TARGETS["web"].precisions)),
+              help="Web folders in these precisions (repeatable).")
 @click.option("--threads", multiple=True, type=click.IntRange(1, 64), default=[1, 2],
               help="WASM threads, and the native CPU EP's intra-op threads (repeatable).")
 @click.option("--runs", type=click.IntRange(min=1), default=3, help="Timed calls per round after a warm-up.")
 @click.option("--rounds", type=click.IntRange(min=1), default=2, help="Rounds, the contenders taking turns.")
 @click.option("--steps", type=click.IntRange(min=1), default=60, help="Live-loop frames timed per round.")
 @click.option("--frames", type=click.IntRange(min=1), default=1,
-              help="Code frames per streaming step (codecs whose steps the browser runs): the cost per frame falls, the latency grows.")
+              help="Code frames per streaming step (codecs whose steps the browser runs): the cost per "
+                   "frame falls, the latency grows.")
 @click.option("--decode-only", is_flag=True,
               help="Time the decoders only, on the native runtime's codes: the page opens no encoder (a "
                    "folder whose encoder is past what wasm32 loads, NeuCodec's fp32 at the released size).")
@@ -305,5 +319,5 @@ def web_cmd(codecs, variant, preset, seconds, precisions, threads, runs, rounds,
         if name not in web:
             raise click.BadParameter(f"{name}: codecport.mjs runs {', '.join(web)}", param_hint="--codec")
     run_report(work, "codec-bench-web-", lambda w: bench_web(
-        list(codecs) or web, seconds, tuple(precisions), tuple(threads), runs, rounds, steps, w, ort_web, frames,
-        preset or variant, decode_only), table, json_out)
+        list(codecs) or web, seconds, tuple(precisions), tuple(threads), runs, rounds, steps, w, ort_web,
+        frames, preset or variant, decode_only), table, json_out)

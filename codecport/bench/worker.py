@@ -45,7 +45,8 @@ def run_onnx(job: dict) -> dict:
     codec, facts = spec.runtime(folder, job["provider"]), spec.bench
     sr, mode = codec.input_rate, facts.fixed_mode  # the rate its encoder takes: no resampling timed
     x = clip(codec.graph("encoder").int("samples"))
-    first, enc = timed(lambda: codec.encode(x, sr, mode=mode), runs)  # bare: no resampling or loudness on the way back
+    # bare: no resampling or loudness on the way back
+    first, enc = timed(lambda: codec.encode(x, sr, mode=mode), runs)
     codes = Codes(first.arrays)
     dec = timings(lambda: codec.decode(codes, mode=mode), runs)
     out = {}
@@ -118,7 +119,8 @@ def stream_steps(encoder, decoder, frames: int, samples: int, rate: int, steps: 
         if i >= WARMUP_STEPS:
             enc.append(t1 - t0)
             dec.append(t2 - t1)
-    return {"encode_step": percentiles(enc), **({"decode_step": percentiles(dec)} if decoder is not None else {}),
+    return {"encode_step": percentiles(enc),
+            **({"decode_step": percentiles(dec)} if decoder is not None else {}),
             "steps": steps, "frames_per_step": frames, "frame_ms": 1000 * samples / frames / rate}
 
 

@@ -61,9 +61,11 @@ def run_options(fn):
     fn = verbose_option(fn)
     fn = provider_options(fn)
     fn = click.option("--mode", type=click.Choice(MODE_CHOICES), default="auto",
-                      callback=lambda ctx, param, value: None if value == "auto" else value,  # the codec's choice
+                      # the codec's choice
+                      callback=lambda ctx, param, value: None if value == "auto" else value,
                       help="Way through the graphs: fixed (one call of the fixed-length pair), "
-                           "chunked (fixed windows decoded alone, as an official chunked compress), step (the step graphs), "
+                           "chunked (fixed windows decoded alone, as an official chunked compress), "
+                           "step (the step graphs), "
                            "whole (windows overlapping by the receptive field: the official codes of "
                            "the whole clip), or auto (the codec's choice by length).")(fn)
     return click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,

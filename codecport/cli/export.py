@@ -139,11 +139,13 @@ def _export(spec, *, preset, preset_alias, length, weights, revision, random_ini
         check_out_dir(out_dir)
     exporter = spec.module("export")
     if weights is not None and not weights.strip():  # ("" read as no --weights named a preset's release)
-        raise click.UsageError("--weights is empty; pass a released name, a checkpoint file or folder, or a URL")
+        raise click.UsageError("--weights is empty; pass a released name, a checkpoint file or folder, "
+                               "or a URL")
     if length is None and getattr(exporter, "LEN_NEEDED", None):  # before any weights are fetched
         raise CodecportError(f"pass --len N: {exporter.LEN_NEEDED}")
     if hasattr(exporter, "check_options"):  # the codec's own options, also before any weights
-        exporter.check_options(length, _own_options(spec, given), _known_config(spec, preset, weights, random_init))
+        exporter.check_options(length, _own_options(spec, given),
+                               _known_config(spec, preset, weights, random_init))
     models, presets = spec.module("model"), spec.presets
     t0 = time.perf_counter()
     if random_init:

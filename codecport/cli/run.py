@@ -47,7 +47,8 @@ layout_option = click.option(
 @run_options
 @guard
 @unwinds_on_sigterm
-def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fallback, options, verbose) -> None:
+def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fallback, options,
+               verbose) -> None:
     """Encode an audio file of any length and sample rate to codes (read block by block)."""
     from ..runtime.audio import FileSource
     from ..runtime.codefile import check_npy, format_of
@@ -76,7 +77,8 @@ def encode_cmd(audio_in, out, codebooks, layout, model_dir, mode, provider, fall
     codes.save(out, layout)
     label = MODE_LABELS[codes.mode].format(chunk=codes.chunk_frames)
     shapes = " + ".join(str(list(a.shape)) for a in codes.arrays)
-    click.echo(f"{audio_in}: {codes.channels * codec.channels_per_row} ch x {codes.num_samples} samples @ {codes.sample_rate} Hz "
+    click.echo(f"{audio_in}: {codes.channels * codec.channels_per_row} ch x {codes.num_samples} samples "
+               f"@ {codes.sample_rate} Hz "
                f"-> codes {shapes} [{label}] in {took:.2f} s on {codec.provider}")
     click.echo(f"wrote {out}")
 
@@ -150,7 +152,8 @@ def info_cmd(target, as_json, verbose) -> None:
     first = graphs[0]
     # Read through the checked accessors: a damaged value is one error line, not a crash.
     rate = first.int("sample_rate") / first.int("frame_size") if "frame_size" in first.meta else None
-    click.echo(f"{target}: {first.meta.get('codec')} {first.meta.get('preset')}, {first.int('sample_rate')} Hz"
+    click.echo(f"{target}: {first.meta.get('codec')} {first.meta.get('preset')}, "
+               f"{first.int('sample_rate')} Hz"
                + (f" (encodes {first.int('input_rate')} Hz)" if "input_rate" in first.meta else "")
                + (f", {rate:g} frames/s" if rate else "")
                + f", {first.int('n_codebooks')} codebooks of {first.int('codebook_size')}, quantizer "

@@ -14,8 +14,8 @@ from ..frontend import INT_MAX, Command, Finite, guard, setup_logging
 from ..version import __version__
 from .common import provider_options, verbose_option
 
-DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idle_timeout": 30.0, "handshake_timeout": 10.0, "max_message": 1 << 20,
-            "max_backlog": 4 << 20, "send_buffer": 1 << 18}
+DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idle_timeout": 30.0,
+            "handshake_timeout": 10.0, "max_message": 1 << 20, "max_backlog": 4 << 20, "send_buffer": 1 << 18}
 
 
 @click.command(cls=Command, context_settings={"show_default": True})
@@ -47,12 +47,13 @@ DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idl
                    "up to megabytes a connection, which hide a slow reader longer).")
 @click.option("--batch/--no-batch", "batched", default=True,
               help="Step the slots through the folder's batched step graphs (<side>_slots.onnx, written by "
-                   "codec-export --slots B), B slots a call, where it has them; --no-batch steps one slot a call.")
+                   "codec-export --slots B), B slots a call, where it has them; --no-batch steps one slot "
+                   "a call.")
 @provider_options
 @verbose_option
 @guard
-def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, handshake_timeout, grace, max_message, max_backlog,
-              send_buffer, batched, provider, fallback, options, verbose) -> None:
+def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, handshake_timeout, grace,
+              max_message, max_backlog, send_buffer, batched, provider, fallback, options, verbose) -> None:
     """Serve live streams of an exported codec over WebSocket: PCM in and codes out (encode),
     codes in and PCM out (decode), or both (duplex), one stream per connection at
     ws://HOST:PORT/stream, with /health and /metrics. SIGTERM drains and exits."""
@@ -67,11 +68,13 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
         raise CodecportError(f"{model_dir}: {codec.no_stream('encoder or decoder')}; codec-serve serves "
                              "streams: use codec-run for whole files")
     config = ServeConfig(slots=slots, host=host, port=port, queue=queue, queue_timeout=queue_timeout,
-                         idle_timeout=idle_timeout, handshake_timeout=handshake_timeout, grace=grace, max_message=max_message, max_backlog=max_backlog,
-                         send_buffer=send_buffer, batched=batched)
+                         idle_timeout=idle_timeout, handshake_timeout=handshake_timeout, grace=grace,
+                         max_message=max_message, max_backlog=max_backlog, send_buffer=send_buffer,
+                         batched=batched)
 
     def announce(url: str) -> None:
-        click.echo(f"serving {spec.label} {codec.preset} ({model_dir}) on {codec.provider}: {slots} slot{'s' if slots > 1 else ''} a side "
+        click.echo(f"serving {spec.label} {codec.preset} ({model_dir}) on {codec.provider}: "
+                   f"{slots} slot{'s' if slots > 1 else ''} a side "
                    f"({', '.join(codec.streams)})" + (f", a queue of {queue}" if queue else ""))
         ws = url.replace("http", "ws", 1)
         click.echo(f"listening on {url}  (streams: {ws}/stream, {url}/health, {url}/metrics; SIGTERM drains)")

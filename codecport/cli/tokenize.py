@@ -58,5 +58,6 @@ def tokenize_cmd(inputs, model_dir, out_dir, engine, address, workers, batch, co
         # Not one input could be tokenized: a systematic cause (the wrong files, a format this
         # build cannot read), which a script must see in the exit status, not in a table.
         first = f", as {summary.errors[0][0]}: {summary.errors[0][1]}" if summary.errors else ""
-        raise CodecportError(f"every input this run tried failed ({summary.failed}){first}; see {out_dir / ERRORS}")
+        raise CodecportError(f"every input this run tried failed ({summary.failed}){first}; "
+                             f"see {out_dir / ERRORS}")
     click.echo(f"wrote {out_dir}/")

@@ -15,7 +15,8 @@ from .common import verbose_option
 @click.command("web")
 @click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
               help="Folder written by codec-export ... --target web.")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, help="Port on 127.0.0.1 (0: any free one).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000,
+              help="Port on 127.0.0.1 (0: any free one).")
 @click.option("--ort-web", "ort_web", type=click.Path(path_type=Path), default=None,
               help="onnxruntime-web's dist folder [default: $CODECPORT_ORT_WEB, else "
                    "node_modules/onnxruntime-web here or beside codecport's source].")

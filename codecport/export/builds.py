@@ -127,7 +127,8 @@ def finish_export(out_dir: Path, models: dict[str, onnx.ModelProto], rvq: dict |
             clips = calibration_clips(build.calibration, probe)
             # Without IO binding, every feed (state included) passes through session.run; with one
             # window at a time, through the sessions of `codec.present` (record_feeds' view).
-            calib = record_feeds(probe.open(ref_dir, options={"io_binding": "0", "parallel": "1"}), probe, clips)
+            calib = record_feeds(probe.open(ref_dir, options={"io_binding": "0", "parallel": "1"}),
+                                 probe, clips)
         built = {}
         for name, model in models.items():
             m = nnapi_ops(conv_to_2d(model)) if target.layout_2d else copy_model(model)

@@ -137,7 +137,8 @@ def snr_db(ref: np.ndarray, got: np.ndarray) -> float:
 
 def figures(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     """SNR (dB, rounded) and max abs error of `got` against `ref`."""
-    return {"snr_db": round(snr_db(ref, got), 2), "max_abs_err": float(np.max(np.abs(got.astype(np.float64) - ref)))}
+    return {"snr_db": round(snr_db(ref, got), 2),
+            "max_abs_err": float(np.max(np.abs(got.astype(np.float64) - ref)))}
 
 
 def deviation(ref_dir: Path, build_dir: Path, probe: Probe, clips: list[np.ndarray]) -> dict[str, dict]:

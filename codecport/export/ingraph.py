@@ -25,7 +25,8 @@ def _frame_basis() -> np.ndarray:
     """`[FRAME, 2 * (FFT // 2 + 1)]`: a frame (16-bit range) -> the real and imaginary parts of
     its spectrum, as runtime/fbank.py computes them (DC offset removed, pre-emphasis, Povey
     window, a zero-padded real DFT), applied to each unit frame in float64."""
-    spec = np.fft.rfft(fb.Fbank().windowed(np.eye(fb.FRAME)), fb.FFT)  # [FRAME, bins]: row k is unit frame k's
+    # [FRAME, bins]: row k is unit frame k's
+    spec = np.fft.rfft(fb.Fbank().windowed(np.eye(fb.FRAME)), fb.FFT)
     return np.concatenate([spec.real, spec.imag], axis=1).astype(np.float32)
 
 

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from ..errors import ExportError
-from ..models.layers import StreamState
 from ..models.mimi import MimiModel
+from ..models.streaming import StreamState
 from ..runtime.folder import slot_ladder, slots_name
 from ..runtime.rvq import MimiRvq
 from .batch import export_batched
@@ -105,7 +105,8 @@ class Geometry:
 
 
 def graph_specs(model: MimiModel, geo: Geometry, meta: dict[str, str],
-                k: int | None = None, attention: str = "whole-clip", slots: int | None = None) -> list[GraphSpec]:
+                k: int | None = None, attention: str = "whole-clip",
+                slots: int | None = None) -> list[GraphSpec]:
     """The fixed-length pair and/or the step pair; `k` puts the quantizer (k levels) inside;
     `slots` adds the step pair again for that many independent streams a call."""
     cfg = model.cfg
@@ -301,7 +302,8 @@ def export_mimi(model: MimiModel, out_dir: Path, samples: int | None = None, ste
         raise ExportError(f"--codebooks must be between 1 and {cfg.n_codebooks}")
     if samples is not None and samples % cfg.frame_size:
         log.info("--len %d is not a multiple of the %d-sample frame: the encoder zero-pads it to %d "
-                 "inside the graph", samples, cfg.frame_size, math.ceil(samples / cfg.frame_size) * cfg.frame_size)
+                 "inside the graph", samples, cfg.frame_size,
+                 math.ceil(samples / cfg.frame_size) * cfg.frame_size)
     geo = Geometry(samples, None if samples is None else math.ceil(samples / cfg.frame_size),
                    step_frames, cfg.frame_size)
     meta = {"codec": "mimi", "preset": preset, "sample_rate": str(cfg.sample_rate),
@@ -360,7 +362,8 @@ def export(model: MimiModel, out_dir: Path, length: int | None, *, options: dict
     """`codec-export mimi`: the step graphs (any length, streaming) and, with `--len`, the
     fixed-length pair for clips up to that length."""
     return export_mimi(model, out_dir, length, options.get("step_frames") or 1,
-                       attention=options.get("attention") or "whole-clip", slots=options.get("slots"), **common)
+                       attention=options.get("attention") or "whole-clip", slots=options.get("slots"),
+                       **common)
 
 
 def describe(report: dict) -> list[str]:
@@ -373,7 +376,8 @@ def describe(report: dict) -> list[str]:
         lines.append(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
                      "per call, state in/out (zeros to start)")
         if geo.get("slots"):
-            lines.append(f"  slot graphs  : the same step for {', '.join(map(str, slot_ladder(geo['slots'])))} "
+            lines.append("  slot graphs  : the same step for "
+                         f"{', '.join(map(str, slot_ladder(geo['slots'])))} "
                          "independent streams a call (codec-serve)")
     lines.append(f"  attention    : {report['attention']}, {report['context']} positions")
     return lines

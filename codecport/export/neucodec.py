@@ -131,10 +131,12 @@ def graph_specs(model: NeuCodec, frames: int, meta: dict[str, str]) -> list[Grap
         encoder, encoder_in, encoder_out = AudioEncoderGraph(model), [audio_in], codes
     else:
         decoder, decoder_in = DecoderGraph(model), Tensor("levels", (1, frames, len(cfg.levels)), "float32")
-        encoder, encoder_in = EncoderGraph(model), [audio_in, Tensor("features", features_shape(cfg, frames), "float32")]
+        encoder, encoder_in = (EncoderGraph(model),
+                               [audio_in, Tensor("features", features_shape(cfg, frames), "float32")])
         encoder_out = Tensor("latent", (1, frames, len(cfg.levels)), "float32")
     return [
-        GraphSpec("decoder", decoder, [decoder_in, mask], [Tensor("audio", (1, 1, frames * cfg.hop), "float32")],
+        GraphSpec("decoder", decoder, [decoder_in, mask],
+                  [Tensor("audio", (1, 1, frames * cfg.hop), "float32")],
                   {**meta, "role": "decoder", "mode": "fixed", "samples": str(frames * cfg.hop)}),
         # `samples`: the longest clip the encoder takes (its input holds the official pad after it)
         GraphSpec("encoder", encoder, [*encoder_in, mask], [encoder_out],
@@ -238,7 +240,8 @@ def probe(manifest: dict, specs: list[GraphSpec] = (), runtime: type[NeuCodecCod
     """How a build runs the graphs: a clip of the graphs' length (at the input rate) encoded,
     its codes decoded."""
     geo, sr = manifest["geometry"], int(manifest["input_rate"])
-    limit, hop, extra = geo["input_samples"], int(manifest["input_frame_size"]), int(manifest["acoustic_extra"])
+    limit, hop, extra = (geo["input_samples"], int(manifest["input_frame_size"]),
+                         int(manifest["acoustic_extra"]))
     buckets = geo.get("buckets", [])
     # Each bucket's encoder on the longest clip it holds (the runtime picks it by length).
     limits = {"encoder": limit, **{sized_name("encoder", f): (f - 1 + extra) * hop for f in buckets}}
@@ -266,7 +269,8 @@ def parse_buckets(text: str | None) -> tuple[int, ...]:
     try:
         sizes = tuple(int(t) for t in text.split(","))
     except ValueError:
-        raise ExportError(f"--buckets takes lengths in samples separated by commas (48000,96000), got {text!r}") from None
+        raise ExportError("--buckets takes lengths in samples separated by commas (48000,96000), "
+                          f"got {text!r}") from None
     if min(sizes) < 1:
         raise ExportError(f"--buckets must be positive lengths, got {text!r}")
     return sizes
@@ -291,9 +295,11 @@ def describe(report: dict) -> list[str]:
     geo = report["geometry"]
     seconds = geo["samples"] / geo["frames"] / geo["sample_rate"]  # a frame
     lines = [(f"  fixed graphs  : up to {geo['frames']} frames ({geo['frames'] * seconds:.2f} s): "
-              f"{geo['input_samples']} samples at {geo['input_rate']} Hz -> codes -> {geo['samples']} samples "
+              f"{geo['input_samples']} samples at {geo['input_rate']} Hz -> codes -> "
+              f"{geo['samples']} samples "
               f"at {geo['sample_rate']} Hz; shorter clips masked, longer ones windowed")]
     if geo.get("buckets"):
-        lines.append("  buckets       : " + ", ".join(f"{f} frames ({f * seconds:.2f} s)" for f in geo["buckets"]) +
+        lines.append("  buckets       : " + ", ".join(f"{f} frames ({f * seconds:.2f} s)"
+                                                      for f in geo["buckets"]) +
                      "; a clip runs through the shortest that holds it")
     return lines

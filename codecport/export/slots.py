@@ -19,7 +19,8 @@ def mem_graph(model: onnx.ModelProto | bytes, name: str) -> Graph:
     return Graph(Path(f"{name}.onnx"), session(model), {})
 
 
-def run_streams(model: onnx.ModelProto | bytes, name: str, slots: int, streams: list[list]) -> list[list[np.ndarray]]:
+def run_streams(model: onnx.ModelProto | bytes, name: str, slots: int,
+                streams: list[list]) -> list[list[np.ndarray]]:
     """Each stream's step outputs, the streams sharing `slots` slots: stream i joins slot
     i % slots at step i (or when the stream before it in that slot has left; its row is reset),
     so some steps run part of the slots and some slots sit idle. `streams[i]` holds its steps'

@@ -83,7 +83,8 @@ class Geometry:
         least = 2 * max(enc, dec) + unit
         if frames < least:
             raise ExportError(f"--len {samples} is too short for windows that keep their receptive "
-                              f"field: pass at least {least * hop} samples ({least * hop / cfg.sample_rate:.2f} s)")
+                              f"field: pass at least {least * hop} samples "
+                              f"({least * hop / cfg.sample_rate:.2f} s)")
         step = step_coarse * unit
         return cls(frames, frames * hop, unit, enc, dec, step, SnacStepDecoder(snac, step).plan.delay,
                    cfg.sample_rate, slots)
@@ -130,13 +131,15 @@ def graph_specs(snac: SNAC, geo: Geometry, meta: dict[str, str]) -> list[GraphSp
 
     return [
         GraphSpec("encoder", EncoderGraph(snac),
-                  [Tensor("audio", (1, 1, geo.samples), "float32"), Tensor("mask", (1, 1, geo.frames), "float32")],
+                  [Tensor("audio", (1, 1, geo.samples), "float32"),
+                   Tensor("mask", (1, 1, geo.frames), "float32")],
                   [Tensor("latent", (1, cfg.latent, geo.frames), "float32")],
                   {**meta, "role": "encoder", "mode": "whole", "frames": str(geo.frames),
                    "samples": str(geo.samples), "margin": str(geo.encoder_margin)}),
         dec("decoder", geo.frames, "whole", {}),
         step("decoder_step", 1),
-        *(step(slots_name("decoder_slots", b, geo.slots), b) for b in (slot_ladder(geo.slots) if geo.slots else [])),
+        *(step(slots_name("decoder_slots", b, geo.slots), b)
+          for b in (slot_ladder(geo.slots) if geo.slots else [])),
     ]
 
 
@@ -222,7 +225,8 @@ def validate(spec: GraphSpec, model, snac: SNAC, rvq: SnacRvq, seed: int = 1) ->
     if spec.metadata["role"] == "decoder":
         return {"audio_max_abs_err": check_close(spec.name, got, want, AUDIO_ATOL)}
     valid = slice(*np.flatnonzero(mask[0, 0])[[0, -1]] + [0, 1])
-    for level, (g, w) in enumerate(zip(rvq.encode_levels(got[0][:, valid]), rvq.encode_levels(want[0][:, valid]))):
+    for level, (g, w) in enumerate(zip(rvq.encode_levels(got[0][:, valid]),
+                                       rvq.encode_levels(want[0][:, valid]))):
         check_codes(f"{spec.name} level {level}", g[None, None], w[None, None])
     return {"codes_identical": 1.0}
 
@@ -262,8 +266,9 @@ def export_snac(snac: SNAC, out_dir: Path, samples: int, step_coarse: int = 1, *
     models, report = {}, {"files": {}, "validation": {}, "geometry": asdict(geo)}
     specs = graph_specs(snac, geo, meta)
     export_validated(specs, models, report["validation"], lambda s, m: validate(s, m, snac, rvq))
-    export_batched(specs, models, batch, SnacCodec.batchable, lambda s, y, row: _row_codes(y, row, rvq), report,
-                   build, lambda s: masked_rows(s, lambda i, n: max(cfg.unit_frames, n - i * cfg.unit_frames)))
+    export_batched(specs, models, batch, SnacCodec.batchable, lambda s, y, row: _row_codes(y, row, rvq),
+                   report, build,
+                   lambda s: masked_rows(s, lambda i, n: max(cfg.unit_frames, n - i * cfg.unit_frames)))
     manifest = {**meta, "n_codebooks": cfg.n_codebooks, **report}
     report.update(finish_export(out_dir, models, rvq.arrays(), manifest, build, probe(manifest, specs)))
     return report

@@ -31,8 +31,8 @@ GatherElements GatherBlockQuantized GatherND Gelu Gemm GlobalAveragePool GlobalM
 GreaterOrEqual GridSample GroupQueryAttention HardSigmoid HardSwish InstanceNormalization
 LayerNormalization LeakyRelu Less LessOrEqual Log MatMul MatMulNBits MaxPool Mul
 MultiHeadAttention Neg Not Pad Pow QuickGelu Range Reciprocal ReduceMin ReduceMean ReduceMax
-ReduceSum ReduceProd ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceSumSquare Relu Resize RotaryEmbedding
-ScatterND Sigmoid Sin Sinh Slice SkipLayerNormalization Split Sqrt Softmax Sub Tan Tanh
+ReduceSum ReduceProd ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceSumSquare Relu Resize
+RotaryEmbedding ScatterND Sigmoid Sin Sinh Slice SkipLayerNormalization Split Sqrt Softmax Sub Tan Tanh
 ThresholdedRelu Tile Transpose Where
 """.split()  # noqa: SIM905 (the table as the dist file lists it)
 )
@@ -50,7 +50,8 @@ _DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16
 
 def _value(v: onnx.ValueInfoProto) -> dict:
     t = v.type.tensor_type
-    return {"name": v.name, "type": _DTYPES.get(t.elem_type, helper.tensor_dtype_to_np_dtype(t.elem_type).name),
+    return {"name": v.name,
+            "type": _DTYPES.get(t.elem_type, helper.tensor_dtype_to_np_dtype(t.elem_type).name),
             "shape": [d.dim_value for d in t.shape.dim]}
 
 
@@ -113,7 +114,8 @@ def plans(graphs: dict[str, dict], codec: type) -> dict:
             windowed = {**main, "mode": "windowed", "overlap": overlap}
             del windowed["fits"]
             out[side].append(windowed)
-        out[side].sort(key=lambda p: (_ORDER.index(p["mode"]), p["frames"] if p.get("fits") == "masked" else 0))
+        out[side].sort(key=lambda p: (_ORDER.index(p["mode"]),
+                                      p["frames"] if p.get("fits") == "masked" else 0))
     if codec.restores_loudness:
         from ..runtime.loudness import LoudnessMeter
 

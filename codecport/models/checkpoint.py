@@ -28,7 +28,8 @@ def load_state(model: torch.nn.Module, sd: dict[str, torch.Tensor], source: str)
     for k, v in expected.items():
         if not isinstance(sd[k], torch.Tensor) or sd[k].is_complex():
             # A complex tensor would load with its imaginary part dropped (torch only warns).
-            what = f"a {sd[k].dtype} tensor" if isinstance(sd[k], torch.Tensor) else f"not a tensor ({type(sd[k]).__name__})"
+            what = (f"a {sd[k].dtype} tensor" if isinstance(sd[k], torch.Tensor)
+                    else f"not a tensor ({type(sd[k]).__name__})")
             raise CheckpointError(f"{source}: {k} is {what}; the model expects real weights; "
                                   "is this a checkpoint of this model?")
         if tuple(sd[k].shape) != tuple(v.shape):
@@ -105,12 +106,14 @@ def fold_weight_norm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                     raise CheckpointError(f"{key} has no matching {stem + v_suffix}; "
                                           "the checkpoint is incomplete")
                 # Over every dim but the one `g` keeps (0, or 2 for HuBERT's position conv).
-                kept = [d for d in range(v.dim()) if value.dim() == v.dim() and value.shape[d] == v.shape[d] > 1]
+                kept = [d for d in range(v.dim())
+                        if value.dim() == v.dim() and value.shape[d] == v.shape[d] > 1]
                 dims = [d for d in range(v.dim()) if d not in (kept or [0])]
                 if not (isinstance(value, torch.Tensor) and isinstance(v, torch.Tensor)) \
                         or value.is_complex() or v.is_complex() or v.dim() == 0 \
                         or [n for d, n in enumerate(value.shape) if n > 1] != [v.shape[d] for d in kept]:
-                    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (value, v)]
+                    shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                              for t in (value, v)]
                     raise CheckpointError(f"{key} and {stem + v_suffix} are not a weight-norm pair "
                                           f"(real tensors, {shapes[0]} against {shapes[1]}); is this a "
                                           "checkpoint of this model?")
@@ -175,7 +178,8 @@ def sniff_torch_file(path: Path, hint: str) -> bool:
         return True
     if len(head) > 1 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return False
-    what = {b"RIFF": "a WAV file", b"fLaC": "a FLAC file", b"OggS": "an OGG file", b"\x93NUM": "a numpy .npy file"}
+    what = {b"RIFF": "a WAV file", b"fLaC": "a FLAC file", b"OggS": "an OGG file",
+            b"\x93NUM": "a numpy .npy file"}
     kind = next((v for k, v in what.items() if head.startswith(k)), f"it starts with {head[:8]!r}")
     raise CheckpointError(f"{path}: not a torch checkpoint ({kind}); {hint}")
 

@@ -101,7 +101,8 @@ def hf_file(repo: str, filename: str, revision: str | None = None) -> Path:
         hint = ("HF_HUB_OFFLINE is set and the file is not in the cache; unset it or fetch the file "
                 "once online" if offline else "check the network and HF_TOKEN, or download it yourself "
                 "and pass the file with --weights PATH")
-        raise DownloadError(f"cannot fetch {filename} from {repo} ({type(e).__name__}: {first}); {hint}") from e
+        raise DownloadError(f"cannot fetch {filename} from {repo} ({type(e).__name__}: {first}); "
+                            f"{hint}") from e
 
 
 def resolve(weights: str, releases: dict[str, Callable[[], Path]]) -> Path:

@@ -16,7 +16,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .layers import (
+from .layers import zero_pad
+from .mimi_config import PRESETS, MimiConfig  # noqa: F401 (re-exported)
+from .streaming import (
     CausalConv1d,
     CausalUpConv1d,
     StreamState,
@@ -24,9 +26,7 @@ from .layers import (
     fold_rows,
     stream_rows,
     unfold_rows,
-    zero_pad,
 )
-from .mimi_config import PRESETS, MimiConfig  # noqa: F401 (re-exported)
 from .transformer import Attention, Transformer
 
 

@@ -71,7 +71,8 @@ class MimiConfig:
             d *= 2
         seanet = 2 * seanet + (self.kernel_size + self.last_kernel_size) * d * self.dimension
         layer = 4 * self.dimension ** 2 + 2 * self.dimension * self.ffn
-        rvq = self.n_codebooks * self.codebook_size * self.codebook_dim + 4 * self.dimension * self.codebook_dim
+        rvq = (self.n_codebooks * self.codebook_size * self.codebook_dim
+               + 4 * self.dimension * self.codebook_dim)
         return seanet + 2 * self.n_layers * layer + 8 * self.dimension ** 2 + rvq
 
     @property

@@ -116,7 +116,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         # "b t (r h d) -> r b h t d"
-        q, k, v = self.c_attn(x).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = (self.c_attn(x).reshape(b, t, 3, self.heads, c // self.heads)
+                   .permute(2, 0, 3, 1, 4).unbind(0))
         # No rotary embedding: the official one turns q and k of a head by the same angle at every
         # time step (see the module's docstring), so q.k is what it was; leaving it out changes
         # the scores by float rounding only.
@@ -231,7 +232,8 @@ class NeuCodec(nn.Module):
         self.generator = Generator(cfg)
         self.fc_post_a = nn.Linear(cfg.vq_dim, cfg.hidden)
 
-    def latent_in(self, audio: torch.Tensor, semantic: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def latent_in(self, audio: torch.Tensor, semantic: torch.Tensor,
+                  mask: torch.Tensor | None = None) -> torch.Tensor:
         """The FSQ's input `[B, frames, len(levels)]` (quantized by runtime/fsq.py) from 16 kHz
         audio `[B, 1, N]` (padded as the official `_prepare_audio` pads it) and w2v-BERT's 16th
         hidden state `[B, T, semantic_dim]`; the longer of the two paths is cut to the shorter.
@@ -255,7 +257,8 @@ class NeuCodec(nn.Module):
         z = torch.cat([sem[..., :n], acoustic[..., :n]], 1).transpose(1, 2)
         return self.generator.quantizer.project_in(self.fc_prior(z))
 
-    def encode_latent(self, audio: torch.Tensor, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def encode_latent(self, audio: torch.Tensor, features: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
         """`latent_in` with the semantic model run on its `features`: w2v-BERT's fbank features
         `[B, T, 160]` (runtime/fbank.py, of the padded audio), or for the distilled variant the
         feature extractor's `input_values` `[B, n]` (runtime/fbank.py's `raw_values`)."""

@@ -83,19 +83,21 @@ PRESETS = {
     "neucodec": NeuCodecConfig(),
     # Not a released model: small enough for unit tests. Still 320 input samples a frame (the
     # semantic path's fbank rows come every 320 samples) and 50 frames a second, at 8 kHz out.
-    "tiny": NeuCodecConfig(sample_rate=8000, hop=160, hidden=64, depth=2, heads=4, vq_dim=32, levels=(4, 4, 4),
-                           groups=8, enc_channels=2, enc_strides=(4, 8, 10),
-                           semantic=W2vBertConfig(hidden=16, layers=2, heads=2, intermediate=32, kernel=5, left=4,
-                                                  right=2)),
+    "tiny": NeuCodecConfig(sample_rate=8000, hop=160, hidden=64, depth=2, heads=4, vq_dim=32,
+                           levels=(4, 4, 4), groups=8, enc_channels=2, enc_strides=(4, 8, 10),
+                           semantic=W2vBertConfig(hidden=16, layers=2, heads=2, intermediate=32, kernel=5,
+                                                  left=4, right=2)),
     # neuphonic/distill-neucodec: NeuCodec's decoder, the distilled encoder (DistilHuBERT and
     # DistillCodecEncoder), both paths lined up as XCodec2's are.
-    "distill": NeuCodecConfig(enc_strides=(4, 4, 4, 5), fbank_pad=160, acoustic_extra=0, distill=DistillConfig()),
+    "distill": NeuCodecConfig(enc_strides=(4, 4, 4, 5), fbank_pad=160, acoustic_extra=0,
+                              distill=DistillConfig()),
 }
 # Not a released model: the tiny decoder with a tiny distilled encoder, whose 4-frame attention
 # windows make a 25-frame graph hold several.
 PRESETS["tiny-distill"] = replace(
     PRESETS["tiny"], enc_strides=(4, 4, 4, 5), fbank_pad=160, acoustic_extra=0, distill=DistillConfig(
-        hubert=HubertConfig(hidden=16, layers=1, heads=2, intermediate=32, conv_dim=8, pos_kernel=8, pos_groups=2),
+        hubert=HubertConfig(hidden=16, layers=1, heads=2, intermediate=32, conv_dim=8, pos_kernel=8,
+                            pos_groups=2),
         dims=(4, 8, 8, 8), feature=16, window=4, depth=3, heads=2, semantic_hidden=16))
 
 # Released names (each a preset) -> the Hugging Face repo of the official `pytorch_model.bin`.

@@ -94,12 +94,13 @@ class Hubert(nn.Module):
             HubertConv(dims[i], dims[i + 1], k, s, norm=i == 0)
             for i, (k, s) in enumerate(zip(cfg.conv_kernels, cfg.conv_strides)))
         self.feature_projection = nn.Module()
-        self.feature_projection.layer_norm = nn.LayerNorm(cfg.conv_dim, eps=cfg.eps) if cfg.proj_norm else nn.Identity()
+        self.feature_projection.layer_norm = (nn.LayerNorm(cfg.conv_dim, eps=cfg.eps) if cfg.proj_norm
+                                              else nn.Identity())
         self.feature_projection.projection = nn.Linear(cfg.conv_dim, cfg.hidden)
         self.encoder = nn.Module()
         self.encoder.pos_conv_embed = nn.Module()
-        self.encoder.pos_conv_embed.conv = PaddedConv1d(cfg.hidden, cfg.hidden, cfg.pos_kernel, pad=cfg.pos_kernel // 2,
-                                                        groups=cfg.pos_groups)
+        self.encoder.pos_conv_embed.conv = PaddedConv1d(cfg.hidden, cfg.hidden, cfg.pos_kernel,
+                                                        pad=cfg.pos_kernel // 2, groups=cfg.pos_groups)
         self.encoder.layer_norm = nn.LayerNorm(cfg.hidden, eps=cfg.eps)
         self.encoder.layers = nn.ModuleList(HubertLayer(cfg) for _ in range(cfg.layers))
         self.mask: FrameMask | None = None  # the clip's frames, at the output rate
@@ -171,7 +172,8 @@ class FirstBlock(nn.Module):
 
     def __init__(self, out: int, pools: tuple[int, ...]):
         super().__init__()
-        self.blocks = nn.ModuleList(nn.Sequential(TrendPool(p) if p > 1 else nn.Identity(), PaddedConv1d(1, 4, 7, pad=3))
+        self.blocks = nn.ModuleList(nn.Sequential(TrendPool(p) if p > 1 else nn.Identity(),
+                                                  PaddedConv1d(1, 4, 7, pad=3))
                                     for p in pools)
         self.conv_1 = nn.Conv1d(4 * len(pools), 16 * len(pools), 1)
         self.conv_2 = nn.Conv1d(16 * len(pools) + 1, out, 1)
@@ -193,7 +195,8 @@ class ConvUnit(nn.Module):
         self.act = nn.Module()
         self.act.alpha = nn.Parameter(torch.ones(1, 1, 4 * dim))
         self.grn = nn.Module()
-        self.grn.gamma, self.grn.beta = nn.Parameter(torch.zeros(1, 4 * dim)), nn.Parameter(torch.zeros(1, 4 * dim))
+        self.grn.gamma, self.grn.beta = (nn.Parameter(torch.zeros(1, 4 * dim)),
+                                         nn.Parameter(torch.zeros(1, 4 * dim)))
         self.mask: FrameMask | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -269,7 +272,8 @@ class LocalAttention(nn.Module):
             n = (t + w - 1) // w  # positive: the tracer divides shape tensors truncating
             q, k, v = (zero_pad(y.transpose(-1, -2), 0, n * w - t).transpose(-1, -2).reshape(b, h, n, w, d)
                        for y in (q, k, v))
-            k, v = (torch.cat([zero_pad(y.transpose(2, -1), 1, 0)[..., :-1].transpose(2, -1), y], 3) for y in (k, v))
+            k, v = (torch.cat([zero_pad(y.transpose(2, -1), 1, 0)[..., :-1].transpose(2, -1), y], 3)
+                    for y in (k, v))
             # Causal within each pair of windows, the same for every window ([w, 2 w]); the
             # first window's keys before it, which do not exist, masked apart ([n, 1, 2 w]): two
             # small constants rather than one that grows with the graph.
@@ -290,11 +294,12 @@ class LocalTrans(nn.Module):
         inner = int(dim * 4 * 2 / 3)
         self.layers = nn.ModuleList(nn.ModuleList([
             LocalAttention(dim, heads, window),
-            nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 2 * inner, bias=False), nn.Identity(), nn.Identity(),
-                          nn.Linear(inner, dim, bias=False))]) for _ in range(depth))
+            nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 2 * inner, bias=False), nn.Identity(),
+                          nn.Identity(), nn.Linear(inner, dim, bias=False))]) for _ in range(depth))
         self.dynamic_pos_bias = nn.Module()
-        self.dynamic_pos_bias.mlp = nn.Sequential(nn.Linear(1, dim // 2), nn.SiLU(), nn.Linear(dim // 2, dim // 2),
-                                                  nn.SiLU(), nn.Linear(dim // 2, heads))
+        self.dynamic_pos_bias.mlp = nn.Sequential(nn.Linear(1, dim // 2), nn.SiLU(),
+                                                  nn.Linear(dim // 2, dim // 2), nn.SiLU(),
+                                                  nn.Linear(dim // 2, heads))
 
     def bias(self, x: torch.Tensor) -> torch.Tensor:
         """What each layer adds to its scores for `x` `[B, T, dim]`: the MLP of the distance

@@ -18,7 +18,8 @@ def kaiser_sinc(kernel: int = 12, ratio: int = 2) -> torch.Tensor:
     cutoff, half_width = 0.5 / ratio, 0.6 / ratio
     half = kernel // 2
     a = 2.285 * (half - 1) * np.pi * 4 * half_width + 7.95
-    beta = 0.1102 * (a - 8.7) if a > 50 else (0.5842 * (a - 21) ** 0.4 + 0.07886 * (a - 21) if a >= 21 else 0.0)
+    beta = (0.1102 * (a - 8.7) if a > 50
+            else (0.5842 * (a - 21) ** 0.4 + 0.07886 * (a - 21) if a >= 21 else 0.0))
     window = torch.kaiser_window(kernel, beta=beta, periodic=False)
     t = torch.arange(-half, half) + 0.5 if kernel % 2 == 0 else torch.arange(kernel) - half
     f = 2 * cutoff * window * torch.sinc(2 * cutoff * t)
@@ -106,7 +107,8 @@ class Activation1d(nn.Module):
 class EncResidualUnit(nn.Module):
     def __init__(self, dim: int, dilation: int):
         super().__init__()
-        self.block = nn.Sequential(Activation1d(dim), PaddedConv1d(dim, dim, 7, dilation=dilation, pad=3 * dilation),
+        self.block = nn.Sequential(Activation1d(dim),
+                                   PaddedConv1d(dim, dim, 7, dilation=dilation, pad=3 * dilation),
                                    Activation1d(dim), PaddedConv1d(dim, dim, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -117,7 +119,8 @@ class EncoderBlock(nn.Module):
     def __init__(self, dim: int, stride: int):
         super().__init__()
         self.block = nn.Sequential(*[EncResidualUnit(dim // 2, d) for d in (1, 3, 9)], Activation1d(dim // 2),
-                                   PaddedConv1d(dim // 2, dim, 2 * stride, stride=stride, pad=stride // 2 + stride % 2))
+                                   PaddedConv1d(dim // 2, dim, 2 * stride, stride=stride,
+                                                pad=stride // 2 + stride % 2))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.block(x)

@@ -92,7 +92,8 @@ def _dims(cfg: NeuCodecConfig) -> dict[str, tuple[int, ...]]:
         hubert = cfg.distill.hubert
         return {**dims, f"{PREFIX}feature_projection.projection.weight": (hubert.hidden, hubert.conv_dim),
                 "fc_sq_prior.weight": (hubert.hidden, cfg.distill.feature)}
-    return {**dims, f"{PREFIX}feature_projection.projection.weight": (cfg.semantic.hidden, cfg.semantic.features)}
+    return {**dims,
+            f"{PREFIX}feature_projection.projection.weight": (cfg.semantic.hidden, cfg.semantic.features)}
 
 
 # transformers' HubertConfig settings this model is written for (models/neucodec_distill.py).
@@ -107,7 +108,8 @@ def _json(path: Path) -> dict:
     try:
         data = read_json(path)
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a JSON config ({type(e).__name__}); fetch {DISTILL_REPO}'s {path.name} again") from None
+        raise CheckpointError(f"{path}: not a JSON config ({type(e).__name__}); "
+                              f"fetch {DISTILL_REPO}'s {path.name} again") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: not a JSON object; fetch {DISTILL_REPO}'s {path.name} again")
     return data
@@ -122,7 +124,8 @@ def hubert_facts(cfg: NeuCodecConfig, config: Path, preprocessor: Path) -> NeuCo
         if conf.get(key, want) != want:
             raise CheckpointError(f"{config}: {key} is {conf[key]!r}; codecport computes DistilHuBERT with "
                                   f"{want!r} only")
-    sizes = {"hidden_size": hubert.hidden, "num_hidden_layers": hubert.layers, "intermediate_size": hubert.intermediate,
+    sizes = {"hidden_size": hubert.hidden, "num_hidden_layers": hubert.layers,
+             "intermediate_size": hubert.intermediate,
              "num_conv_pos_embeddings": hubert.pos_kernel, "num_conv_pos_embedding_groups": hubert.pos_groups,
              "conv_kernel": list(hubert.conv_kernels), "conv_stride": list(hubert.conv_strides)}
     for key, want in sizes.items():
@@ -150,7 +153,8 @@ def _mismatch(sd: dict[str, torch.Tensor], cfg: NeuCodecConfig) -> str | None:
     return None
 
 
-def pick_preset(sd: dict[str, torch.Tensor], preset: str | None, source: str, family: Family = NEUCODEC) -> str:
+def pick_preset(sd: dict[str, torch.Tensor], preset: str | None, source: str,
+                family: Family = NEUCODEC) -> str:
     """`preset` if the checkpoint's shapes fit it, else the one preset they fit."""
     if preset is not None:
         if why := _mismatch(sd, family.presets[preset]):
@@ -204,7 +208,8 @@ def load(weights: str, preset: str | None = None, revision: str | None = None,
         files.append(semantic)
         sd.update({PREFIX + k: v for k, v in read_safetensors([semantic]).items()})
     if distill:  # what its weights cannot show, from DistilHuBERT's own configs (as the official reads them)
-        configs = [hf_file(DISTILL_REPO, f) if released else file.parent / DISTILL_DIR / f for f in DISTILL_CONFIGS]
+        configs = [hf_file(DISTILL_REPO, f) if released else file.parent / DISTILL_DIR / f
+                   for f in DISTILL_CONFIGS]
         files += configs
     name = pick_preset(sd, preset, str(file), family)
     cfg = family.presets[name]

@@ -97,7 +97,8 @@ class SnacStepDecoder(nn.Module):
 
     def noise_rates(self) -> list[int]:
         """Positions per latent frame of each noise block (none without noise)."""
-        return [math.prod(self.snac.cfg.decoder_rates[:i + 1]) for i in range(len(self.snac.cfg.decoder_rates))] \
+        return [math.prod(self.snac.cfg.decoder_rates[:i + 1])
+                for i in range(len(self.snac.cfg.decoder_rates))] \
             if self.snac.cfg.noise else []
 
     @property

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import StreamState
+from .streaming import StreamState
 
 
 def apply_rope(x: torch.Tensor, pos: torch.Tensor, max_period: float) -> torch.Tensor:

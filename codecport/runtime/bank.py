@@ -52,11 +52,13 @@ class StepBank:
         self.b = max(by_b)
         self.size = size
         self.rows = {n: (tuple(args[n].shape[1:]), dtype_of(args[n], self.graph.path)) for n in args}
-        self.state = {i: np.zeros((size, *self.rows[i][0]), self.rows[i][1]) for _, i in self.pairs + self.rings}
+        self.state = {i: np.zeros((size, *self.rows[i][0]), self.rows[i][1])
+                      for _, i in self.pairs + self.rings}
         self.graphs = {b: g for b, g in sorted(by_b.items()) if g is self.graph or self._fits(g, b)}
         # Slots are rows of axis 0: every input must have one, and a step must carry state (the
         # window graph older SNAC folders hold as their step has none).
-        self.batch_first = bool(self.state) and all(len(args[n].shape) > 0 and args[n].shape[0] == self.b for n in args)
+        self.batch_first = bool(self.state) and all(len(args[n].shape) > 0 and args[n].shape[0] == self.b
+                                                    for n in args)
         self.cost: dict[int, float | None] = dict.fromkeys(self.graphs)  # seconds a call, per size
         self.best = dict.fromkeys(self.graphs, float("inf"))  # its fastest call, per size
         self.counted = dict.fromkeys(self.graphs, 0)  # calls of each size that count

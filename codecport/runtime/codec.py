@@ -159,7 +159,8 @@ class Codec(GraphFolder):
         call = lambda ix: plan.codes_of(self, g(call_input(ix[1]))[0], ix[0])
         windows = enumerate(plan.windows)
         codes = self.map_windows(call, windows) if plan.graph in self.sliding else map(call, windows)
-        return plan.finish(list(tqdm(codes, desc="encode", unit="window", disable=None if progress else True)))
+        return plan.finish(list(tqdm(codes, desc="encode", unit="window",
+                                     disable=None if progress else True)))
 
     def latent_codes(self, y: np.ndarray, k: int) -> np.ndarray:
         """Codes `[k, frames]` of one row of an encoder's output: the latent `[L, frames]`
@@ -254,7 +255,8 @@ class Codec(GraphFolder):
             raise CodesError(f"these codes were made by {self.name} {codes.preset}; this folder "
                              f"holds {self.name} {self.preset}")
         if len(codes.arrays) != self.levels:  # an extra array would be dropped without a word
-            raise CodesError(f"{self.label} codes are {self.levels} time scale{'s' * (self.levels > 1)}; these "
+            raise CodesError(f"{self.label} codes are {self.levels} time "
+                             f"scale{'s' * (self.levels > 1)}; these "
                              f"hold {len(codes.arrays)}")
         if codes.loudness_db is not None and not self.restores_loudness:  # it would set the gain
             raise CodesError(f"these codes carry a loudness (loudness_db), which {self.label} codes never "

@@ -19,7 +19,8 @@ from ..errors import CodesError
 from . import codefile
 from .audio import MAX_CHANNELS, RATES
 
-MODES = ("fixed", "chunked", "step", "whole", "windowed")  # how the audio went through the graphs (see Codec.modes)
+# how the audio went through the graphs (see Codec.modes)
+MODES = ("fixed", "chunked", "step", "whole", "windowed")
 MAX_SAMPLES = 1 << 40  # an original length past this (25 years at 1 MHz) is a lying file
 
 
@@ -66,8 +67,8 @@ class Codes:
                              f"{[a.shape[0] for a in checked]}")
         if checked[0].shape[0] > MAX_CHANNELS:  # no audio codecport encodes has more
             raise CodesError(f"codes of shape {list(checked[0].shape)} have {checked[0].shape[0]} channels, "
-                             f"more than {MAX_CHANNELS}: are they [frames, codebooks, channels] (tokens saved "
-                             "as [frames, 1, 1])? pass [channels, codebooks, frames]")
+                             f"more than {MAX_CHANNELS}: are they [frames, codebooks, channels] "
+                             "(tokens saved as [frames, 1, 1])? pass [channels, codebooks, frames]")
         object.__setattr__(self, "arrays", tuple(checked))
         self._check_fields()
 

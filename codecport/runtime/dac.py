@@ -61,8 +61,8 @@ class DacCodec(Codec):
     def _check_channels(self, channels: int) -> None:
         if self.channels_per_row not in (1, channels):
             raise CodesError(f"this folder's model codes {self.channels_per_row} channels at once (TSAC's "
-                             f"stereo DAC); the input has {channels}: give it {self.channels_per_row}-channel "
-                             "audio (e.g. ffmpeg -ac 2)")
+                             f"stereo DAC); the input has {channels}: give it "
+                             f"{self.channels_per_row}-channel audio (e.g. ffmpeg -ac 2)")
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -143,7 +143,8 @@ class DacCodec(Codec):
             return WindowPlan("encoder", rows(), k, lambda codes: self.codes(
                 [np.stack(codes)], source, counted.counted, loudness_db=loudness, mode="fixed"))
         g = self.graph("encoder_chunked")
-        window, step, delay, frames = g.int("window"), g.int("chunk_step"), g.int("delay"), g.int("chunk_frames")
+        window, step, delay, frames = (g.int("window"), g.int("chunk_step"), g.int("delay"),
+                                       g.int("chunk_frames"))
         starts = range(0, n, step)
         windows = (row for w in _windows(blocks, starts, window, delay) for row in self._rows(w))
 

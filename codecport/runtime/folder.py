@@ -49,7 +49,8 @@ def sized_name(name: str, frames: int) -> str:
 
 
 def split_sized(stem: str) -> tuple[str, int | None]:
-    """(graph name, frames) of a file stem: `encoder_f50` -> ("encoder", 50), `encoder` -> ("encoder", None)."""
+    """(graph name, frames) of a file stem: `encoder_f50` -> ("encoder", 50), `encoder` ->
+    ("encoder", None)."""
     m = _SIZED.match(stem)
     return (m["base"], int(m["frames"])) if m else (stem, None)
 
@@ -74,7 +75,8 @@ def ladder_name(name: str, slots: int) -> str:
 
 
 def split_slots(stem: str) -> tuple[str, int | None]:
-    """(graph name, slots) of a file stem: `encoder_slots_s4` -> ("encoder_slots", 4), others -> (stem, None)."""
+    """(graph name, slots) of a file stem: `encoder_slots_s4` -> ("encoder_slots", 4), others ->
+    (stem, None)."""
     m = _SLOTTED.match(stem)
     return (m["base"], int(m["slots"])) if m else (stem, None)
 
@@ -91,7 +93,8 @@ def read_manifest(folder: Path) -> dict | None:
             raise ValueError(f"{path.stat().st_size} bytes")
         manifest = json.loads(path.read_text())
     except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise ModelFileError(f"{path}: not a readable manifest ({type(e).__name__}); re-run codec-export") from e
+        raise ModelFileError(f"{path}: not a readable manifest ({type(e).__name__}); "
+                             "re-run codec-export") from e
     if not isinstance(manifest, dict) or not isinstance(manifest.get("codec"), str):
         raise ModelFileError(f"{path}: not a codecport manifest (no codec named); re-run codec-export")
     return current_names(manifest)
@@ -261,7 +264,8 @@ class GraphFolder:
 
     def slot_graphs(self, name: str) -> list[Graph]:
         """Slot graph `name` and its smaller copies, opened."""
-        return [self.graph(name), *(self.graph(ladder_name(name, b)) for b in sorted(self.ladders.get(name, [])))]
+        return [self.graph(name),
+                *(self.graph(ladder_name(name, b)) for b in sorted(self.ladders.get(name, [])))]
 
     def window_graph(self, name: str) -> Graph:
         """Graph `name` for `map_windows` calls, when it also serves single calls (it is not in

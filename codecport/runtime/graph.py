@@ -33,8 +33,9 @@ INT_RANGES = {
     "codebook_size": (2, 1 << 20), "codebook_dim": (1, 1 << 16), "latent_dim": (1, 1 << 16),
     "samples": (1, 1 << 31), "frames": (1, 1 << 31), "window": (1, 1 << 31),
     "chunk_step": (1, 1 << 31), "chunk_frames": (1, 1 << 31), "delay": (0, 1 << 31),
-    "positions_per_step": (1, 1 << 20), "batch": (1, 4096), "slots": (1, 4096), "context": (1, 1 << 20), "n_semantic": (0, 1024),
-    "unit_frames": (1, 1 << 16), "step_frames": (1, 1 << 20), "margin": (0, 1 << 20), "vq_strides": (1, 4096), "decoder_rates": (1, 64),
+    "positions_per_step": (1, 1 << 20), "batch": (1, 4096), "slots": (1, 4096), "context": (1, 1 << 20),
+    "n_semantic": (0, 1024), "unit_frames": (1, 1 << 16), "step_frames": (1, 1 << 20),
+    "margin": (0, 1 << 20), "vq_strides": (1, 4096), "decoder_rates": (1, 64),
     "channels": (1, 8), "fbank_pad": (0, 1 << 16), "acoustic_extra": (0, 8),
     "input_rate": (1_000, 1_000_000), "input_frame_size": (1, 1 << 20), "levels": (2, 1 << 16),
 }
@@ -80,13 +81,13 @@ class Graph:
         try:
             return self.session.run(None, feeds)
         except Exception as e:  # noqa: BLE001 (ORT raises its own types; a feed mismatch is re-raised as ours)
-            raise self._mismatch(e) or e
+            raise self._mismatch(e) or e from None
 
     def run_with_iobinding(self, binding) -> None:
         try:
             self.session.run_with_iobinding(binding)
         except Exception as e:  # noqa: BLE001 (as in run)
-            raise self._mismatch(e) or e
+            raise self._mismatch(e) or e from None
 
     def _mismatch(self, e: Exception) -> ModelFileError | None:
         """ModelFileError for an ORT error that says the graph takes other inputs than it is fed."""

@@ -79,7 +79,8 @@ class LoudnessMeter:
         z = np.empty((self.channels, blocks))
         for j in range(blocks):
             lo, hi = self._bounds(j)
-            z[:, j] = (self.at.get(min(hi, self.n), self.total) - self.at[min(lo, self.n)]) / (self.block * self.rate)
+            z[:, j] = ((self.at.get(min(hi, self.n), self.total) - self.at[min(lo, self.n)])
+                       / (self.block * self.rate))
         g = np.array(_GAINS[:self.channels])[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
             level = -0.691 + 10 * np.log10((g * z).sum(axis=0))

@@ -172,7 +172,8 @@ class MimiCodec(Codec):
         yield np.stack([s.flush() for s in streams])
 
     # ---- streaming -----------------------------------------------------------------------
-    def encoder_stream(self, n_codebooks: int | None = None, io_binding: bool | None = None) -> MimiEncoderStream:
+    def encoder_stream(self, n_codebooks: int | None = None,
+                       io_binding: bool | None = None) -> MimiEncoderStream:
         return MimiEncoderStream(self, n_codebooks, io_binding)
 
     def decoder_stream(self, io_binding: bool | None = None) -> MimiDecoderStream:

@@ -93,7 +93,8 @@ class NeuCodecCodec(Codec):
         if name.startswith("encoder"):
             want = ([audio, mask], [codes]) if in_graph else ([audio, features, mask], [(b, frames, levels)])
         else:
-            want = ([codes if in_graph else (b, frames, levels), mask], [(b, 1, frames * g.int("frame_size"))])
+            want = ([codes if in_graph else (b, frames, levels), mask],
+                    [(b, 1, frames * g.int("frame_size"))])
         if frames < 2 or g.shapes() != want:
             raise ModelFileError(f"{g.path}: its inputs/outputs are {g.shapes()}, its metadata says "
                                  f"{want}; the file is damaged, re-export the folder")
@@ -374,8 +375,8 @@ class NeuCodecWindowStream(DecoderStream):
         overlap = self.overlap * self.codec.frame_size if values["faded"] else 0
         if codes.size >= self.window or tail.ndim != 1 or tail.dtype.kind != "f" or tail.size != overlap or \
                 not np.isfinite(tail).all():
-            raise CodesError(f"this stream state holds {codes.size} codes and {tail.size} samples of overlap; "
-                             f"a {self.codec.label} decoder stream's holds under {self.window} codes and "
-                             f"{overlap} samples: it is not this stream's")
+            raise CodesError(f"this stream state holds {codes.size} codes and {tail.size} samples of "
+                             f"overlap; a {self.codec.label} decoder stream's holds under "
+                             f"{self.window} codes and {overlap} samples: it is not this stream's")
         self.codes = self.check_input(codes[None]) if codes.size else np.zeros(0, np.int64)
         self.tail = np.array(tail, np.float32) if values["faded"] else None

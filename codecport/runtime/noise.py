@@ -68,7 +68,8 @@ class Noise:
             rng = np.random.default_rng([self.seed, channel, block, u])
             chunk = rng.standard_normal(per, dtype=np.float32)
             a, b = max(u * self.unit, lo), min((u + 1) * self.unit, hi)
-            out[0, 0, (a - start) * up:(b - start) * up] = chunk[(a - u * self.unit) * up:(b - u * self.unit) * up]
+            out[0, 0, (a - start) * up:(b - start) * up] = \
+                chunk[(a - u * self.unit) * up:(b - u * self.unit) * up]
         return out
 
     def positions(self, channel: int, block: int, lo: int, count: int, n: int) -> np.ndarray:

@@ -42,7 +42,8 @@ def read_header(f: BinaryIO, what: str, error: type[CodecportError],
     if dtype.hasobject and not objects:
         raise error(f"{what}: holds Python objects (a pickle), which codecport does not load")
     if any(int(d) < 0 for d in shape) or dtype.itemsize == 0:
-        raise error(f"{what}: a damaged .npy header (shape {list(shape)}, dtype {dtype.str}); write the file again")
+        raise error(f"{what}: a damaged .npy header (shape {list(shape)}, dtype {dtype.str}); "
+                    "write the file again")
     return tuple(int(d) for d in shape), dtype, bool(fortran)
 
 

@@ -25,7 +25,8 @@ def to_orpheus(arrays: Sequence[np.ndarray]) -> np.ndarray:
     j = c0.shape[1]
     if c1.shape[1] != 2 * j or c2.shape[1] != 4 * j:
         raise CodesError("the Orpheus layout needs 1, 2 and 4 codes a coarse frame (SNAC 24 kHz)")
-    flat = np.stack([c0, c1[:, 0::2], c2[:, 0::4], c2[:, 1::4], c1[:, 1::2], c2[:, 2::4], c2[:, 3::4]], axis=-1)
+    flat = np.stack([c0, c1[:, 0::2], c2[:, 0::4], c2[:, 1::4], c1[:, 1::2], c2[:, 2::4], c2[:, 3::4]],
+                    axis=-1)
     return flat.reshape(c0.shape[0], 7 * j)
 
 

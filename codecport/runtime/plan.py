@@ -65,7 +65,8 @@ def stack_calls(calls: list, batch: int) -> np.ndarray | dict[str, np.ndarray]:
     return np.concatenate(calls)
 
 
-def overlap_windows(n: int, window: int, margin: int, end_aligned: bool = False) -> Iterator[tuple[int, int, int]]:
+def overlap_windows(n: int, window: int, margin: int,
+                    end_aligned: bool = False) -> Iterator[tuple[int, int, int]]:
     """(start, keep_from, keep_to) in frames for the windows over a clip of `n` frames: the
     first window starts at the clip, each next one `margin` before the frames still to do.
 

@@ -25,7 +25,8 @@ PROVIDERS = {
 }
 # What to install for each provider (the error message says it).
 INSTALL = {
-    "cuda": "pip install 'codecport[gpu]' (onnxruntime-gpu with the CUDA 13 and cuDNN 9 libraries as pip packages)",
+    "cuda": ("pip install 'codecport[gpu]' (onnxruntime-gpu with the CUDA 13 and cuDNN 9 libraries "
+             "as pip packages)"),
     "dml": "pip install onnxruntime-directml (Windows)",
     "coreml": "the standard onnxruntime wheel on macOS",
 }
@@ -46,10 +47,10 @@ DEFAULT_OPTIONS = {
 #   step's input and output cross to the host; 0 runs them through plain `run` with numpy state.
 #   Bit-identical results either way; 0 is there to rule the binding out when a provider misbehaves.
 # - parallel: how many windows of a long signal run at once through the graphs a folder slides
-#   over it (DAC's chunked pair, SNAC's window graph; their windows are independent). `auto` is 2 on the CPU EP with
-#   2 or more cores, each run on half of them, and 1 elsewhere. Two runs keep both cores busy
-#   through the kernels ORT runs on one thread: `Sin` (DAC's Snake) is 15 % of a DAC-44k
-#   decoder's time and does not use the thread pool. Same results either way.
+#   over it (DAC's chunked pair, SNAC's window graph; their windows are independent). `auto` is 2
+#   on the CPU EP with 2 or more cores, each run on half of them, and 1 elsewhere. Two runs keep
+#   both cores busy through the kernels ORT runs on one thread: `Sin` (DAC's Snake) is 15 % of a
+#   DAC-44k decoder's time and does not use the thread pool. Same results either way.
 # - threads: CPU threads of each graph's kernels (ORT's intra-op pool). `auto` is ORT's default
 #   (one per core), shared out between the parallel windows above; a number fixes it, as each worker of
 #   `codec-run tokenize` does with its share of the cores.

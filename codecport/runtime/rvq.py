@@ -44,12 +44,15 @@ def blas_on_one_thread() -> None:
             blas = ThreadpoolController().select(user_api="blas")
             home = Path(np.__file__).resolve().parent
             ours = [i["filepath"] for i in blas.info()
-                    if any(Path(i["filepath"]).resolve().is_relative_to(d) for d in (home, home.parent / "numpy.libs"))]
+                    if any(Path(i["filepath"]).resolve().is_relative_to(d)
+                           for d in (home, home.parent / "numpy.libs"))]
             _blas_limited.append((blas.select(filepath=ours) if ours else blas).limit(limits=1))
-            log.info("BLAS limited to one thread in this process (codecport's RVQ; ONNX Runtime uses the cores)")
+            log.info("BLAS limited to one thread in this process (codecport's RVQ; ONNX Runtime uses "
+                     "the cores)")
 
 
-def load_arrays(path: Path, meta: dict[str, str], shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+def load_arrays(path: Path, meta: dict[str, str],
+                shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
     """The arrays of an `rvq.npz`, each of the shape the graphs' metadata implies (`shapes`),
     finite, and written by the same export (its `export_id`); anything else is a `ModelFileError`.
     The archive is read with a limit from those shapes, so a bad file cannot inflate past them."""

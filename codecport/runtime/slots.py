@@ -217,7 +217,8 @@ class WindowPool(Pool):
     def release(self, slot: WindowSlot) -> None:
         slot.open, slot.stream, slot.pending = False, None, []
 
-    def step(self, slots: Sequence[WindowSlot]) -> tuple[dict[WindowSlot, np.ndarray], dict[WindowSlot, Exception]]:
+    def step(self, slots: Sequence[WindowSlot]) -> tuple[dict[WindowSlot, np.ndarray],
+                                                         dict[WindowSlot, Exception]]:
         """Each ready slot's waiting input through its stream, up to the end of its next window
         (and its flush once the input has ended and run): its output piece, or why that slot
         alone failed."""

@@ -97,9 +97,10 @@ class SnacCodec(Codec):
         ins, outs = g.shapes()
         noise = len(g.ints("noise_delays")) if g.meta.get("noise") == "1" else 0
         if n % unit or ins[:3] != [(b, g.int("latent_dim"), n), (b,), (b,)] or \
-                outs[:2] != [(b, 1, n * g.int("frame_size")), (b,)] or noise != (len(self.rates) if noise else 0):
-            raise ModelFileError(f"{g.path}: its inputs/outputs {g.shapes()} are not a step of its metadata's "
-                                 "geometry; the file is damaged, re-export the folder")
+                outs[:2] != [(b, 1, n * g.int("frame_size")), (b,)] or \
+                noise != (len(self.rates) if noise else 0):
+            raise ModelFileError(f"{g.path}: its inputs/outputs {g.shapes()} are not a step of its "
+                                 "metadata's geometry; the file is damaged, re-export the folder")
 
     @property
     def stateful_steps(self) -> bool:
@@ -133,7 +134,8 @@ class SnacCodec(Codec):
             results = [self._encode_window(g, first)]
         else:  # windows side by side, each on its share of the cores
             wg = self.window_graph("encoder")
-            results = self.map_windows(lambda item: self._encode_window(wg, item), itertools.chain([first], items))
+            results = self.map_windows(lambda item: self._encode_window(wg, item),
+                                       itertools.chain([first], items))
         levels: list[list[list[np.ndarray]]] = [[[] for _ in self.strides] for _ in range(channels)]
         for per_channel in tqdm(results, desc="encode", unit="window", disable=None if progress else True):
             for c, codes in enumerate(per_channel):
@@ -242,7 +244,8 @@ class SnacCodec(Codec):
 
         def run(graph, w):
             start, lo, hi = w
-            return np.stack([self.decode_window(graph, [a[c, 0] for a in codes.arrays], 0, n, start, source, c)
+            return np.stack([self.decode_window(graph, [a[c, 0] for a in codes.arrays], 0, n, start,
+                                                source, c)
                              [(lo - start) * hop:(hi - start) * hop] for c in range(codes.channels)])
 
         if len(plan) == 1:  # one window: every core on it
@@ -250,7 +253,8 @@ class SnacCodec(Codec):
         else:  # windows side by side, each on its share of the cores
             wg = self.window_graph(name)
             pieces = self.map_windows(lambda w: run(wg, w), plan)
-        yield from tqdm(pieces, total=len(plan), desc="decode", unit="window", disable=None if progress else True)
+        yield from tqdm(pieces, total=len(plan), desc="decode", unit="window",
+                        disable=None if progress else True)
 
     def _step_pieces(self, codes: Codes, progress: bool, noise) -> Iterator[np.ndarray]:
         """Every channel through its own step stream, a step's coarse frames a push."""

@@ -101,7 +101,8 @@ class SnacStepStream(_Names02, Stepped, DecoderStream):
     def ready(self) -> bool:
         if not self.ended:
             return len(self._codes[0]) * self.codec.strides[0] >= self.n
-        return self.steps * self.n * self.codec.frame_size - self.delay < self.received * self.codec.frame_size
+        return (self.steps * self.n * self.codec.frame_size - self.delay
+                < self.received * self.codec.frame_size)
 
     def next_step(self):
         x = np.zeros((1, self.codec.rvq.latent_dim, self.n), np.float32)

@@ -11,10 +11,10 @@ A codec streams through two objects (`Codec.streams` says which it has):
 
 Any split of the input gives the same output as the whole (tested for every codec that streams).
 `step_frames` is how many code frames one graph call takes or gives: pushing that many at a time
-(or their samples) is the live rhythm. Each states its `latency` (how far behind the input its final output runs, in code frames and
-samples), `reset()`s to a new stream, and keeps its whole state as a value: `s.state` takes it
-out (a copy), `s.state = value` puts it back, on this stream or another of the same folder, so a
-server can move a stream between slots.
+(or their samples) is the live rhythm. Each states its `latency` (how far behind the input its
+final output runs, in code frames and samples), `reset()`s to a new stream, and keeps its whole
+state as a value: `s.state` takes it out (a copy), `s.state = value` puts it back, on this stream
+or another of the same folder, so a server can move a stream between slots.
 """
 
 from __future__ import annotations

@@ -202,7 +202,8 @@ class Scheduler:
                 for side in live.request.sides:
                     self.held[side] -= 1
                 live.slots = {}
-                live.granted.set_exception(e if isinstance(e, ProtocolError) else ProtocolError("internal", str(e)))
+                live.granted.set_exception(e if isinstance(e, ProtocolError)
+                                           else ProtocolError("internal", str(e)))
                 continue
             self.lives[live] = None
             self.metrics.streams[live.request.op] += 1
@@ -320,7 +321,8 @@ class Scheduler:
                 for slot in slots:
                     live = self.owner.get(slot)
                     if live is not None:
-                        code = "bad_input" if isinstance(error, CodecportError) and len(slots) == 1 else "internal"
+                        code = ("bad_input" if isinstance(error, CodecportError) and len(slots) == 1
+                                else "internal")
                         live.fail(ProtocolError(code, _first_line(error)))
                 continue
             for slot, piece in outputs.items():

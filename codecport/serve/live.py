@@ -117,7 +117,8 @@ class Live:
         if self.resampler is not None:
             grown = len(x) * self.scheduler.codec.sample_rate / self.request.sample_rate * 4
             if grown > self.scheduler.input_bound:  # resampling up must not multiply a message
-                most = int(self.scheduler.input_bound / 4 * self.request.sample_rate / self.scheduler.codec.sample_rate)
+                most = int(self.scheduler.input_bound / 4 * self.request.sample_rate
+                           / self.scheduler.codec.sample_rate)
                 raise ProtocolError("too_large", f"{len(x)} samples at {self.request.sample_rate} Hz make "
                                                  f"{grown / 2**20:.0f} MiB at the model's rate; send at most "
                                                  f"{most} samples a message")
@@ -189,14 +190,16 @@ class Live:
             metrics.drops += 1
             log.info("dropping a slow reader: %d bytes not sent", self.backlog)
             self.fail(ProtocolError("behind", f"dropped: {self.backlog} bytes of output were waiting for "
-                                              f"this client (bound {bound}); read faster, or open fewer streams"))
+                                              f"this client (bound {bound}); read faster, or open fewer "
+                                              "streams"))
         elif self.backlog > bound // 2 and not self.warned:
             self.warned = True
             metrics.warnings += 1
             # At the front: the next message the client gets, ahead of the backlog it warns of.
             self.outbox.put(json.dumps({
                 "op": "warning", "code": "behind", "backlog": self.backlog, "bound": bound,
-                "message": f"{self.backlog} bytes of output wait for this client; past {bound} it is dropped"}),
+                "message": f"{self.backlog} bytes of output wait for this client; "
+                           f"past {bound} it is dropped"}),
                 front=True)
 
     def sent(self, nbytes: int) -> None:

@@ -79,7 +79,8 @@ class Metrics:
             family(name, kind, help_, self.gauges().get(name, []))
         family("frames_total", "counter", "Code frames out of encoder slots and into decoder slots.",
                per_side(self.frames))
-        family("samples_total", "counter", "Samples (model rate) into encoder slots and out of decoder slots.",
+        family("samples_total", "counter",
+               "Samples (model rate) into encoder slots and out of decoder slots.",
                per_side(self.samples))
         family("step_slots_total", "counter", "Slots stepped, summed over steps (over the step count: "
                                               "the mean batch).", per_side(self.step_slots))

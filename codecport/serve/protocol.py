@@ -97,7 +97,8 @@ class CodeLayout:
             at += n
         if values.size and (values.min() < 0 or values.max() >= self.codebook_size):
             raise ProtocolError("bad_input", f"codes must be in [0, {self.codebook_size}), found "
-                                             f"[{values.min()}, {values.max()}]; were they made by another model?")
+                                             f"[{values.min()}, {values.max()}]; "
+                                             "were they made by another model?")
         return out
 
 
@@ -228,6 +229,7 @@ def ready_message(codec, request: Request, slots: dict) -> dict:
         "slot": {side: s.index for side, s in slots.items()},
         "step_frames": {side: s.step_frames for side, s in slots.items()},
         "runs": {side: s.runs for side, s in slots.items()},
-        "latency": {side: {"frames": s.latency.frames, "samples": s.latency.samples} for side, s in slots.items()},
+        "latency": {side: {"frames": s.latency.frames, "samples": s.latency.samples}
+                    for side, s in slots.items()},
     }
 

@@ -86,7 +86,8 @@ class Server:
         # A connection that never completes its HTTP request is closed after the handshake's
         # time too (aiohttp's default keeps it an hour: a file descriptor each).
         self.runner = web.AppRunner(self.app, handle_signals=False, access_log=None,
-                                    shutdown_timeout=cfg.close_timeout, keepalive_timeout=cfg.handshake_timeout)
+                                    shutdown_timeout=cfg.close_timeout,
+                                    keepalive_timeout=cfg.handshake_timeout)
         await self.runner.setup()
         self.site = web.TCPSite(self.runner, cfg.host, cfg.port)
         try:
@@ -135,7 +136,8 @@ class Server:
         sched = self.scheduler
         return {"ok": not sched.draining, "codec": self.codec.name, "preset": self.codec.preset,
                 "slots": {"total": sched.size, "active": sched.holding},
-                "pools": {side: {"total": sched.size, "active": sched.active(side), "batch": min(pool.batch, sched.size)}
+                "pools": {side: {"total": sched.size, "active": sched.active(side),
+                                 "batch": min(pool.batch, sched.size)}
                           for side, pool in sched.pools.items()},
                 "queued": len(sched.waiting), "connections": sched.connections, "draining": sched.draining}
 
@@ -198,7 +200,8 @@ class Server:
         """A connection that ended on an error (a message too large: the client was told)."""
         if msg.type is WSMsgType.ERROR:
             code = getattr(msg.data, "code", None)
-            self.scheduler.metrics.errors["too_large" if code == WSCloseCode.MESSAGE_TOO_BIG else "bad_request"] += 1
+            self.scheduler.metrics.errors["too_large" if code == WSCloseCode.MESSAGE_TOO_BIG
+                                          else "bad_request"] += 1
             log.info("a stream ended on %s", msg.data)
 
     async def _open(self, ws: web.WebSocketResponse) -> Live | None:
@@ -214,7 +217,8 @@ class Server:
         finally:
             self._greeting.discard(ws)  # from here a drain reaches it through the scheduler
         if msg.type is WSMsgType.BINARY:
-            raise bad("binary data before the handshake; the first message is the JSON request (docs/serve.md)")
+            raise bad("binary data before the handshake; the first message is the JSON request "
+                      "(docs/serve.md)")
         if msg.type is not WSMsgType.TEXT:
             self._note(msg)
             return None
@@ -285,7 +289,8 @@ class Server:
                         heard = loop.time()
                 except asyncio.TimeoutError:
                     raise ProtocolError("timeout", f"no input for {idle:g} s; a stream that sends nothing "
-                                                   "gives its slots back (send {\"op\": \"end\"} when done)") from None
+                                                   "gives its slots back "
+                                                   "(send {\"op\": \"end\"} when done)") from None
                 if msg.type is WSMsgType.BINARY:
                     if live.request.op == "decode":
                         live.put_codes(live.layout.unpack(msg.data))
@@ -294,7 +299,8 @@ class Server:
                 elif msg.type is WSMsgType.TEXT:
                     op = parse_json(msg.data)["op"]
                     if op != "end":
-                        raise bad(f'after the handshake the only text message is {{"op": "end"}}, got op {op!r}')
+                        raise bad('after the handshake the only text message is {"op": "end"}, '
+                                  f'got op {op!r}')
                     live.end()
                 else:
                     self._note(msg)

@@ -50,15 +50,16 @@ def find_ort_web(given: str | Path | None) -> Path:
         candidates.append(Path(os.environ[ORT_WEB_ENV]))
     if not candidates:
         here = Path(__file__).resolve().parents[2]
-        candidates = [Path.cwd() / "node_modules" / "onnxruntime-web", here / "node_modules" / "onnxruntime-web"]
+        candidates = [Path.cwd() / "node_modules" / "onnxruntime-web",
+                      here / "node_modules" / "onnxruntime-web"]
     for c in candidates:
         for d in (c, c / "dist"):
             if all((d / e).is_file() for e in ORT_ENTRIES) and any(d.glob("*.wasm")):
                 return d.resolve()
     where = given or os.environ.get(ORT_WEB_ENV) or "node_modules/onnxruntime-web"
-    raise CodecportError(f"{where}: no onnxruntime-web here ({' and '.join(ORT_ENTRIES)} and their .wasm files); run "
-                         "`npm install onnxruntime-web` (or `npm ci` in a codecport checkout), or pass "
-                         "--ort-web DIR pointing at its dist folder")
+    raise CodecportError(f"{where}: no onnxruntime-web here ({' and '.join(ORT_ENTRIES)} and their .wasm "
+                         "files); run `npm install onnxruntime-web` (or `npm ci` in a codecport checkout), "
+                         "or pass --ort-web DIR pointing at its dist folder")
 
 
 def check_web_folder(folder: Path) -> dict:
@@ -67,7 +68,8 @@ def check_web_folder(folder: Path) -> dict:
 
     spec = registry.codec_of_folder(folder)
     manifest = read_manifest(folder)
-    if manifest is None or manifest.get("quantizer") != "graph" or not isinstance(manifest.get("graphs"), dict):
+    if manifest is None or manifest.get("quantizer") != "graph" or \
+            not isinstance(manifest.get("graphs"), dict):
         raise ModelFileError(f"{folder}: not a web export (the browser reads no rvq.npz and no ONNX "
                              f"metadata); re-export it with codec-export {spec.name} --target web")
     for name, facts in manifest["graphs"].items():
@@ -126,7 +128,8 @@ class _Handler(BaseHTTPRequestHandler):
         # A page of another site can reach 127.0.0.1 through a name it controls (DNS rebinding):
         # its requests carry that name as their Host, which this server does not answer.
         if self.headers.get("Host", "").lower() not in self.hosts:
-            self._send(HTTPStatus.MISDIRECTED_REQUEST, b"this server answers to 127.0.0.1 and localhost only\n",
+            self._send(HTTPStatus.MISDIRECTED_REQUEST,
+                       b"this server answers to 127.0.0.1 and localhost only\n",
                        TYPES[".txt"])
             return
         path = unquote(urlsplit(self.path).path)

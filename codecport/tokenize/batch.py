@@ -4,8 +4,8 @@ A codec describes how it would encode a clip as a `WindowPlan` (runtime/plan.py)
 independent windows it would put through one encoder graph, and how the codes of those windows
 make the clip's `Codes`. `Batcher` takes the windows of many plans, fills the rows of the
 batched copy of that graph with them (B windows a call, from any clips; a last call padded with
-copies of its first window, or run row by row when it is less than half full) and finishes each clip when its last
-window is done.
+copies of its first window, or run row by row when it is less than half full) and finishes each
+clip when its last window is done.
 The codes are the same either way: each row of a batched graph is checked against the batch-1
 graph when it is exported.
 """

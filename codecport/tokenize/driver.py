@@ -100,7 +100,8 @@ def tokenize(inputs: list[str], model_dir: str | Path, out_dir: str | Path, *, e
                 last[0] = time.monotonic()
             bar.update(table.num_rows)
             hours = summary.audio_s / 3600
-            bar.set_postfix_str(f"{hours:.2f} h audio, {summary.audio_s / max(1e-9, time.perf_counter() - t0):.0f} h/h")
+            bar.set_postfix_str(f"{hours:.2f} h audio, "
+                                f"{summary.audio_s / max(1e-9, time.perf_counter() - t0):.0f} h/h")
 
         with bar:
             try:

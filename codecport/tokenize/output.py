@@ -10,7 +10,8 @@
 A shard is written under a temporary name and renamed into place, so a killed job leaves whole
 shards or none; a shard of ours that does not open (copied half) is deleted and its rows
 redone; any other file that is not a shard of this model's codes is refused, never touched.
-Neither reader takes hidden files (`.`) or a folder named `__x__` as part of the dataset (pyarrow leaves out every `_` and `.` name, `datasets` only those).
+Neither reader takes hidden files (`.`) or a folder named `__x__` as part of the dataset (pyarrow
+leaves out every `_` and `.` name, `datasets` only those).
 """
 
 from __future__ import annotations
@@ -218,7 +219,8 @@ class OutputDir:
         tables = {shard: t for shard in self.shards() if (t := self._read_shard(shard)) is not None}
         seen, drop, rename = set(), {}, {}
         for shard, t in tables.items():
-            rows = zip(t.column("id").to_pylist(), t.column("path").to_pylist(), t.column("input_key").to_pylist())
+            rows = zip(t.column("id").to_pylist(), t.column("path").to_pylist(),
+                       t.column("input_key").to_pylist())
             for i, (ident, path, key) in enumerate(rows):
                 if ident not in want and (path, key) in by_file:
                     rename.setdefault(shard, {})[i] = ident = by_file[path, key]
@@ -237,14 +239,16 @@ class OutputDir:
         for a shard of ours cut short (deleted: its rows are done again). Anything else that is
         not such a shard is refused, and left as it is."""
         _, pq = _pa()
-        columns = ["id", "path", "input_key", *(self.preset_column if k == "preset" else k for k in ROW_MODEL)]
+        columns = ["id", "path", "input_key",
+                   *(self.preset_column if k == "preset" else k for k in ROW_MODEL)]
         move = f"move it out of {self.path}, or pass another -o"
         try:
             names = pq.read_schema(shard).names
             t = pq.read_table(shard, columns=columns) if set(columns) <= set(names) else None
         except Exception as e:
             if isinstance(e, OSError) and e.errno is not None:  # no permission, an I/O error: it may be whole
-                raise CodecportError(f"cannot read {shard} ({str(e).splitlines()[0]}); check it, or {move}") from e
+                raise CodecportError(f"cannot read {shard} ({str(e).splitlines()[0]}); "
+                                     f"check it, or {move}") from e
             # pyarrow's ArrowInvalid, or its OSError of a damaged footer: a damaged file
             if not SHARD.fullmatch(shard.name):
                 raise CodecportError(f"{shard} does not open as Parquet ({str(e).splitlines()[0]}); "
@@ -273,7 +277,8 @@ class OutputDir:
                 column[i] = ident
             table = table.set_column(table.schema.get_field_index("id"), "id", pa.array(column, pa.string()))
         keep = np.setdiff1d(np.arange(table.num_rows), drop)
-        log.info("%s: %d row(s) of changed or doubled inputs removed, %d renamed", shard.name, len(drop), len(ids))
+        log.info("%s: %d row(s) of changed or doubled inputs removed, %d renamed",
+                 shard.name, len(drop), len(ids))
         if not len(keep):
             shard.unlink()
             return

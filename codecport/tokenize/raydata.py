@@ -69,7 +69,8 @@ def check_reachable(address: str) -> None:
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
     except (OSError, OverflowError) as e:
-        raise CodecportError(f"cannot reach the Ray cluster at {address} ({getattr(e, 'strerror', None) or e}); "
+        raise CodecportError(f"cannot reach the Ray cluster at {address} "
+                             f"({getattr(e, 'strerror', None) or e}); "
                              "is its head node running? check --address / RAY_ADDRESS") from None
 
 
