@@ -61,7 +61,10 @@ def load(path: str | Path, provider: str = "cpu", fallback: str | None = None,
 def load_codes(path: str | Path, layout: str | None = None):
     """`Codes` from a file written by `Codes.save` or `codec-run encode`, picked by suffix, or
     arranged in `layout` (e.g. "orpheus")."""
+    from .registry import codecs
     from .runtime.codes import load_codes as _load
+
+    codecs()  # the codecs' own formats and layouts, which the registry adds as it finds them
 
     return _load(path, layout)
 
@@ -97,7 +100,10 @@ def __getattr__(name: str):
 
         return Codec
     if name == "Codes":
+        from .registry import codecs
         from .runtime.codes import Codes
+
+        codecs()  # `Codes.save`/`load` know the codecs' own formats once the registry found them
 
         return Codes
     raise AttributeError(f"module 'codecport' has no attribute {name!r}")

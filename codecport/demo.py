@@ -15,6 +15,7 @@ import click
 import numpy as np
 
 from . import registry
+from .bench.facts import facts_of
 from .frontend import Command, Finite, guard, unwinds_on_sigterm
 
 
@@ -50,7 +51,7 @@ def _demo(spec, seconds: float, out_dir: Path) -> bool:
 
     import codecport
 
-    models, facts = spec.module("model"), spec.bench
+    models, facts = spec.module("model"), facts_of(spec)
     # The clip is longer than one call of the fixed graphs, so the long-audio mode runs too.
     preset, call_seconds = facts.demo_preset, facts.demo_seconds
     cfg = spec.presets[preset]

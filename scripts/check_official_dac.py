@@ -55,9 +55,9 @@ def main() -> int:
     args = ap.parse_args()
 
     import codecport
-    from codecport.export.dac import export_dac
-    from codecport.models.dac import DAC, PRESETS, init_random
-    from codecport.models.dac_weights import load_dac
+    from codecport.codecs.dac.export import export_dac
+    from codecport.codecs.dac.model import DAC, PRESETS, init_random
+    from codecport.codecs.dac.weights import load_dac
 
     official_mod = load_official(args.src)
     kwargs = PRESETS[args.preset].to_kwargs()

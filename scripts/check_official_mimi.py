@@ -38,9 +38,9 @@ def main() -> int:
     from safetensors.torch import save_file
 
     import codecport
-    from codecport.export.mimi import export_mimi
-    from codecport.models.mimi import PRESETS, MimiModel, init_random
-    from codecport.models.mimi_weights import moshi_config
+    from codecport.codecs.mimi.export import export_mimi
+    from codecport.codecs.mimi.model import PRESETS, MimiModel, init_random
+    from codecport.codecs.mimi.weights import moshi_config
 
     sentencepiece = types.ModuleType("sentencepiece")
     sentencepiece.SentencePieceProcessor = object

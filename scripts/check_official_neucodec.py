@@ -27,10 +27,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from conftest import official_neucodec
 
+from codecport.codecs.neucodec.export import graph_specs
+from codecport.codecs.neucodec.fsq import Fsq
+from codecport.codecs.neucodec.model import PRESETS, NeuCodec
 from codecport.export.graph import to_onnx
-from codecport.export.neucodec import graph_specs
-from codecport.models.neucodec import PRESETS, NeuCodec
-from codecport.runtime.fsq import Fsq
 
 
 def main() -> int:

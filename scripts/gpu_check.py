@@ -271,6 +271,7 @@ def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, prec
     """Every way through the folder's graphs, on the device against the reference: the fixed
     pair, then the long-audio modes the codec has (chunked windows, its streams)."""
     from codecport import registry
+    from codecport.bench.facts import facts_of
     from codecport.bench.measure import agreement, closeness, flat_codes
     from codecport.runtime.codes import Codes
 
@@ -278,7 +279,7 @@ def check_codec(dev, ref, args, out: dict, failures: list[str], label: str, prec
     par, timing = {}, {"device": {}, "reference": {}}
     # One call of the fixed graphs, the way the codec's bench takes it (SNAC: its window graph,
     # decoded without noise so that both sides decode alike).
-    facts = registry.get(dev.name).bench
+    facts = facts_of(registry.get(dev.name))
     mode, noise = facts.fixed_mode, facts.compare_noise
     rate_in = dev.input_rate  # the encoder's rate (NeuCodec's 16 kHz beside its 24 kHz out)
     fixed_enc = lambda codec, clip: codec.encode(clip, rate_in, mode=mode).arrays
@@ -434,10 +435,11 @@ def check_folder(folder: Path, args, options: dict, failures: list[str], fp32_re
         fp32_refs[manifest.get("export_id")] = keep
     elif base is not None and keep and base["clip"].shape == keep["clip"].shape:
         from codecport import registry
+        from codecport.bench.facts import facts_of
         from codecport.bench.measure import agreement, closeness, flat_codes
         from codecport.runtime.codes import Codes
 
-        facts = registry.get(dev.name).bench
+        facts = facts_of(registry.get(dev.name))
         dec = dev.decode(Codes(base["codes_ref"]), mode=facts.fixed_mode, **facts.compare_noise)[0]
         codes = dev.encode(base["clip"], dev.input_rate, mode=facts.fixed_mode).arrays
         out["device_vs_fp32_reference"] = {"encode": agreement(flat_codes(base["codes_ref"]),

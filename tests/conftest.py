@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codecport.models.dac import DAC, PRESETS, init_random
-from codecport.models.mimi import PRESETS as MIMI_PRESETS
-from codecport.models.mimi import MimiModel
-from codecport.models.mimi import init_random as mimi_init_random
+from codecport.codecs.dac.model import DAC, PRESETS, init_random
+from codecport.codecs.mimi.model import PRESETS as MIMI_PRESETS
+from codecport.codecs.mimi.model import MimiModel
+from codecport.codecs.mimi.model import init_random as mimi_init_random
 
 pytest.register_assert_rewrite("shared_exports")  # a plugin (below) this file also imports from
 
@@ -72,9 +72,9 @@ def noise(n: int, channels: int = 1, seed: int = 0, scale: float = 0.3) -> np.nd
 
 @pytest.fixture(scope="session")
 def tiny_snac():
-    from codecport.models.snac import PRESETS as SNAC_PRESETS
-    from codecport.models.snac import SNAC
-    from codecport.models.snac import init_random as snac_init_random
+    from codecport.codecs.snac.model import PRESETS as SNAC_PRESETS
+    from codecport.codecs.snac.model import SNAC
+    from codecport.codecs.snac.model import init_random as snac_init_random
 
     return snac_init_random(SNAC(SNAC_PRESETS["tiny"]), seed=0).eval()
 
@@ -92,8 +92,8 @@ def official_snac(model):
 
 
 def official_neucodec():
-    """The official `neucodec` package, imported offline (bench/neucodec.py)."""
-    from codecport.bench.neucodec import import_official
+    """The official `neucodec` package, imported offline (codecs/neucodec/facts.py)."""
+    from codecport.codecs.neucodec.facts import import_official
 
     return import_official()
 

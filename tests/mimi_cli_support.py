@@ -18,8 +18,8 @@ from conftest import noise
 from shared_exports import cli_export, cli_output, shared
 
 from codecport import registry
-from codecport.export.mimi import rvq_of
-from codecport.models.mimi import PRESETS
+from codecport.codecs.mimi.export import rvq_of
+from codecport.codecs.mimi.model import PRESETS
 from codecport.runtime.audio import read_audio, resample
 
 CFG = PRESETS["tiny"]

@@ -145,7 +145,7 @@ RELEASED_MIMI_FRAMES = 25  # the released Mimi's fixed graphs: 2 s (48000 sample
 @pytest.fixture(scope="session")
 def tiny_export(tmp_path_factory, tiny_dac):
     """The tiny DAC exported by the library (numpy quantizer)."""
-    from codecport.export.dac import export_dac
+    from codecport.codecs.dac.export import export_dac
 
     return shared(tmp_path_factory, "dac-tiny", lambda out: export_dac(
         tiny_dac, out, TINY_LEN, TINY_CHUNK, preset="tiny", weights="random-init seed 0",
@@ -155,7 +155,7 @@ def tiny_export(tmp_path_factory, tiny_dac):
 @pytest.fixture(scope="session")
 def tiny_mimi_export(tmp_path_factory, tiny_mimi):
     """The tiny Mimi's fixed-length and step graphs (numpy quantizer)."""
-    from codecport.export.mimi import export_mimi
+    from codecport.codecs.mimi.export import export_mimi
 
     return shared(tmp_path_factory, "mimi-tiny", lambda out: export_mimi(
         tiny_mimi, out, MIMI_TINY_FRAMES * tiny_mimi.cfg.frame_size, MIMI_TINY_STEP, preset="tiny",
@@ -164,7 +164,7 @@ def tiny_mimi_export(tmp_path_factory, tiny_mimi):
 
 @pytest.fixture(scope="session")
 def tiny_snac_export(tmp_path_factory, tiny_snac):
-    from codecport.export.snac import export_snac
+    from codecport.codecs.snac.export import export_snac
 
     return shared(tmp_path_factory, "snac-tiny", lambda out: export_snac(
         tiny_snac, out, SNAC_TINY_LEN, preset="tiny", weights="random-init seed 0", weights_sha256="none",
@@ -222,8 +222,8 @@ def released_mimi(tmp_path_factory) -> tuple[Path, Path]:
     def build(folder: Path) -> None:
         from safetensors.torch import save_file
 
-        from codecport.export.mimi import export_mimi
-        from codecport.models.mimi import PRESETS, MimiModel, init_random
+        from codecport.codecs.mimi.export import export_mimi
+        from codecport.codecs.mimi.model import PRESETS, MimiModel, init_random
 
         model = init_random(MimiModel(PRESETS["mimi"]), seed=3).eval()
         folder.mkdir(parents=True)

@@ -20,6 +20,7 @@ from shared_exports import copy_folder, shared
 
 import codecport
 from codecport import registry
+from codecport.bench.facts import facts_of
 from codecport.errors import AudioError, CodecportError, CodesError, ExportError
 
 NAMES = registry.names()
@@ -54,7 +55,7 @@ def test_load_gives_the_codec_and_its_facts(codecs, smoke_exports, name):
     assert codec.frame_rate == pytest.approx(codec.sample_rate / codec.frame_size)
     assert codec.n_codebooks == manifest["n_codebooks"] and \
         codec.codebook_size == int(manifest["codebook_size"])
-    assert registry.get(name).bench.fixed_mode in codec.modes and len(codec.modes) >= 2
+    assert facts_of(registry.get(name)).fixed_mode in codec.modes and len(codec.modes) >= 2
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -349,7 +350,7 @@ def test_a_folder_codecport_0_2_wrote_still_loads(smoke_exports, tiny_snac, tmp_
     today's codes, audio and streams."""
     import onnx
 
-    from codecport.export.snac import export_snac
+    from codecport.codecs.snac.export import export_snac
 
     stored = json.loads((OLD / f"{name}.json").read_text())
     new = smoke_exports[name]

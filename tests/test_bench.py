@@ -177,7 +177,7 @@ def test_bench_runs_rustymimi_on_the_released_config(tmp_path, released_mimi):
     other tests share (2 s a call), its weights beside it as the bench keeps them."""
     from codecport import registry
     from codecport.bench.prepare import export_source_hash
-    from codecport.models.mimi import PRESETS
+    from codecport.codecs.mimi.model import PRESETS
     from codecport.version import __version__
 
     weights, model = released_mimi
@@ -246,7 +246,7 @@ FAKE_LOADERS = '''
 import contextlib, json, pathlib
 from safetensors.torch import load_file
 from codecport.models.checkpoint import load_state
-from codecport.models.mimi import MimiConfig, MimiModel
+from codecport.codecs.mimi.model import MimiConfig, MimiModel
 
 
 class _Moshiish:
@@ -291,8 +291,8 @@ def _fake_moshi(root: Path, loaders: str) -> dict:
 
 def test_bench_official_contender_is_moshi_on_the_same_weights_and_config(tmp_path_factory, tmp_path,
                                                                           monkeypatch):
-    from codecport.models.mimi import PRESETS
-    from codecport.models.mimi_weights import moshi_config
+    from codecport.codecs.mimi.model import PRESETS
+    from codecport.codecs.mimi.weights import moshi_config
 
     env = _fake_moshi(tmp_path / "site", FAKE_LOADERS)
     monkeypatch.syspath_prepend(str(tmp_path / "site"))  # the bench looks for moshi in its own process
@@ -319,8 +319,8 @@ def test_bench_official_contender_is_moshi_on_the_same_weights_and_config(tmp_pa
 # official checkpoint layout through our own weight-norm folding.
 FAKE_DAC = '''
 import torch
-from codecport.models.dac import DAC as Ours, DacConfig
-from codecport.models.dac_weights import fold_weight_norm
+from codecport.codecs.dac.model import DAC as Ours, DacConfig
+from codecport.codecs.dac.weights import fold_weight_norm
 
 
 class _Quantizer:
@@ -388,7 +388,7 @@ def test_unfold_weight_norm_is_what_torch_weight_norm_folds_back():
 
     import torch
 
-    from codecport.models.dac_weights import fold_weight_norm, unfold_weight_norm
+    from codecport.codecs.dac.weights import fold_weight_norm, unfold_weight_norm
 
     torch.manual_seed(0)
     conv, tconv = torch.nn.Conv1d(3, 5, 7), torch.nn.ConvTranspose1d(4, 2, 6)

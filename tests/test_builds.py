@@ -64,7 +64,7 @@ def dac_stage(tiny_export):
     (as `build_of_folder` reads a folder) from the shared export of that very call
     (shared_exports.py: `tiny_export`) rather than traced again. DAC's builds need no torch module
     (its .mlpackage conversion is test_coreml.py's)."""
-    from codecport.runtime.dac import DacCodec
+    from codecport.codecs.dac.runtime import DacCodec
     from codecport.runtime.folder import read_manifest
 
     manifest = read_manifest(tiny_export)

@@ -275,7 +275,7 @@ def test_a_wav_as_weights_is_refused_in_one_line(tmp_path, name):
 
 
 def test_an_absurd_dac_config_is_refused_before_a_model_is_built(tmp_path):
-    from codecport.models.dac_config import PRESETS
+    from codecport.codecs.dac.config import PRESETS
 
     kwargs = {**PRESETS["tiny"].to_kwargs(), "encoder_dim": 4096, "decoder_dim": 16384, "latent_dim": 16384}
     path = tmp_path / "huge.pth"

@@ -17,8 +17,8 @@ import torch
 from cli_support import invoke
 from conftest import TINY_CHUNK, noise
 
-from codecport.export.dac import export_dac
-from codecport.models.dac import PRESETS
+from codecport.codecs.dac.export import export_dac
+from codecport.codecs.dac.model import PRESETS
 
 BIN = Path(sys.executable).parent
 

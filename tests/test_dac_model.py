@@ -12,9 +12,9 @@ from conftest import noise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from codecport.codecs.dac.model import DAC, PRESETS, init_random
+from codecport.codecs.dac.weights import load_dac
 from codecport.errors import CheckpointError
-from codecport.models.dac import DAC, PRESETS, init_random
-from codecport.models.dac_weights import load_dac
 from codecport.models.layers import UpConv1d
 
 

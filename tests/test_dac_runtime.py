@@ -10,10 +10,10 @@ import pytest
 import torch
 from conftest import TINY_CHUNK, TINY_LEN, noise
 
+from codecport.codecs.dac.export import rvq_of
+from codecport.codecs.dac.runtime import DacCodec
 from codecport.errors import ProviderError
-from codecport.export.dac import rvq_of
 from codecport.runtime.codes import load_codes
-from codecport.runtime.dac import DacCodec
 from codecport.runtime.providers import cpu_cores
 
 
@@ -236,8 +236,8 @@ def test_whole_codes_round_trip_through_npz_and_dac(codec, tmp_path):
 
 
 def test_whole_mode_says_what_it_needs(codec, tiny_export, tiny_dac, tmp_path):
+    from codecport.codecs.dac.export import export_dac
     from codecport.errors import CodesError, ModelFileError
-    from codecport.export.dac import export_dac
 
     with pytest.raises(CodesError, match="shorter than the fixed graph"):
         codec.encode(noise(TINY_LEN - 7), 16000, mode="whole")

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from codecport.codecs.dac.model import PRESETS
+from codecport.codecs.dac.weights import load_dac
 from codecport.errors import DownloadError
-from codecport.models.dac import PRESETS
-from codecport.models.dac_weights import load_dac
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""w2v-BERT's input features in numpy (runtime/fbank.py) against transformers'
+"""w2v-BERT's input features in numpy (codecs/neucodec/fbank.py) against transformers'
 SeamlessM4TFeatureExtractor, called as NeuCodec calls it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from conftest import noise
 from transformers import SeamlessM4TFeatureExtractor
 from transformers.audio_utils import mel_filter_bank
 
+from codecport.codecs.neucodec.fbank import Fbank, mel_filters
 from codecport.errors import CodesError
-from codecport.runtime.fbank import Fbank, mel_filters
 
 
 def test_the_filter_bank_is_transformers():
@@ -42,10 +42,10 @@ def test_shorter_than_two_frames_is_refused():
 
 @pytest.mark.parametrize("pad,extra", [(0, 1), (160, 0)])  # NeuCodec's alignment, XCodec2's
 def test_graph_features_are_the_numpy_ones_on_the_masked_clip(pad, extra):
-    """export/ingraph.py's features (what in-graph and browser encoders compute) of a clip
+    """codecs/neucodec/ingraph.py's features (what in-graph and browser encoders compute) of a clip
     shorter than the graph: the runtime's within 1e-4 on its frames, zero past them, whatever
     audio lies past the clip."""
-    from codecport.export.ingraph import FbankFeatures
+    from codecport.codecs.neucodec.ingraph import FbankFeatures
 
     frames, valid = 25, 17
     x = noise((frames + extra) * 320, seed=4)[0]

@@ -357,8 +357,8 @@ JSONISH = st.recursive(st.none() | st.booleans() | st.integers(-(1 << 40), 1 << 
 # 88 billion times (a test process was killed for memory at 22 GB).
 @example(conf={"upsampling_ratios": [[88061255015, True], 88061255015, None, None], "hidden_size": True})
 def test_any_mimi_config_json_is_a_config_or_one_checkpoint_error(conf):
+    from codecport.codecs.mimi.weights import config_from_transformers
     from codecport.errors import CheckpointError
-    from codecport.models.mimi_weights import config_from_transformers
 
     try:
         cfg = config_from_transformers(conf, "config.json")
@@ -373,8 +373,8 @@ def test_any_mimi_config_json_is_a_config_or_one_checkpoint_error(conf):
     ["sample_rate", "encoder_dim", "encoder_rates", "latent_dim", "decoder_dim", "decoder_rates",
      "n_codebooks", "codebook_size", "codebook_dim"]), JSONISH, max_size=6))
 def test_any_dac_metadata_kwargs_are_a_config_or_one_config_error(kwargs):
+    from codecport.codecs.dac.config import DacConfig
     from codecport.errors import ConfigError
-    from codecport.models.dac_config import DacConfig
 
     try:
         cfg = DacConfig.from_kwargs(kwargs)

@@ -1,4 +1,4 @@
-"""FSQ in numpy (runtime/fsq.py) against the official quantizer (vector-quantize-pytorch's
+"""FSQ in numpy (codecs/neucodec/fsq.py) against the official quantizer (vector-quantize-pytorch's
 ResidualFSQ, as NeuCodec builds it), both ways."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 from vector_quantize_pytorch import ResidualFSQ
 
-from codecport.runtime.fsq import Fsq
+from codecport.codecs.neucodec.fsq import Fsq
 
 LEVELS = [4] * 8  # NeuCodec and XCodec2: 65 536 codes
 
@@ -51,10 +51,10 @@ def test_bad_levels_and_shapes_are_refused():
         Fsq(LEVELS).indices(np.zeros((3, 7), np.float32))
 
 
-# ---- the graphs' FSQ (export/ingraph.py): what the browser and in-graph folders run ----------
+# ---- the graphs' FSQ (codecs/neucodec/ingraph.py): what the browser and in-graph folders run ----------
 def test_rounding_from_floor_is_torch_round():
     """Half to even without ONNX's Round (WebGPU has none), ties and their neighbours included."""
-    from codecport.export.ingraph import round_half_even
+    from codecport.codecs.neucodec.ingraph import round_half_even
 
     halves = np.arange(-8, 8, dtype=np.float32) + np.float32(0.5)
     x = np.concatenate([halves, np.nextafter(halves, np.float32(-9)), np.nextafter(halves, np.float32(9)),
@@ -66,7 +66,7 @@ def test_rounding_from_floor_is_torch_round():
 @pytest.mark.parametrize("levels", [LEVELS, [8, 5, 5, 5], [7, 5, 5, 5, 5], [4, 4, 4]])
 def test_graph_fsq_is_the_numpy_fsq_for_every_code(levels):
     """Every code's levels from float32 Floor arithmetic, and latents' codes, bit for bit."""
-    from codecport.export.ingraph import FsqOps
+    from codecport.codecs.neucodec.ingraph import FsqOps
 
     fsq, ops = Fsq(levels), FsqOps(levels)
     every = np.arange(fsq.size, dtype=np.int32)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from conftest import MIMI_TINY_STEP, noise
 
+from codecport.codecs.mimi.runtime import MimiCodec
 from codecport.errors import ProviderError
-from codecport.runtime.mimi import MimiCodec
 from codecport.runtime.providers import provider_options
 from codecport.runtime.step import StepRunner
 

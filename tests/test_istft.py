@@ -1,4 +1,4 @@
-"""The Vocos inverse STFT as a graph (models/istft.py): the official computation's numbers, and a
+"""The Vocos inverse STFT as a graph (codecs/neucodec/istft.py): the official computation's numbers, and a
 graph of plain ops (no DFT, no ConvTranspose) that every target takes whole."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from codecport.codecs.neucodec.istft import IstftSame
 from codecport.export.check import check_graph
 from codecport.export.graph import GraphSpec, Tensor, static_check, to_onnx
-from codecport.models.istft import IstftSame
 
 
 def _spec(t: int, n_fft: int, hop: int, seed: int):

@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from codecport.models.mimi_config import RELEASES
+from codecport.codecs.mimi.config import RELEASES
 
 REPO, FILE = RELEASES["mimi"]
 COMMITS = {"main": "a" * 40, "v1": "b" * 40}
@@ -91,7 +91,7 @@ def hub(files: dict, repo: str = REPO) -> Iterator[Hub]:
 LOAD = """
 import json, sys
 from codecport.errors import CodecportError
-from codecport.models.mimi_weights import load
+from codecport.codecs.mimi.weights import load
 try:
     model, sha = load(sys.argv[1], preset="tiny", revision=sys.argv[2] or None)
 except CodecportError as e:

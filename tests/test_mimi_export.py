@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from shared_exports import skipped_init
 
 from codecport import __version__
+from codecport.codecs.mimi.export import export_mimi, rvq_of
+from codecport.codecs.mimi.model import PRESETS, MimiModel, init_random
 from codecport.errors import ExportError, ValidationError
 from codecport.export import mimi as export_mod
-from codecport.export.mimi import export_mimi, rvq_of
-from codecport.models.mimi import PRESETS, MimiModel, init_random
 
 GRAPHS = ["encoder", "decoder", "encoder_step", "decoder_step"]
 
@@ -318,7 +318,7 @@ def test_moshi_stream_window(tmp_path):
     A context of 8 rather than 250 makes one dropped key a visible change in the audio."""
     from dataclasses import replace
 
-    from codecport.runtime.mimi import MimiCodec
+    from codecport.codecs.mimi.runtime import MimiCodec
 
     tiny_mimi = init_random(MimiModel(replace(PRESETS["tiny"], context=8)), seed=2).eval()
     export_mimi(tiny_mimi, tmp_path, None, 1, preset="tiny", weights="w", weights_sha256="none",
@@ -359,7 +359,7 @@ def test_rustymimi_window(tmp_path):
     A context of 8 rather than 250 makes the extra key show within a short clip."""
     from dataclasses import replace
 
-    from codecport.runtime.mimi import MimiCodec
+    from codecport.codecs.mimi.runtime import MimiCodec
 
     cfg = replace(PRESETS["tiny"], context=8)
     model = init_random(MimiModel(cfg), seed=2).eval()

@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import MIMI_TINY_FRAMES, MIMI_TINY_STEP, noise
 
+from codecport.codecs.mimi.export import export_mimi, rvq_of
+from codecport.codecs.mimi.runtime import MimiCodec
 from codecport.errors import AudioError, CodesError, ModelFileError
-from codecport.export.mimi import export_mimi, rvq_of
 from codecport.runtime.audio import resample
 from codecport.runtime.codes import Codes, load_codes
-from codecport.runtime.mimi import MimiCodec
 
 FRAME = 24  # samples per code frame of the tiny config
 LONG = 160 * FRAME - 5  # 160 frames: 320 transformer positions, past the 250-position window

@@ -18,11 +18,11 @@ from mimi_cli_support import assert_one_line_error
 from shared_exports import damaged_copy
 
 import codecport
+from codecport.codecs.neucodec.fsq import Fsq
+from codecport.codecs.neucodec.runtime import NeuCodecCodec
 from codecport.errors import AudioError, CodecportError, CodesError, ModelFileError
 from codecport.runtime.audio import ArraySource, audio_format
 from codecport.runtime.codes import Codes
-from codecport.runtime.fsq import Fsq
-from codecport.runtime.neucodec import NeuCodecCodec
 from codecport.runtime.stream import StreamState, as_pcm
 
 
@@ -183,9 +183,9 @@ def test_a_stream_state_that_is_not_this_streams_is_refused(model, arrays, faded
 def test_a_distilhubert_config_it_would_not_compute_is_refused(tmp_path, conf, match):
     """A config.json beside the distilled weights that would build a model ORT refuses, or
     another than it says (`true` heads), or that the JSON parser cannot follow: one line."""
+    from codecport.codecs.neucodec.config import PRESETS
+    from codecport.codecs.neucodec.weights import hubert_facts
     from codecport.errors import CheckpointError
-    from codecport.models.neucodec_config import PRESETS
-    from codecport.models.neucodec_weights import hubert_facts
 
     (tmp_path / "config.json").write_text(conf)
     (tmp_path / "preprocessor_config.json").write_text("{}")

@@ -1,5 +1,5 @@
 """The distilled NeuCodec (`neuphonic/distill-neucodec`, preset `distill`): its encoder in torch
-(models/neucodec_distill.py) against the official `DistillNeuCodec` built offline at the released
+(codecs/neucodec/distill.py) against the official `DistillNeuCodec` built offline at the released
 encoder size on shared random weights (codes identical, on a clip alone and masked inside a longer
 window), the runtime's DistilHuBERT input against transformers' feature extractor, and the tiny
 preset through `codec-export` and the runtime (the clip alone's codes for every length, the
@@ -22,10 +22,10 @@ from test_neucodec_download import env  # noqa: F401 (a fixture: a clean hugging
 from web_support import distilled_web_folder
 
 import codecport
+from codecport.codecs.neucodec.fbank import raw_values
+from codecport.codecs.neucodec.fsq import Fsq
+from codecport.codecs.neucodec.model import PRESETS, NeuCodec, init_random
 from codecport.models.checkpoint import fold_weight_norm, unfold_parametrized, weight_norm_dims
-from codecport.models.neucodec import PRESETS, NeuCodec, init_random
-from codecport.runtime.fbank import raw_values
-from codecport.runtime.fsq import Fsq
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -91,7 +91,7 @@ def test_the_local_attention_over_several_windows_is_the_officials():
     """The released encoder's attention windows are 6 s, longer than the parity clips: the official
     acoustic encoder at the tiny preset's sizes (its windows of 4 frames, 20 before the
     compression) against ours on 25 frames, several windows and a partial one at both rates."""
-    from codecport.models.neucodec_distill import DistillCodecEncoder
+    from codecport.codecs.neucodec.distill import DistillCodecEncoder
 
     ce = official_neucodec().codec_encoder_distill
     cfg = PRESETS["tiny-distill"]
@@ -187,7 +187,7 @@ def test_export_is_validated_and_portable(tiny_folder):
         assert eps[ep]["full"], (ep, eps[ep])
     # The local attention's distance bias is built in the graph from its MLP, not stored: as a
     # constant it is heads x w x 2 w floats a layer stack (108 MB at the released window).
-    from codecport.models.neucodec_distill import LocalAttention
+    from codecport.codecs.neucodec.distill import LocalAttention
 
     model = onnx.load(str(tiny_folder / "encoder.onnx"))
     shapes = {tuple(t.dims) for t in model.graph.initializer}
@@ -196,9 +196,10 @@ def test_export_is_validated_and_portable(tiny_folder):
     assert len(windows) == 2 and not {(h, 1, w, 2 * w) for h, w in windows} & shapes, shapes
     # codec-bench's split of the encoder's time (BenchFacts.parts) finds the distilled encoder's parts.
     from codecport import registry
+    from codecport.bench.facts import facts_of
     from codecport.bench.measure import node_times
 
-    parts = {k: m for k, (g, m) in registry.get("neucodec").bench.parts.items() if g == "encoder"}
+    parts = {k: m for k, (g, m) in facts_of(registry.get("neucodec")).parts.items() if g == "encoder"}
     enc = node_times(tiny_folder / "encoder.onnx", parts, runs=3)
     assert enc.pop("the acoustic encoder")["ms"] == 0  # NeuCodec's, not in this model
     # Most of the time, not all: at this tiny size the joins and masks outside them weigh (10-20 %).
@@ -224,7 +225,7 @@ def test_a_clip_that_fits_is_the_reference_on_the_clip_alone(tiny_folder, sample
 LOAD = """
 import json, sys, torch
 from codecport.errors import CodecportError
-from codecport.models.neucodec_weights import load
+from codecport.codecs.neucodec.weights import load
 try:
     model, sha = load(sys.argv[1])
 except CodecportError as e:
@@ -252,7 +253,7 @@ def official_files(model: NeuCodec, heads: int, normalize: bool) -> dict[str, by
 
     from safetensors.torch import save as save_safetensors
 
-    from codecport.models.neucodec_config import DISTILL_REPO
+    from codecport.codecs.neucodec.config import DISTILL_REPO
 
     sd = model.state_dict()
     prefix = "semantic_model."
@@ -283,7 +284,7 @@ def test_release_by_name_reads_distilhuberts_weights_and_configs(env, tmp_path):
 
     from test_neucodec_download import hubs
 
-    from codecport.models.neucodec_config import RELEASES
+    from codecport.codecs.neucodec.config import RELEASES
 
     tiny = init_random(NeuCodec(PRESETS["tiny-distill"]), seed=0).eval()
     f = official_files(tiny, heads=1, normalize=False)
@@ -308,8 +309,8 @@ def test_release_by_name_reads_distilhuberts_weights_and_configs(env, tmp_path):
 
 
 def test_a_folder_needs_distilhuberts_configs(tmp_path):
+    from codecport.codecs.neucodec.weights import load
     from codecport.errors import CheckpointError
-    from codecport.models.neucodec_weights import load
 
     tiny = init_random(NeuCodec(PRESETS["tiny-distill"]), seed=0).eval()
     f = official_files(tiny, heads=2, normalize=True)

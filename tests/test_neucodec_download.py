@@ -1,4 +1,4 @@
-"""NeuCodec's weights (models/neucodec_weights.py): the official layout by released name through
+"""NeuCodec's weights (codecs/neucodec/weights.py): the official layout by released name through
 huggingface_hub (`pytorch_model.bin` from neuphonic/neucodec, the semantic model from
 facebook/w2v-bert-2.0's `model.safetensors`, both from a local server that answers as the Hub
 does), a folder or file, and the checkpoints it refuses. The tiny preset stands in for the
@@ -25,11 +25,11 @@ import torch
 from safetensors.torch import save as save_safetensors
 from test_mimi_download import COMMITS, Hub, hub
 
+from codecport.codecs.neucodec.config import RELEASES, SEMANTIC_FILE, SEMANTIC_REPO, WEIGHTS_FILE
+from codecport.codecs.neucodec.model import PRESETS, NeuCodec, init_random
+from codecport.codecs.neucodec.weights import load
 from codecport.errors import CheckpointError
 from codecport.models.checkpoint import unfold_weight_norm
-from codecport.models.neucodec import PRESETS, NeuCodec, init_random
-from codecport.models.neucodec_config import RELEASES, SEMANTIC_FILE, SEMANTIC_REPO, WEIGHTS_FILE
-from codecport.models.neucodec_weights import load
 
 REPO = RELEASES["neucodec"]
 PREFIX = "semantic_model."
@@ -86,8 +86,8 @@ def hubs(repos: dict[str, dict]) -> Iterator[tuple[str, dict[str, Hub]]]:
 LOAD = """
 import json, sys, torch
 from codecport.errors import CodecportError
-from codecport.models.neucodec import PRESETS
-from codecport.models.neucodec_weights import load
+from codecport.codecs.neucodec.model import PRESETS
+from codecport.codecs.neucodec.weights import load
 try:
     model, sha = load(sys.argv[1], preset=sys.argv[2] or None, revision=sys.argv[3] or None)
 except CodecportError as e:

@@ -1,4 +1,4 @@
-"""NeuCodec's graphs (export/neucodec.py) as `codec-export neucodec` writes them: validated against
+"""NeuCodec's graphs (codecs/neucodec/export.py) as `codec-export neucodec` writes them: validated against
 torch as they are exported, plain static ops, one partition on the targets the project promises,
 and a `--len` too short for two frames refused before any weights are read."""
 
@@ -11,10 +11,10 @@ import onnx
 import pytest
 from cli_support import invoke
 
+from codecport.codecs.neucodec.export import frames_of
+from codecport.codecs.neucodec.model import PRESETS
 from codecport.errors import ExportError
 from codecport.export.check import check_graph
-from codecport.export.neucodec import frames_of
-from codecport.models.neucodec import PRESETS
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -72,9 +72,10 @@ def test_the_bench_times_the_parts_it_names(smoke_exports):
     node of the encoder but the few joining the paths belongs to one of them, the Linear layers'
     Gemm nodes (named after nothing but their weights) included."""
     from codecport import registry
+    from codecport.bench.facts import facts_of
     from codecport.bench.measure import node_times
 
-    parts = registry.get("neucodec").bench.parts
+    parts = facts_of(registry.get("neucodec")).parts
     folder = smoke_exports["neucodec"]
     enc = node_times(folder / "encoder.onnx", {k: m for k, (g, m) in parts.items() if g == "encoder"}, runs=3)
     # The distilled variant's acoustic encoder is not in this model (test_neucodec_distill.py times it).

@@ -1,4 +1,4 @@
-"""NeuCodec's decoder in torch (models/neucodec.py) against the official `neucodec` package, on
+"""NeuCodec's decoder in torch (codecs/neucodec/model.py) against the official `neucodec` package, on
 the released architecture with shared random weights: the official `decode_code` path (FSQ
 indices -> `project_out` -> `fc_post_a` -> `CodecDecoderVocos`) gives the same audio."""
 
@@ -15,7 +15,7 @@ import torch
 from conftest import noise, official_neucodec
 from shared_exports import skipped_init
 
-from codecport.models.neucodec import PRESETS, NeuCodec, fsq_codes, init_random
+from codecport.codecs.neucodec.model import PRESETS, NeuCodec, fsq_codes, init_random
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -99,7 +99,7 @@ def official_whole():
     transformers' feature extractor, on shared random weights with ours, semantic model included.
     The encoder at the released size; of the decoder, which `encode_code` reads only for its
     quantizer, one transformer block of 12 (the released decoder: `pair`)."""
-    from codecport.bench.neucodec import offline
+    from codecport.codecs.neucodec.facts import offline
     from codecport.models.checkpoint import fold_weight_norm, unfold_weight_norm
 
     nc = official_neucodec()
@@ -139,7 +139,7 @@ def test_the_acoustic_encoder_is_the_official_one(official_whole):
 
 def _prepared(audio: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """(16 kHz audio padded as the official `_prepare_audio` pads it, its fbank features (numpy))."""
-    from codecport.runtime.fbank import Fbank
+    from codecport.codecs.neucodec.fbank import Fbank
 
     x = torch.from_numpy(audio)[None]
     padded = torch.nn.functional.pad(x, (0, 320 - x.shape[-1] % 320))
@@ -160,10 +160,10 @@ def masked_window(prepared, short: np.ndarray, long: np.ndarray):
 
 
 def test_official_parity_encode_code(official_whole):
-    """fbank in numpy (runtime/fbank.py) -> ours (w2v-BERT's layers included) -> FSQ in numpy
-    (runtime/fsq.py): the official `encode_code`'s codes, every one, on a clip alone and on a
+    """fbank in numpy (codecs/neucodec/fbank.py) -> ours (w2v-BERT's layers included) -> FSQ in numpy
+    (codecs/neucodec/fsq.py): the official `encode_code`'s codes, every one, on a clip alone and on a
     shorter clip inside a longer window (the mask)."""
-    from codecport.runtime.fsq import Fsq
+    from codecport.codecs.neucodec.fsq import Fsq
 
     ours, official = official_whole
     fsq = Fsq(PRESETS["neucodec"].levels)

@@ -1,4 +1,4 @@
-"""NeuCodec on ONNX Runtime (runtime/neucodec.py) against its torch reference on the same weights
+"""NeuCodec on ONNX Runtime (codecs/neucodec/runtime.py) against its torch reference on the same weights
 (the smoke export's seeded tiny model): a clip that fits the graphs gives the reference's codes
 and audio on the clip alone, whatever its length below the window; a longer one goes through
 cross-faded windows, each window as a clip alone."""
@@ -11,9 +11,9 @@ import torch
 from conftest import noise
 
 import codecport
-from codecport.bench.neucodec import torch_codes
+from codecport.codecs.neucodec.facts import torch_codes
+from codecport.codecs.neucodec.model import PRESETS, NeuCodec, init_random
 from codecport.errors import CodesError
-from codecport.models.neucodec import PRESETS, NeuCodec, init_random
 from codecport.runtime.plan import crossfaded
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from conftest import TINY_LEN, noise
 
+from codecport.codecs.dac.runtime import DacCodec
+from codecport.codecs.mimi.runtime import MimiCodec
 from codecport.errors import ModelFileError
-from codecport.runtime.dac import DacCodec
 from codecport.runtime.graph import read_metadata
-from codecport.runtime.mimi import MimiCodec
 
 
 def _to_ort(src, dst):

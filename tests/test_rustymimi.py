@@ -18,9 +18,9 @@ from conftest import noise
 from safetensors.torch import load_file
 from shared_exports import ONE_THREAD, skipped_init
 
-from codecport.export.mimi import export_mimi
-from codecport.models.mimi import PRESETS, MimiModel
-from codecport.runtime.mimi import MimiCodec
+from codecport.codecs.mimi.export import export_mimi
+from codecport.codecs.mimi.model import PRESETS, MimiModel
+from codecport.codecs.mimi.runtime import MimiCodec
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.version_info >= (3, 14),
                                 reason="rustymimi publishes no wheel for Python 3.14 yet"),

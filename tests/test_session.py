@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from cli_support import invoke
 
+from codecport.codecs.mimi.runtime import MimiCodec
 from codecport.errors import ProviderError
-from codecport.runtime.mimi import MimiCodec
 from codecport.runtime.providers import (
     DEFAULT_OPTIONS,
     SPIN_ENV,

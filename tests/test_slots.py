@@ -347,9 +347,9 @@ def test_the_24khz_step_decoder_gives_the_official_decode():
     module the step graph is traced from, which export validates the graph against), against the
     official package's whole-clip decode fed the same noise (drawn by its own blocks under a torch
     seed). The tiny config goes the whole way through the runtime's stream in test_snac_runtime."""
-    from codecport.export.snac import step_feeds
-    from codecport.models.snac import PRESETS, SNAC, init_random
-    from codecport.models.snac_stream import SnacStepDecoder
+    from codecport.codecs.snac.export import step_feeds
+    from codecport.codecs.snac.model import PRESETS, SNAC, init_random
+    from codecport.codecs.snac.stepmodel import SnacStepDecoder
 
     model = init_random(SNAC(PRESETS["24khz"]), seed=3).eval()
     official = official_snac(model)

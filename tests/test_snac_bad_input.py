@@ -18,9 +18,9 @@ from mimi_cli_support import assert_one_line_error
 from shared_exports import damaged_copy
 
 import codecport
+from codecport.codecs.snac.codesfile import from_orpheus, to_orpheus
 from codecport.errors import CodecportError, CodesError, ModelFileError
 from codecport.runtime.codes import Codes
-from codecport.runtime.orpheus import from_orpheus, to_orpheus
 
 BIN = Path(sys.executable).parent
 

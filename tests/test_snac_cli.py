@@ -15,7 +15,7 @@ from cli_support import invoke
 from conftest import noise
 
 import codecport
-from codecport.runtime.orpheus import to_orpheus
+from codecport.codecs.snac.codesfile import to_orpheus
 
 BIN = Path(sys.executable).parent
 

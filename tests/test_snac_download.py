@@ -17,13 +17,13 @@ import torch
 from conftest import official_snac
 from test_mimi_download import COMMITS, hub
 
-from codecport.models.snac_config import RELEASES
+from codecport.codecs.snac.config import RELEASES
 
 REPO = RELEASES["24khz"]
 LOAD = """
 import json, sys
 from codecport.errors import CodecportError
-from codecport.models.snac_weights import load
+from codecport.codecs.snac.weights import load
 try:
     model, sha = load(sys.argv[1], revision=sys.argv[2] or None)
 except CodecportError as e:

@@ -13,7 +13,7 @@ from cli_support import invoke
 from conftest import SNAC_TINY_LEN, noise
 
 import codecport
-from codecport.models.snac import PRESETS
+from codecport.codecs.snac.model import PRESETS
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import official_snac
 
+from codecport.codecs.snac.model import PRESETS, SNAC, SnacConfig, init_random
+from codecport.codecs.snac.weights import load
 from codecport.errors import CheckpointError, ConfigError
-from codecport.models.snac import PRESETS, SNAC, SnacConfig, init_random
-from codecport.models.snac_weights import load
 
 SNAC_MD_24K = {"sampling_rate": 24000, "encoder_dim": 48, "encoder_rates": [2, 4, 8, 8], "decoder_dim": 1024,
                "decoder_rates": [8, 8, 4, 2], "attn_window_size": None, "codebook_size": 4096,

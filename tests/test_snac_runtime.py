@@ -9,10 +9,10 @@ import soundfile as sf
 import torch
 from conftest import SNAC_TINY_LEN, noise
 
+from codecport.codecs.snac.codesfile import from_orpheus, to_orpheus
+from codecport.codecs.snac.runtime import SnacCodec
 from codecport.runtime.codes import Codes
-from codecport.runtime.orpheus import from_orpheus, to_orpheus
 from codecport.runtime.plan import overlap_windows as windows
-from codecport.runtime.snac import SnacCodec
 
 SR = 16000  # the tiny preset's rate
 HOP = 6

@@ -20,12 +20,12 @@ from conftest import noise
 from test_dac_model import _official_state
 
 import codecport
+from codecport.codecs.dac.config import DacConfig
+from codecport.codecs.dac.export import export_dac
+from codecport.codecs.dac.model import DAC, PRESETS, init_random
+from codecport.codecs.dac.weights import load_dac
 from codecport.errors import ConfigError, ExportError
 from codecport.export.builds import Build
-from codecport.export.dac import export_dac
-from codecport.models.dac import DAC, PRESETS, init_random
-from codecport.models.dac_config import DacConfig
-from codecport.models.dac_weights import load_dac
 from codecport.models.layers import Snake
 
 

@@ -1,4 +1,4 @@
-"""w2v-BERT 2.0's layers (models/w2vbert.py) against transformers' `Wav2Vec2BertModel` on shared
+"""w2v-BERT 2.0's layers (codecs/neucodec/w2vbert.py) against transformers' `Wav2Vec2BertModel` on shared
 random weights: the same hidden state for windows shorter and longer than the distances its
 attention tells apart, and a shorter clip inside a window (the mask) as the clip alone."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from codecport.models.w2vbert import W2vBert, W2vBertConfig, relative_bias
+from codecport.codecs.neucodec.w2vbert import W2vBert, W2vBertConfig, relative_bias
 
 
 @pytest.fixture(scope="module")

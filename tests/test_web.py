@@ -441,8 +441,8 @@ def test_module_names_no_codec_and_has_the_package_version(dac_web, tmp_path, br
 
 def test_int8_is_refused_on_webgpu(browser, tmp_path, tiny_mimi):
     """int8 folders gave wrong audio on onnxruntime-web's WebGPU: load() says so instead."""
+    from codecport.codecs.mimi.export import export_mimi
     from codecport.export.builds import Build
-    from codecport.export.mimi import export_mimi
 
     out = tmp_path / "int8"
     export_mimi(tiny_mimi, out, None, 1, preset="tiny", weights="random-init seed 0", weights_sha256="none",

@@ -1,5 +1,5 @@
 """NeuCodec and XCodec2 in the browser: `--target web` folders whose graphs hold w2v-BERT's fbank
-features and the FSQ (export/ingraph.py), and codecport.mjs's masked and windowed plans
+features and the FSQ (codecs/neucodec/ingraph.py), and codecport.mjs's masked and windowed plans
 (codecport-windows.mjs), against the Python runtime on the same folder and on the numpy-quantizer
 smoke export of the same weights."""
 

@@ -1,4 +1,4 @@
-"""XCodec2's weights (models/xcodec2_weights.py, NeuCodec's loader with XCodec2's facts): the
+"""XCodec2's weights (codecs/xcodec2/weights.py, NeuCodec's loader with XCodec2's facts): the
 official `model.safetensors` of HKUSTAudio/xcodec2 (transformers' `save_pretrained` of
 `XCodec2Model`: w2v-BERT inside, weight norm as torch's parametrization, SnakeBeta's beta named
 `bias`) by released name from a local server that answers as the Hub does, and from a folder.
@@ -17,17 +17,17 @@ from safetensors.torch import save as save_safetensors
 from test_mimi_download import hub
 from test_neucodec_download import env  # noqa: F401 (a fixture)
 
+from codecport.codecs.xcodec2.config import PRESETS, RELEASES, WEIGHTS_FILE
+from codecport.codecs.xcodec2.model import MODEL, init_random
+from codecport.codecs.xcodec2.weights import XCODEC2, load
 from codecport.errors import CheckpointError
-from codecport.models.xcodec2 import MODEL, init_random
-from codecport.models.xcodec2_config import PRESETS, RELEASES, WEIGHTS_FILE
-from codecport.models.xcodec2_weights import XCODEC2, load
 
 REPO = RELEASES["xcodec2"]
 LOAD = """
 import json, sys, torch
 from codecport.errors import CodecportError
-from codecport.models.xcodec2_config import PRESETS
-from codecport.models.xcodec2_weights import load
+from codecport.codecs.xcodec2.config import PRESETS
+from codecport.codecs.xcodec2.weights import load
 try:
     model, sha = load(sys.argv[1])
 except CodecportError as e:

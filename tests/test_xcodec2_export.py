@@ -1,4 +1,4 @@
-"""XCodec2's graphs (export/xcodec2.py, NeuCodec's exporter) as `codec-export xcodec2` writes
+"""XCodec2's graphs (codecs/xcodec2/export.py, NeuCodec's exporter) as `codec-export xcodec2` writes
 them: validated against torch, marked as XCodec2's with its alignment of the encoder paths, the
 encoder taking the padded clip only (no acoustic frame past the codes), plain portable ops."""
 

@@ -1,4 +1,4 @@
-"""XCodec2 in torch (NeuCodec's model on XCodec2's config, models/xcodec2.py) against the official
+"""XCodec2 in torch (NeuCodec's model on XCodec2's config, codecs/xcodec2/model.py) against the official
 `xcodec2` package, on the released architecture with shared random weights: the official
 `XCodec2Model`'s state dict loads key for key, and `encode_code` / `decode_code` give the same
 codes and audio, on a clip alone and on a shorter clip inside a longer window (the mask)."""
@@ -14,14 +14,14 @@ from conftest import noise
 from shared_exports import skipped_init
 from test_neucodec_model import masked_window
 
-from codecport.bench.xcodec2 import build_official, import_official
+from codecport.codecs.neucodec.fbank import Fbank
+from codecport.codecs.neucodec.fsq import Fsq
+from codecport.codecs.neucodec.model import fsq_codes
+from codecport.codecs.xcodec2.config import PRESETS
+from codecport.codecs.xcodec2.facts import build_official, import_official
+from codecport.codecs.xcodec2.model import MODEL
+from codecport.codecs.xcodec2.weights import XCODEC2
 from codecport.models.checkpoint import fold_weight_norm, unfold_weight_norm
-from codecport.models.neucodec import fsq_codes
-from codecport.models.xcodec2 import MODEL
-from codecport.models.xcodec2_config import PRESETS
-from codecport.models.xcodec2_weights import XCODEC2
-from codecport.runtime.fbank import Fbank
-from codecport.runtime.fsq import Fsq
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

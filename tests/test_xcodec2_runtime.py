@@ -1,4 +1,4 @@
-"""XCodec2 on ONNX Runtime (runtime/xcodec2.py: NeuCodec's runtime on XCodec2's alignment) against
+"""XCodec2 on ONNX Runtime (codecs/xcodec2/runtime.py: NeuCodec's runtime on XCodec2's alignment) against
 its torch reference on the same weights (the smoke export's seeded tiny model): `n // 320 + 1`
 codes for `n` samples, as the official `encode_code` gives, and the reference's codes and audio
 on a clip alone at every length below the window; past it, windows each a clip alone."""
@@ -11,9 +11,9 @@ import torch
 from conftest import noise
 
 import codecport
-from codecport.bench.neucodec import torch_codes
-from codecport.models.xcodec2 import MODEL, init_random
-from codecport.models.xcodec2_config import PRESETS
+from codecport.codecs.neucodec.facts import torch_codes
+from codecport.codecs.xcodec2.config import PRESETS
+from codecport.codecs.xcodec2.model import MODEL, init_random
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from codecport.bench.browser import CHROMIUM, CHROMIUM_ARGS
+from codecport.codecs.dac.export import export_dac
+from codecport.codecs.mimi.export import export_mimi
 from codecport.export.builds import Build
-from codecport.export.dac import export_dac
-from codecport.export.mimi import export_mimi
 
 ROOT = Path(__file__).resolve().parents[1]
 ORT_WEB = ROOT / "node_modules" / "onnxruntime-web" / "dist"

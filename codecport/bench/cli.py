@@ -18,6 +18,7 @@ from .. import registry
 from ..export.targets import PRECISIONS
 from ..frontend import Finite, Group, guard, unwinds_on_sigterm
 from ..runtime.providers import PROVIDERS
+from .facts import facts_of
 from .measure import run_report
 from .prepare import fail as _fail
 from .prepare import preset_of
@@ -42,12 +43,12 @@ def codec_cmd(codec, preset, variant, seconds, runs, rounds, providers, precisio
     except ImportError as e:
         _fail(f"codec-bench needs the [export] extra ({e}); pip install 'codecport[export]'", 1)
     spec = registry.get(codec)
-    facts = spec.bench
+    facts = facts_of(spec)
     if frames != 1 and not spec.has_step_graphs:
         with_steps = [c.name for c in registry.codecs() if c.has_step_graphs]
         _fail(f"--frames is for codecs with step graphs ({', '.join(with_steps)}); {codec} has none")
     if official_python and not (facts.official and facts.official.script):
-        own = [c.name for c in registry.codecs() if c.bench.official and c.bench.official.script]
+        own = [c.name for c in registry.codecs() if facts_of(c).official and facts_of(c).official.script]
         _fail(f"--official-python is for {', '.join(own)}; {codec}'s official package runs in the bench's "
               "own environment")
     preset = preset_of(spec, preset, variant)
@@ -87,17 +88,18 @@ _OPTIONS = [
                       "through torch; 0 for none."),
     click.Option(["--contender", "contenders"], multiple=True,
                  default=["torch", "transformers", "official",
-                          *sorted({c for s in registry.codecs() for c in s.bench.contenders} - {"official"})],
+                          *sorted({c for s in registry.codecs() for c in facts_of(s).contenders}
+                                  - {"official"})],
                  help="Others to compare with (repeatable): torch, transformers, official (each codec's "
                       "official package), and a codec's own (" + ", ".join(
-                          f"{c} for {s.name}" for s in registry.codecs() for c in s.bench.contenders
+                          f"{c} for {s.name}" for s in registry.codecs() for c in facts_of(s).contenders
                           if c != "official") + ")."),
     click.Option(["--official-python"], type=click.Path(exists=True, dir_okay=False, path_type=Path),
                  default=None,
                  help="For a codec whose official package cannot share codecport's environment (" + ", ".join(
-                     f"{s.name}: {s.bench.official.label}" for s in registry.codecs()
-                     if s.bench.official and s.bench.official.script) + "): the Python of an environment "
-                      "where it is installed, for `--contender official`."),
+                     f"{s.name}: {facts_of(s).official.label}" for s in registry.codecs()
+                     if facts_of(s).official and facts_of(s).official.script)
+                      + "): the Python of an environment where it is installed, for `--contender official`."),
     click.Option(["--memory", "minutes"], multiple=True, type=Finite(min=0.01, max=600),
                  help="Also run `codec-run encode` on a 44.1 kHz stereo WAV and `codec-run decode` on "
                       "codes this many minutes long, and report their peak RSS (repeatable, e.g. "

@@ -78,3 +78,8 @@ class BenchFacts:
         object.__setattr__(self, "compare_noise", MappingProxyType(dict(self.compare_noise)))
         object.__setattr__(self, "contenders", MappingProxyType(dict(self.contenders)))
         object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
+
+
+def facts_of(spec) -> BenchFacts:
+    """A registered codec's `BenchFacts`: the `FACTS` of its facts module."""
+    return spec.module("facts").FACTS

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from .facts import facts_of
+
 
 def fail(message: str, code: int = 2):
     """End the command with one `error:` line."""
@@ -40,7 +42,7 @@ def prepare(spec, preset: str, seconds: float, step_frames: int, seed: int, out:
     `config.json` beside it; `slots` adds the step graphs of that many streams a call."""
     from safetensors.torch import save_file
 
-    facts, models = spec.bench, spec.module("model")
+    facts, models = facts_of(spec), spec.module("model")
     cfg = spec.presets[preset]
     model = models.init_random(models.MODEL(cfg), seed).eval()
     samples = facts.clip_samples(cfg, seconds)

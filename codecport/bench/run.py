@@ -17,6 +17,7 @@ import click
 
 from ..errors import CodecportError
 from ..version import __version__
+from .facts import facts_of
 from .measure import gemm_peak, graph_flops, pool
 from .prepare import build_folder, export_source_hash, prepare, stamped
 from .report import code_agreement, directions, speedups
@@ -76,7 +77,7 @@ def ensure_model(spec, o: Options, work: Path) -> dict:
 
 def _jobs(spec, o: Options, work: Path, base: dict) -> tuple[dict, dict, dict]:
     """(name -> worker job, name -> {"skipped": why}, name -> the build's deviation)."""
-    facts, jobs, deviations, skipped = spec.bench, {}, {}, {}
+    facts, jobs, deviations, skipped = facts_of(spec), {}, {}, {}
     for precision in o.precisions:
         folder = "model" if precision == "fp32" else build_folder(spec, work, precision).name
         suffix = "" if precision == "fp32" else f"-{precision}"
@@ -121,7 +122,7 @@ def bench(spec, o: Options, work: Path) -> dict:
     import onnxruntime
     import torch
 
-    facts = spec.bench
+    facts = facts_of(spec)
     manifest = ensure_model(spec, o, work)
     model = work / "model"
     flops = {"encode": graph_flops(model / "encoder.onnx"), "decode": graph_flops(model / "decoder.onnx")}

@@ -27,6 +27,7 @@ import numpy as np
 from .. import registry
 from ..atomic import atomic_path
 from ..frontend import Finite, guard, unwinds_on_sigterm
+from .facts import facts_of
 
 BIN = Path(sys.executable).parent
 ONE_S, SHORT_S = 0.5, 0.2  # seconds of the clip that times the start, and of each short clip
@@ -69,7 +70,7 @@ def _torch_loop(job: dict) -> None:
     from safetensors.torch import load_file
 
     spec = registry.get(job["codec"])
-    models, facts = spec.module("model"), spec.bench
+    models, facts = spec.module("model"), facts_of(spec)
     cfg = spec.module("config").CONFIG.from_kwargs(json.loads(Path(job["config"]).read_text()))
     model = models.MODEL(cfg)
     model.load_state_dict(load_file(job["weights"]))

@@ -25,6 +25,7 @@ from .. import registry
 from ..errors import CodecportError
 from ..export.targets import TARGETS
 from ..frontend import Finite, guard, unwinds_on_sigterm
+from .facts import facts_of
 from .measure import WARMUP_STEPS, clip, percentiles, run_report, summary
 
 PAGE_RUN = """async ([what, runs, steps]) => {
@@ -67,7 +68,7 @@ def _folders(spec, work: Path, seconds: float, precisions: tuple[str, ...], fram
     from ..export.builds import Build, build_of_folder
     from .prepare import export_options, export_source_hash, stamped
 
-    facts, models = spec.bench, spec.module("model")
+    facts, models = facts_of(spec), spec.module("model")
     preset = preset or facts.web_preset
     if preset not in spec.presets:
         raise CodecportError(f"{spec.name} has no preset {preset!r}; choose one of {', '.join(spec.presets)}")
@@ -288,7 +289,7 @@ def table(report: dict) -> list[str]:
 @click.option("--variant", default=None, hidden=True)
 @click.option("--preset", default=None,
               help="Preset of every codec run [default: each codec's bench preset: " + ", ".join(
-                  f"{s.bench.web_preset} for {s.name}" for s in registry.codecs() if s.web) + "].")
+                  f"{facts_of(s).web_preset} for {s.name}" for s in registry.codecs() if s.web) + "].")
 @click.option("--seconds", type=Finite(min=0.01, max=600), default=5.0, help="Audio per encode/decode call.")
 @click.option("--precision", "precisions", multiple=True, default=["fp32", "int8"],
               type=click.Choice(list(TARGETS["web"].precisions)),

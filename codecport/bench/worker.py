@@ -21,6 +21,7 @@ import numpy as np
 
 from .. import registry
 from ..errors import CodecportError
+from .facts import facts_of
 from .measure import (
     WARMUP_STEPS,
     children_peak_rss_mb,
@@ -42,7 +43,7 @@ def run_onnx(job: dict) -> dict:
 
     folder, runs = Path(job["dir"]) / job.get("model", "model"), job["runs"]
     spec = registry.get(job["codec"])
-    codec, facts = spec.runtime(folder, job["provider"]), spec.bench
+    codec, facts = spec.runtime(folder, job["provider"]), facts_of(spec)
     sr, mode = codec.input_rate, facts.fixed_mode  # the rate its encoder takes: no resampling timed
     x = clip(codec.graph("encoder").int("samples"))
     # bare: no resampling or loudness on the way back
@@ -140,7 +141,7 @@ def run_torch(job: dict) -> dict:
     import torch
 
     spec = registry.get(job["codec"])
-    facts, model, runs = spec.bench, _torch_model(spec, job), job["runs"]
+    facts, model, runs = facts_of(spec), _torch_model(spec, job), job["runs"]
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
     geo = meta["geometry"]  # the clip the ONNX contender encodes: at the encoder's rate
     x = torch.from_numpy(clip(int(geo.get("input_samples", geo["samples"]))))[:, None]
@@ -164,7 +165,7 @@ def run_transformers(job: dict) -> dict:
     conf = json.loads((Path(job["dir"]) / "config.json").read_text())
     meta = json.loads((Path(job["dir"]) / "model" / "manifest.json").read_text())
     x = torch.from_numpy(clip(int(meta["geometry"]["samples"])))[:, None]
-    encode, decode = registry.get(job["codec"]).bench.transformers_model(conf)
+    encode, decode = facts_of(registry.get(job["codec"])).transformers_model(conf)
     with torch.inference_mode():
         codes, enc = timed(lambda: encode(x), job["runs"])
         dec = timings(lambda: decode(codes), job["runs"])
@@ -196,7 +197,7 @@ def run_memory(job: dict) -> dict:
     else:
         # Codes in the codec's own file (DAC: .dac) as encode writes them for long audio, so that
         # the original length, rate and loudness are restored on the way out as they would be.
-        codec, long = spec.runtime(folder / "model"), spec.bench.long
+        codec, long = spec.runtime(folder / "model"), facts_of(spec).long
         rate = codec.sample_rate
         n = round(job["minutes"] * 60 * rate)
         mode = long.mode if long else None
@@ -224,7 +225,7 @@ def run_memory(job: dict) -> dict:
 def main() -> None:
     job = json.loads(sys.argv[1])
     runs = {"onnx": run_onnx, "torch": run_torch, "transformers": run_transformers, "memory": run_memory,
-            **registry.get(job["codec"]).bench.contenders}
+            **facts_of(registry.get(job["codec"])).contenders}
     result = runs[job["contender"]](job)
     result.setdefault("peak_rss_mb", peak_rss_mb())
     print(json.dumps(result))

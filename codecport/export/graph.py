@@ -272,7 +272,7 @@ def export_folder(out_dir: str | Path) -> Iterator[Path]:
 
 def factorised_rvq_arrays(quantizers) -> dict[str, np.ndarray]:
     """The arrays of DAC-style quantizer levels (1x1 `in_proj`/`out_proj` convs and a
-    `codebook` embedding each) as the numpy RVQ reads them (runtime/rvq.py `DacRvq`)."""
+    `codebook` embedding each) as the numpy RVQ reads them (runtime/rvq.py `FactorisedRvq`)."""
     stack = lambda f: np.stack([f(q).detach().numpy() for q in quantizers]).astype(np.float32)
     return {
         "in_proj_weight": stack(lambda q: q.in_proj.weight[..., 0]),

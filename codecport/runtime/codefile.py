@@ -7,10 +7,10 @@
   written `[channels, frames]`, the official `encode`'s shape. A `.npz` of arrays only (`codes`,
   or `codes_0`, `codes_1`, ..., or `np.savez`'s `arr_0`, ..., as users of the official packages
   save them) is read as bare codes, like a `.npy`.
-- `.dac`: DAC's official `DACFile` (dacfile.py).
 
-A layout (`--layout NAME`) is another arrangement of a codec's codes in a file: `orpheus`, the
-flat sequence Orpheus TTS emits (orpheus.py).
+A codec with a format of its own (DAC's official `.dac`) or a layout (`--layout NAME`: another
+arrangement of its codes in a file, as SNAC's `orpheus`, the flat sequence Orpheus TTS emits)
+declares it in its `codesfile` module; the registry adds it here (`add`) when it finds the codec.
 
 Readers return `(arrays, fields)` and writers take them; `Codes` (codes.py) is built on these.
 """
@@ -27,7 +27,6 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..errors import CodesError
-from . import dacfile, orpheus
 from .graph import RENAMED
 from .npyfile import read_npy, read_npz
 
@@ -129,12 +128,16 @@ def _field(path: Path, key: str, v: np.ndarray):
 FORMATS = {f.suffix: f for f in (
     Format(".npy", None, _read_npy, _write_npy),
     Format(".npz", None, _read_npz, _write_npz),
-    Format(".dac", "dac", dacfile.read, dacfile.write),
 )}
-LAYOUTS = {lay.name: lay for lay in (
-    Layout("orpheus", ".npy", "snac", "the flat sequence Orpheus TTS uses, 7 codes a coarse frame",
-           orpheus.read, orpheus.write),
-)}
+LAYOUTS: dict[str, Layout] = {}
+
+
+def add(entry: Format | Layout) -> None:
+    """A codec's own format or layout, from its `codesfile` module (the registry adds them)."""
+    table, key = (FORMATS, entry.suffix) if isinstance(entry, Format) else (LAYOUTS, entry.name)
+    if table.get(key, entry) != entry:
+        raise ValueError(f"{key} is declared twice ({table[key].codec} and {entry.codec})")
+    table[key] = entry
 
 
 def suffixes(codec: str) -> tuple[str, ...]:

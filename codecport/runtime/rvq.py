@@ -77,7 +77,7 @@ def load_arrays(path: Path, meta: dict[str, str],
     return {name: z[name] for name in shapes}
 
 
-def _normalize(x: np.ndarray) -> np.ndarray:
+def normalize(x: np.ndarray) -> np.ndarray:
     """`torch.nn.functional.normalize` over the last axis (eps 1e-12)."""
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
@@ -107,8 +107,9 @@ def check_code_values(codes: np.ndarray, codebook_size: int) -> None:
                          f"{codes.max()}]; were they made by another model?")
 
 
-class DacRvq:
-    """K levels of (in_proj 1x1 conv, codebook, out_proj 1x1 conv).
+class FactorisedRvq:
+    """DAC's factorised RVQ (SNAC's too, on several time scales: codecs/snac/rvq.py): K levels of
+    (in_proj 1x1 conv, codebook, out_proj 1x1 conv), codes looked up by cosine similarity.
 
     Arrays: in_proj_weight `[K, D, L]`, in_proj_bias `[K, D]`, out_proj_weight `[K, L, D]`,
     out_proj_bias `[K, L]`, codebook `[K, N, D]` (L latent channels, D code dim, N entries).
@@ -121,11 +122,11 @@ class DacRvq:
         self.codebook = arrays["codebook"]
         self.n_codebooks, self.codebook_size, self.codebook_dim = self.codebook.shape
         self.latent_dim = self.in_w.shape[2]
-        self._unit_codebook = _normalize(self.codebook)
+        self._unit_codebook = normalize(self.codebook)
         self._unit_sq = (self._unit_codebook ** 2).sum(-1)  # [K, N]
 
     @classmethod
-    def load(cls, path: Path, g) -> DacRvq:
+    def load(cls, path: Path, g) -> FactorisedRvq:
         """From the `rvq.npz` beside graph `g`, checked against its metadata."""
         k, n, d, lat = (g.int(x) for x in ("n_codebooks", "codebook_size", "codebook_dim", "latent_dim"))
         shapes = {"in_proj_weight": (k, d, lat), "in_proj_bias": (k, d), "out_proj_weight": (k, lat, d),
@@ -144,7 +145,7 @@ class DacRvq:
         residual = latent.T.astype(np.float32)  # [T, L]
         codes = np.empty((k, residual.shape[0]), dtype=np.int64)
         for i in range(k):
-            e = _normalize(residual @ self.in_w[i].T + self.in_b[i])  # [T, D]
+            e = normalize(residual @ self.in_w[i].T + self.in_b[i])  # [T, D]
             dist = (e ** 2).sum(-1, keepdims=True) - 2 * e @ self._unit_codebook[i].T + self._unit_sq[i]
             codes[i] = np.argmax(-dist, axis=-1)
             residual = residual - self._project(i, codes[i])
@@ -167,8 +168,9 @@ class DacRvq:
         check_code_values(codes, self.codebook_size)
 
 
-class MimiRvq:
-    """Mimi's split RVQ: the semantic and the acoustic RVQ both quantize the same latent.
+class SplitRvq:
+    """A split RVQ (Mimi's): a semantic and an acoustic RVQ of Euclidean codebooks quantize the
+    same latent.
 
     Arrays: `*_in_proj` `[D, C]`, `*_out_proj` `[C, D]` (1x1 convs, no bias), codebook `[K, N, D]`
     (rows already divided by their cluster usage), n_semantic (levels of the semantic RVQ).
@@ -193,7 +195,7 @@ class MimiRvq:
         return self._codebook_t.transpose(0, 2, 1)
 
     @classmethod
-    def load(cls, path: Path, g) -> MimiRvq:
+    def load(cls, path: Path, g) -> SplitRvq:
         """From the `rvq.npz` beside graph `g`, checked against its metadata."""
         k, n, d, c = (g.int(x) for x in ("n_codebooks", "codebook_size", "codebook_dim", "latent_dim"))
         shapes = {"semantic_in_proj": (d, c), "semantic_out_proj": (c, d), "acoustic_in_proj": (d, c),
@@ -235,51 +237,3 @@ class MimiRvq:
             rows = sum(self.codebook[i][codes[i]] for i in levels)  # [T, D]
             z += self.a[f"{group}_out_proj"] @ rows.T
         return z
-
-
-class SnacRvq(DacRvq):
-    """SNAC's multi-scale RVQ: DAC's levels, level `i` on the latent averaged over `strides[i]`
-    frames and its output repeated back as many times. Arrays as `DacRvq`, plus `strides` `[K]`."""
-
-    def __init__(self, arrays: dict[str, np.ndarray]):
-        super().__init__(arrays)
-        self.strides = [int(s) for s in arrays["strides"]]
-
-    @classmethod
-    def load(cls, path: Path, g) -> SnacRvq:
-        k, n, d, lat = (g.int(x) for x in ("n_codebooks", "codebook_size", "codebook_dim", "latent_dim"))
-        shapes = {"in_proj_weight": (k, d, lat), "in_proj_bias": (k, d), "out_proj_weight": (k, lat, d),
-                  "out_proj_bias": (k, lat), "codebook": (k, n, d), "strides": (k,)}
-        arrays = load_arrays(path, g.meta, shapes)
-        if [int(s) for s in arrays["strides"]] != g.ints("vq_strides"):
-            raise ModelFileError(f"{path}: strides {arrays['strides'].tolist()} are not the graphs' "
-                                 f"{g.ints('vq_strides')}; re-export the folder")
-        return cls({name: a if name == "strides" else a.astype(np.float32) for name, a in arrays.items()})
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {**super().arrays(), "strides": np.array(self.strides, np.int64)}
-
-    def encode_levels(self, latent: np.ndarray) -> list[np.ndarray]:
-        """Codes of every level (`[T / strides[i]]` int64 each) of a latent `[L, T]`, T a
-        multiple of every stride; the official distance formula."""
-        check_latent(latent)
-        residual = latent.T.astype(np.float32)  # [T, L]
-        t = residual.shape[0]
-        out = []
-        for i, s in enumerate(self.strides):
-            pooled = residual.reshape(t // s, s, -1).mean(axis=1) if s > 1 else residual
-            e = _normalize(pooled @ self.in_w[i].T + self.in_b[i])
-            dist = (e ** 2).sum(-1, keepdims=True) - 2 * e @ self._unit_codebook[i].T + self._unit_sq[i]
-            codes = np.argmax(-dist, axis=-1).astype(np.int64)
-            residual = residual - np.repeat(self._project(i, codes), s, axis=0)
-            out.append(codes)
-        return out
-
-    def decode_levels(self, codes: list[np.ndarray]) -> np.ndarray:
-        """Latent `[L, T]` of every level's codes (level `i` holding `T / strides[i]`)."""
-        z = None
-        for i, (c, s) in enumerate(zip(codes, self.strides)):
-            check_code_values(c, self.codebook_size)
-            part = np.repeat(self._project(i, c), s, axis=0)
-            z = part if z is None else z + part
-        return np.ascontiguousarray(z.T, dtype=np.float32)

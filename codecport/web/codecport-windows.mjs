@@ -1,5 +1,5 @@
 // Windows through masked fixed graphs, as the Python runtime's windowed mode (runtime/plan.py,
-// runtime/neucodec.py): for a codec whose every output depends on the whole clip (NeuCodec's
+// codecs/neucodec/runtime.py): for a codec whose every output depends on the whole clip (NeuCodec's
 // attention), a longer clip goes through windows of the graph's length that share `overlap`
 // frames; each window is coded as a clip alone, its codes kept from the middle of each overlap,
 // its audio cross-faded over it. The arithmetic is float32 step for step, as numpy's, so the

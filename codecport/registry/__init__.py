@@ -1,0 +1,114 @@
+"""The codec registry: the codecs this codecport knows, each declared where it lives.
+
+A codec is a package of modules named by role (registry/spec.py, docs/architecture.md) whose
+`spec` module declares it (`SPEC = CodecSpec(...)`): what the front ends need before any model
+is loaded (its name, default preset, the options of `codec-export CODEC`...). The built-in codecs
+are the packages of codecport/codecs/, found by listing that folder; a codec in another package
+is found through the `codecport.codecs` entry point group its distribution declares (a
+`CodecSpec`), or added in a program with `register()`. Finding them imports their `spec` modules
+and their codes formats only (no onnxruntime, no torch): `codec-run --help` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import pkgutil
+import threading
+from pathlib import Path
+
+from ..errors import CodecportError, ModelFileError
+from .spec import BUCKETS, ROLES, SLOTS, CodecSpec, Option
+
+__all__ = ["BUCKETS", "ENTRY_POINTS", "ROLES", "SLOTS", "CodecSpec", "Option", "codec_of_folder", "codecs",
+           "get", "names", "register"]
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINTS = "codecport.codecs"  # the entry point group of codecs that live in other packages
+
+_CODECS: dict[str, CodecSpec] = {}
+_found = False
+_lock = threading.RLock()
+
+
+def register(spec: CodecSpec) -> CodecSpec:
+    """Add a codec that lives outside codecport (`spec.package` holds its role modules)."""
+    if not isinstance(spec, CodecSpec):
+        raise TypeError(f"register() takes a CodecSpec, got {type(spec).__name__}")
+    with _lock:
+        if _CODECS.get(spec.name, spec) != spec:
+            raise ValueError(f"codec {spec.name!r} is registered twice ({_CODECS[spec.name].package} "
+                             f"and {spec.package})")
+        if spec.name not in _CODECS and spec.codes_file:
+            from ..runtime import codefile
+
+            own = spec.module("codesfile")
+            for entry in (*getattr(own, "FORMATS", ()), *getattr(own, "LAYOUTS", ())):
+                codefile.add(entry)
+        _CODECS[spec.name] = spec
+    return spec
+
+
+def _find() -> None:
+    """Register the built-in codecs and those of installed packages, once."""
+    global _found
+    with _lock:
+        if _found:
+            return
+        _found = True
+        here = Path(__file__).resolve().parents[1] / "codecs"
+        for info in sorted(pkgutil.iter_modules([str(here)]), key=lambda i: i.name):
+            if info.ispkg:
+                register(importlib.import_module(f"{__package__.rpartition('.')[0]}.codecs.{info.name}.spec").SPEC)
+        for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
+            # One broken plugin must not take codecport's own codecs down with it: it is left out,
+            # said once, and its name is refused like any unknown codec.
+            try:
+                register(entry.load())
+            except Exception as e:  # whatever the plugin raises
+                log.warning("left out codec %r of the %s entry points (%s): %s", entry.name, ENTRY_POINTS,
+                            entry.value, e)
+
+
+def codecs() -> list[CodecSpec]:
+    """Every registered codec, by name."""
+    _find()
+    return [_CODECS[n] for n in sorted(_CODECS)]
+
+
+def names() -> list[str]:
+    _find()
+    return sorted(_CODECS)
+
+
+def get(name: str) -> CodecSpec:
+    _find()
+    if name not in _CODECS:
+        raise CodecportError(f"no codec named {name!r}; codecport has {', '.join(names())}")
+    return _CODECS[name]
+
+
+def codec_of_folder(folder: str | Path) -> CodecSpec:
+    """The codec of an export folder, from its manifest (no model loaded) or else the metadata
+    of its first graph; `ModelFileError` when it holds no codecport export."""
+    from ..runtime.folder import read_manifest
+    from ..runtime.graph import graph_files, read_metadata
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelFileError(f"{folder}: no such model folder; run codec-export first")
+    manifest = read_manifest(folder)
+    if manifest is not None:
+        name = manifest["codec"]
+    else:
+        files = graph_files(folder)
+        if not files:
+            raise ModelFileError(f"{folder}: no exported graphs here; run codec-export first")
+        name = read_metadata(files[0]).get("codec", "")
+    try:
+        return get(name)
+    except CodecportError:
+        raise ModelFileError(f"{folder}: holds a {name!r} export, which this codecport does not "
+                             f"know ({', '.join(names())}); upgrade codecport or re-export") from None
