@@ -134,7 +134,8 @@ def test_nothing_outside_a_codecs_folder_names_a_codec():
         if rel.startswith("codecs/"):
             continue
         found += [f"{rel}:{n.lineno} names the codec {n.value!r}"
-                  for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant) and n.value in NAMES]
+                  for n in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(n, ast.Constant) and n.value in NAMES]
     assert not found, "\n".join(found)
 
 
