@@ -1,5 +1,5 @@
 """What the bench, the demo and the GPU check need of one codec, as one typed value: each
-`bench/<codec>.py` declares a `FACTS = BenchFacts(...)` stating only what differs from the
+codec's `codecs/<codec>/facts.py` declares a `FACTS = BenchFacts(...)` stating only what differs from the
 defaults. Facts the runtime knows (frames of a length, its streams, its modes) are asked of the
 runtime, not restated here."""
 

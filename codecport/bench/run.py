@@ -28,7 +28,7 @@ OPTIONAL = {"transformers": ("transformers", "pip install 'codecport[dev]' (tran
 
 
 def run_worker(job: dict) -> dict:
-    if "python" in job:  # an official package in an environment of its own (e.g. official_dac.py)
+    if "python" in job:  # an official package in an environment of its own (e.g. codecs/dac/official.py)
         cmd = [job["python"], job["script"]]
     else:
         cmd = [sys.executable, "-m", "codecport.bench.worker"]

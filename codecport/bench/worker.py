@@ -3,7 +3,7 @@
     python -m codecport.bench.worker '<json job>'   -> prints one JSON line
 
 Job keys: contender (onnx | torch | transformers | memory, or one of the codec's own: see its
-`bench/<codec>.py`), codec (a registered name), dir (the bench folder: `model/` graphs,
+`codecs/<codec>/facts.py`), codec (a registered name), dir (the bench folder: `model/` graphs,
 `weights.safetensors`, `config.json`), seconds, runs, provider, steps and frames (streaming steps
 timed, code frames a step), long (windows of long audio through the chunked graphs; 0 for none).
 A contender that finds itself unable to run prints `{"skipped": reason}`.
