@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -68,16 +69,11 @@ def atomic_path(path: Path) -> Iterator[Path]:
     it can be known then (a folder in its place, a file in its parents' place)."""
     ready_parent(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        tmp = _new_file_beside(path)
     except OSError as e:
         raise unwritable(path, e) from e
-    os.close(fd)
     try:
-        yield Path(tmp)
-        # mkstemp makes the file private (0600); give it the mode a plain open() would have.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        yield tmp
         try:
             os.replace(tmp, path)
         except OSError as e:
@@ -85,6 +81,21 @@ def atomic_path(path: Path) -> Iterator[Path]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _new_file_beside(path: Path) -> Path:
+    """A new empty file `.{name}.XXXXXXXX.part` beside `path`, with the mode a plain open() would
+    give `path` (0666 less the umask, which the system applies as it creates the file). Not
+    mkstemp's private 0600 widened afterwards: that needs the umask, and reading it means
+    setting it, process-wide, under the feet of every other thread creating a file."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.part"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no unused temporary name beside {path}")
 
 
 @contextmanager
