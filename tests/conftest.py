@@ -3,6 +3,8 @@ a run for every worker (shared_exports.py)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -39,6 +41,19 @@ LONGEST_FIRST = ["test_web.py", "test_web_windows.py", "test_web_distill.py", "t
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
+@pytest.fixture(autouse=True)
+def no_event_loop_left_running():
+    """A test that leaves an asyncio loop running on the main thread fails itself, rather than the
+    later tests of its worker, whose asyncio.run refuses to start under it (Playwright's sync API
+    leaves its loop marked running between calls: web_support.py drives it on a thread)."""
+    yield
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    pytest.fail(f"the test left an event loop running on the main thread: {loop!r}")
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ runtime, the demo page, and `codec-run web` as a real server."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -121,6 +122,19 @@ def test_webgpu_table_is_the_installed_ort_web():
     start = text.index("WEBGPU_OP_RESOLVE_RULES = ")
     table = text[start:text.index("]);", start)]
     assert set(re.findall(r'\["(\w+)",', table)) == WEBGPU_OPS
+
+
+def test_the_browser_leaves_no_event_loop_running_on_this_thread(browser, dac_web):
+    """Playwright's sync API marks its loop running on the thread that drives it, between its
+    calls too: driven from the main thread, every later test of the worker found a loop running
+    there, under which asyncio.run refuses to start."""
+    with served(dac_web) as server:
+        page = Page(browser, server.url)
+        assert page.state == "ready", page.error()
+        with pytest.raises(RuntimeError, match="no running event loop"):
+            asyncio.get_running_loop()
+        assert asyncio.run(asyncio.sleep(0, "ran")) == "ran"
+        page.close()
 
 
 # ---- codecport.mjs against the Python runtime ---------------------------------------------

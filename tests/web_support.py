@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,15 +40,57 @@ def need_browser() -> None:
         pytest.fail(f"{ORT_WEB} is missing: run npm ci in the checkout (scripts/test.sh does)")
 
 
+class Remote:
+    """A Playwright object that lives on the browser's thread: each of its methods runs there."""
+
+    def __init__(self, obj, call):
+        self._obj, self._call = obj, call
+
+    def __getattr__(self, name: str):
+        attr = self._call(getattr, self._obj, name)
+        return (lambda *args, **kwargs: self._call(attr, *args, **kwargs)) if callable(attr) else attr
+
+
+class Browser:
+    """Chromium through Playwright's sync API, all of it on a thread of its own.
+
+    The sync API runs an asyncio loop on the thread that starts it and leaves it marked running
+    between calls, for as long as Playwright runs: on the main thread, every later test of the
+    worker would find a loop running, under which `asyncio.run` refuses to start. Its event
+    handlers and routes run on that thread too, while a call waits."""
+
+    def __init__(self):
+        from playwright.sync_api import sync_playwright
+
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="playwright")
+        self._playwright = self._call(lambda: sync_playwright().start())
+        try:
+            self._browser = self._call(self._playwright.chromium.launch, executable_path=CHROMIUM, args=ARGS)
+        except BaseException:
+            self.close()
+            raise
+
+    def _call(self, fn, *args, **kwargs):
+        return self._pool.submit(fn, *args, **kwargs).result()
+
+    def new_page(self) -> Remote:
+        return Remote(self._call(self._browser.new_page), self._call)
+
+    def close(self) -> None:
+        try:
+            if getattr(self, "_browser", None) is not None:
+                self._call(self._browser.close)
+        finally:
+            self._call(self._playwright.stop)
+            self._pool.shutdown()
+
+
 @pytest.fixture(scope="session")
 def browser():
     need_browser()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
+    b = Browser()
+    yield b
+    b.close()
 
 
 @pytest.fixture(scope="session")
