@@ -6,7 +6,8 @@ share the work evenly."""
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
+import re
+import time
 
 import pytest
 from test_bench import bench
@@ -21,22 +22,48 @@ def test_bench_tokenize_runs_every_local_contender_and_reports_ratios(tmp_path):
     a run). Its Ray contenders are the same command with --engine ray, which test_tokenize_ray
     runs."""
     out = tmp_path / "tok.json"
+    t0 = time.perf_counter()
     proc = bench("tokenize", "--codec", "mimi", "--preset", "tiny", "--len", "0.1", "--batch", "2",
                  "--clips", "1", "--min-seconds", "0.1", "--max-seconds", "0.3", "--slices", "1",
                  "--short-clips", "1", "--no-ray", "--json", out)
+    elapsed = time.perf_counter() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert set(report["results"]) == {"torch-loop", "local b1", "local b2"}
-    for name, r in report["results"].items():
-        assert r["audio_s_per_s"] > 0 and r["start_s"] > 0 and r["wall_s"] > 0
-        assert ("per_file_ms" in r) == (name != "torch-loop")
-        # Never below 0: a corpus this small is mostly the engines' starts, which the per-file
-        # cost counted as audio and took off again (it read -146 to -1479 ms a file).
-        assert r.get("per_file_ms", 0) >= 0
-        assert r["vs_torch_loop"] == r["audio_s_per_s"] / report["results"]["torch-loop"]["audio_s_per_s"]
-    assert "local b2" in proc.stdout and "vs torch" in proc.stdout
-    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("local b1 ", "local b2 "))]
-    assert len(rows) == 2 and all(float(row[-1]) >= 0 for row in rows)  # the table's ms/file
+    assert report["clips"] == 1 and report["slices"] == 1 and 0.1 <= report["audio_s"] <= 0.3
+    results = report["results"]
+    assert set(results) == {"torch-loop", "local b1", "local b2"}
+    # Each time is a run of a process the command made, one after another: every one of them
+    # and all of them together within the command's own time (a unit or a run counted twice
+    # would break it).
+    times = [r[k] for r in results.values() for k in ("start_s", "wall_s", "many_wall_s") if k in r]
+    assert len(times) == 3 + 3 + 2 and min(times) > 0 and sum(times) < elapsed, (times, elapsed)
+    for name, r in results.items():
+        assert ("per_file_ms" in r) == (name != "torch-loop") and r["audio_s_per_s"] > 0
+        if name != "torch-loop":  # beyond the start, at most the short clip's run less the start
+            assert 0 <= r["per_file_ms"] <= 1000 * max(0.0, r["many_wall_s"] - r["start_s"]) + 1e-9, r
+    # The ratios: each contender against itself is 1, and a faster one reads above 1 (a ratio
+    # the wrong way up reads below).
+    assert results["torch-loop"]["vs_torch_loop"] == 1.0
+    assert results["local b1"]["vs_local_same_batch"] == results["local b2"]["vs_local_same_batch"] == 1.0
+    base, local = results["torch-loop"]["audio_s_per_s"], results["local b1"]["audio_s_per_s"]
+    for name, r in results.items():
+        assert (r["vs_torch_loop"] > 1) == (r["audio_s_per_s"] > base), (name, r)
+        if name == "torch-loop":
+            assert (r["vs_local_same_batch"] > 1) == (r["audio_s_per_s"] > local), r
+    # The table says what the report says (to its rounding).
+    rows = {line[:14].strip(): line[14:].split() for line in proc.stdout.splitlines()
+            if line.startswith(tuple(results))}
+    assert set(rows) == set(results), proc.stdout
+    for name, (rate, vs_torch, vs_local, start, per) in rows.items():
+        r = results[name]
+        assert float(rate) == pytest.approx(r["audio_s_per_s"], abs=0.051), (name, rate)
+        assert float(vs_torch.rstrip("x")) == pytest.approx(r["vs_torch_loop"], abs=0.0051), (name, vs_torch)
+        assert float(vs_local.rstrip("x")) == pytest.approx(r["vs_local_same_batch"], abs=0.0051), name
+        assert float(start) == pytest.approx(r["start_s"], abs=0.051), (name, start)
+        if name == "torch-loop":
+            assert per == "-", per
+        else:
+            assert float(per) == pytest.approx(r["per_file_ms"], abs=0.051), (name, per)
 
 
 def test_per_file_cost_is_what_a_file_costs_beyond_the_start_and_its_audio():
@@ -62,26 +89,33 @@ def test_bench_serve_ramps_every_configuration_and_soaks(tmp_path):
     measured three times (on fixed graphs of 0.1 s); the soak's well-behaved streams (no longer
     than the soak) are checked against single streams and every slot is free after it."""
     out = tmp_path / "serve.json"
-    args = ("serve", "snac", "--preset", "tiny", "--slots", "1", "--slots", "2", "--precision", "fp32",
-            "--seconds", "0.2", "--len", "0.1", "--max-streams", "1", "--soak", "0.01",
-            "--dir", tmp_path / "w", "--json", out)
-    # On a thread of its own: a browser test before this file may leave an event loop running on
-    # the main thread, under which the command's asyncio.run would not start.
-    with ThreadPoolExecutor(1) as pool:
-        proc = pool.submit(bench, *args).result()
+    proc = bench("serve", "snac", "--preset", "tiny", "--slots", "1", "--slots", "2", "--precision", "fp32",
+                 "--seconds", "0.2", "--len", "0.1", "--max-streams", "1", "--soak", "0.01",
+                 "--dir", tmp_path / "w", "--json", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
+    # The tiny SNAC's coarse frame: 4 latent frames of 2 * 3 samples at 16 kHz, 1.5 ms; a trial
+    # of 0.2 s is 133 of them (its unit, lcm(4, the attention window 4), is one frame).
+    assert report["period_ms"] == pytest.approx(1.5)
     assert set(report["configs"]) == {"B=1 fp32", "B=2 fp32"}
     for c in report["configs"].values():
-        assert c["exit_code"] == 0 and c["trials"] and 0 <= c["held"] <= 1
-        for t in c["trials"].values():
-            assert t["frames"] > 0 and \
-                (t["n_errors"] > 0 or t["latency_ms"]["p99"] >= t["latency_ms"]["p50"] > 0)
-    assert len(report["bound"]["fp32"]) == 3 and all(b["streams"] > 0 for b in report["bound"]["fp32"])
+        assert c["exit_code"] == 0 and set(c["trials"]) == {"1"}  # the ramp ends at --max-streams
+        t = c["trials"]["1"]
+        # One well-behaved client: an error is the server's.
+        assert t["streams"] == 1 and t["frames"] == 133 and t["n_errors"] == 0, t
+        lat = t["latency_ms"]
+        assert 0 < lat["p50"] <= lat["p95"] <= lat["p99"] and t["budget_ms"] == pytest.approx(1.5), t
+        # Its one trial held or not (the load is extreme): it holds 1 stream, capped, or none.
+        assert c["held"] == int(t["held"]) and c["capped"] == t["held"], c
+    # The bound: measured at the start, the middle and the end, and the table says so.
+    bound = report["bound"]["fp32"]
+    assert len(bound) == 3 and all(b["rtf"] > 0 and b["streams"] > 0 for b in bound)
+    printed = re.search(r"fixed-graph bound \(fp32\): [\d.]+ streams \(RTF ([\d., ]+) at", proc.stdout)
+    assert printed and printed.group(1).split(", ") == [f"{b['rtf']:.3f}" for b in bound], proc.stdout
     soak = report["soak"]
     assert soak["health_after"]["slots"]["active"] == 0 and soak["check"]["checked"] > 0
     assert soak["check"]["audio_max_abs_err"] <= 1e-4 and soak["check"]["codes_exact"] is None
-    assert "B=2 fp32" in proc.stdout and "fixed-graph bound" in proc.stdout and "soak:" in proc.stdout
+    assert "B=2 fp32" in proc.stdout and "soak:" in proc.stdout
 
 
 def test_frame_latency_counts_the_servers_delay_for_steps_and_for_windows():
