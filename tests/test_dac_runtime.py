@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 
 import numpy as np
 import pyloudnorm
@@ -13,8 +13,9 @@ from conftest import TINY_CHUNK, TINY_LEN, noise
 from codecport.codecs.dac.export import rvq_of
 from codecport.codecs.dac.runtime import DacCodec
 from codecport.errors import ProviderError
+from codecport.runtime import folder as folder_module
+from codecport.runtime import providers
 from codecport.runtime.codes import load_codes
-from codecport.runtime.providers import cpu_cores
 
 
 @pytest.fixture(scope="module")
@@ -160,10 +161,12 @@ def test_decoder_only_folder(tmp_path, tiny_export):
         dec_only.encode(noise(600), 16000)
 
 
-@pytest.mark.parametrize("windows", ["1", "3"])
-def test_parallel_windows_give_the_same_bits(codec, tiny_export, windows):
+# (windows at once, cores, intra-op threads of each sliding session: 0 is ORT's default)
+@pytest.mark.parametrize("windows, cores, threads", [("1", 6, 0), ("3", 6, 2), ("3", 2, 1)])
+def test_parallel_windows_give_the_same_bits(codec, tiny_export, monkeypatch, windows, cores, threads):
     """Windows of a long signal run at once (`parallel` option) give exactly the one-at-a-time
-    results, in order; each sliding session gets its share of the cores."""
+    results, in order; each sliding session gets its share of the cores (at least one)."""
+    monkeypatch.setattr(folder_module, "cpu_cores", lambda: cores)
     other = DacCodec(tiny_export, options={"parallel": windows})
     assert other.parallel == int(windows)
     audio = noise(9 * TINY_CHUNK + 7, channels=2, seed=3)
@@ -171,13 +174,14 @@ def test_parallel_windows_give_the_same_bits(codec, tiny_export, windows):
     np.testing.assert_array_equal(other.encode(audio, 16000, mode="chunked").data, codes)
     np.testing.assert_array_equal(other.decode(codes, mode="chunked")[0],
                                   codec.decode(codes, mode="chunked")[0])
-    threads = other.graph("decoder_chunked").session.get_session_options().intra_op_num_threads
-    assert threads == (0 if windows == "1" else max(1, cpu_cores() // 3))  # 0: ORT's default
+    assert other.graph("decoder_chunked").session.get_session_options().intra_op_num_threads == threads
     assert other.graph("decoder").session.get_session_options().intra_op_num_threads == 0
 
 
-def test_auto_windows_follow_the_cores(codec):
-    assert codec.parallel == (2 if cpu_cores() >= 2 else 1)
+@pytest.mark.parametrize("cores, windows", [(1, 1), (2, 2), (16, 2)])
+def test_auto_windows_follow_the_cores(tiny_export, monkeypatch, cores, windows):
+    monkeypatch.setattr(providers, "cpu_cores", lambda: cores)
+    assert DacCodec(tiny_export).parallel == windows
 
 
 @pytest.mark.parametrize("value", ["0", "two", "-1"])
@@ -187,19 +191,30 @@ def test_bad_windows_option_is_refused(tiny_export, value):
 
 
 def test_map_windows_keeps_order_bounds_memory_and_raises(tiny_export):
+    """Results come in the order of the items, though window 1 ends before window 0 (which waits
+    for it); the items are drawn at most `parallel` ahead of the results taken (memory stays
+    bounded); an error raises at its window."""
     codec = DacCodec(tiny_export, options={"parallel": "2"})
-    started = []
+    drawn = []
+    first_done = threading.Event()
 
-    def slow(i):
-        started.append(i)
-        time.sleep(0.02 * (i % 3))
+    def items():
+        for i in range(10):
+            drawn.append(i)
+            yield i
+
+    def window(i):
+        if i == 0:  # a later window ends first
+            assert first_done.wait(60), "window 1 never ran beside window 0"
+        if i == 1:
+            first_done.set()
         if i == 7:
             raise ValueError("window 7")
         return i
 
-    results = codec.map_windows(slow, range(10))
+    results = codec.map_windows(window, items())
     assert [next(results) for _ in range(5)] == [0, 1, 2, 3, 4]
-    assert len(started) <= 5 + 2 + 1  # never more than `parallel` + 1 ahead of the caller
+    assert drawn == [0, 1, 2, 3, 4, 5, 6]  # the 5 taken and 2 running
     with pytest.raises(ValueError, match="window 7"):
         list(results)
 
