@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import soundfile as sf
 from cli_support import invoke
 from conftest import SMOKE_BATCH
 from tokenize_support import (
@@ -55,9 +56,12 @@ def test_codes_equal_encode_at_batch_1_and_4(tmp_path, smoke_exports, name):
     assert f"{len(files)} files tokenized" in proc.stdout and f"{len(bad)} failed" in proc.stdout
     got = rows(out4)
     assert_codes(got, want)
-    row = got[next(iter(want))]
+    ident = next(iter(want))
+    row = got[ident]
     assert row["codec"] == name and row["codes"] and row["export_id"]
-    assert row["duration_s"] == pytest.approx(row["num_samples"] / row["sample_rate"])
+    info = sf.info(corpus / ident)  # the file's own length and rate
+    assert (row["num_samples"], row["sample_rate"]) == (info.frames, info.samplerate)
+    assert row["duration_s"] == pytest.approx(info.duration)
     errors = pq.read_table(out4 / "__errors__" / "errors.parquet").to_pylist()
     assert {e["id"] for e in errors} == set(bad)
     for e in errors:
