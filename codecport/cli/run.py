@@ -132,19 +132,21 @@ def decode_cmd(codes_in, out, layout, noise_seed, no_noise, model_dir, mode, pro
 @verbose_option
 @guard
 def info_cmd(target, as_json, verbose) -> None:
-    """Show what an exported folder or .onnx/.ort file holds (from its metadata)."""
+    """Show what an exported folder or .onnx/.ort file holds (from its metadata), each graph of a
+    folder checked as loading it would, without running one."""
     from ..errors import ModelFileError
     from ..runtime.folder import read_manifest
-    from ..runtime.graph import graph_files, open_graph
+    from ..runtime.graph import graph_files, read_graph
 
     setup_logging(verbose)
     if target.is_dir():
         files, manifest = graph_files(target), read_manifest(target)
+        if not files:
+            raise ModelFileError(f"{target}: no .onnx or .ort files here; run codec-export first")
+        # Read, not opened: the metadata and shapes of an .onnx file come from its protobuf.
+        graphs = registry.codec_of_folder(target).runtime(target, sessions=False).read_graphs(files)
     else:
-        files, manifest = [target], None
-    if not files:
-        raise ModelFileError(f"{target}: no .onnx or .ort files here; run codec-export first")
-    graphs = [open_graph(f, "CPUExecutionProvider") for f in files]
+        manifest, graphs = None, [read_graph(target)]
     if as_json:
         click.echo(json.dumps({"path": str(target), "manifest": manifest,
                                "graphs": {str(g.path): g.meta for g in graphs}}, indent=2))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from ..errors import ModelFileError, ProviderError
-from .graph import Graph, current_names, graph_file, open_graph
+from .graph import INT_RANGES, Graph, current_names, graph_file, open_graph, read_graph
 from .providers import codecport_option, cpu_cores, intra_op_threads, parallel_windows, resolve_provider
 
 log = logging.getLogger(__name__)
@@ -129,8 +129,9 @@ class GraphFolder:
 
     def __init__(self, model_dir: str | Path, provider: str = "cpu", fallback: str | None = None,
                  options: dict[str, str] | None = None, sessions: bool = True):
-        """`sessions=False` reads the folder's facts from its manifest alone: no provider is
-        resolved and no graph opened (a driver that hands the folder to workers elsewhere)."""
+        """`sessions=False` reads the folder's facts from its manifest alone (or, without one,
+        its first graph's metadata): no provider is resolved and no session opened (a driver that
+        hands the folder to workers elsewhere, `codec-run info` with `read_graphs`)."""
         self.dir = Path(model_dir)
         self.options = dict(options or {})
         self.io_binding = codecport_option("io_binding", self.options)
@@ -183,12 +184,12 @@ class GraphFolder:
         self._lock = threading.Lock()
         self.sessions = sessions
         if not sessions:
-            if manifest is None:
-                raise ModelFileError(f"{self.dir} has no {MANIFEST}; re-run codec-export {self.name}")
             self.provider, self.parallel, self.threads = None, 1, None
-            # The manifest holds every shared metadata value: read through a Graph's checks.
-            meta = {k: str(v) for k, v in manifest.items() if isinstance(v, (str, int, float))}
-            self.first = Graph(self.dir / MANIFEST, None, meta)
+            # The manifest holds every shared metadata value: read through a Graph's checks (a
+            # folder without one, from its first graph's metadata, read without a session).
+            meta = {k: str(v) for k, v in (manifest or {}).items() if isinstance(v, (str, int, float))}
+            self.first = read_graph(self.files[self.present[0]], io=False) if manifest is None \
+                else Graph(self.dir / MANIFEST, None, meta)
         else:
             self.provider = resolve_provider(provider, fallback)
             self.parallel = parallel_windows(self.provider, self.options)
@@ -232,6 +233,29 @@ class GraphFolder:
                 self.provider == "CPUExecutionProvider":
             threads = max(1, cpu_cores() // self.parallel)
         g = open_graph(self.files[name], self.provider, self.options, threads)
+        self._check(name, g, next(iter(self._graphs.values()), None))
+        self._graphs[name] = g
+        return g
+
+    def read_graphs(self, paths: list[Path]) -> list[Graph]:
+        """Graph files of this folder read for their facts alone (`read_graph`: no session), each
+        checked as `graph` checks a graph it opens (against the first of them): what
+        `codec-run info` lists. A file the codec has no graph of that name for is checked as
+        one of the folder's (codec, export, shared facts) but not for a role."""
+        names = {p: n for n, p in self.files.items()}
+        graphs: list[Graph] = []
+        for path in paths:
+            g = read_graph(path)
+            self._check(names.get(path), g, graphs[0] if graphs else None)
+            graphs.append(g)
+        return graphs
+
+    def _check(self, name: str | None, g: Graph, ref: Graph | None) -> None:
+        """`ModelFileError` unless graph `name`, `g`, belongs with `ref` (None: it is the first)
+        and the manifest, and is what its file name says (`check_graph`'s checks included)."""
+        for key in self.shared:  # a damaged value named as such, not as a mismatch with `ref`
+            if key in INT_RANGES and key in g.meta:
+                g.ints(key) if "," in g.meta[key] else g.int(key)  # some are lists (vq_strides)
         if g.meta.get("codec") != self.name:
             raise ModelFileError(f"{g.path}: holds a {g.meta.get('codec')} model, not "
                                  f"{self.name}; use a {self.name} export")
@@ -239,13 +263,14 @@ class GraphFolder:
             raise ModelFileError(f"{g.path} does not belong with {self.dir}/manifest.json "
                                  f"(export_id {g.meta.get('export_id')} vs {self._manifest_id}); "
                                  "re-export the folder")
-        if self._graphs:
-            ref = next(iter(self._graphs.values()))
+        if ref is not None:
             bad = [k for k in self.shared if g.meta.get(k) != ref.meta.get(k)]
             if bad:
                 raise ModelFileError(f"{g.path} does not belong with {ref.path} ({bad[0]}: "
                                      f"{g.meta.get(bad[0])} vs {ref.meta.get(bad[0])}); "
                                      "re-export the folder")
+        if name is None:
+            return
         base, batch = split_batched(name)
         base, frames = split_sized(base)
         base, slots = split_slots(base)
@@ -259,8 +284,6 @@ class GraphFolder:
                 raise ModelFileError(f"{g.path}: has {key} {g.meta.get(key)}, expected {want} "
                                      f"for {g.path.name}; re-export the folder")
         self.check_graph(base, g)
-        self._graphs[name] = g
-        return g
 
     def slot_graphs(self, name: str) -> list[Graph]:
         """Slot graph `name` and its smaller copies, opened."""

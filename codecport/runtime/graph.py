@@ -4,6 +4,9 @@ A graph is `{name}.onnx`, or `{name}.ort` (ONNX Runtime's own format, for the mo
 builds) where there is no `.onnx`; both carry the same metadata (the converter keeps it). Every
 metadata value is parsed and range-checked where it is read (`Graph.int`, `Graph.choice`): a
 file that lies about itself is refused with a one-line error, never trusted into an allocation.
+Where only the facts are needed (`codec-run info`, which codec a folder holds), `read_graph` reads
+an .onnx file's metadata and input/output shapes from its protobuf, with no session and no onnx
+package; an .ort file (a FlatBuffer) still opens a session for them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import ModelFileError, ProviderError
+from .onnxfile import read_onnx
 from .providers import load_cuda_libraries, onnxruntime, provider_options, session_options
 
 if TYPE_CHECKING:
@@ -61,11 +65,14 @@ def current_names(meta: dict) -> dict:
 
 @dataclass
 class Graph:
-    """One loaded graph: its session, metadata and the provider that actually runs it."""
+    """One loaded graph: its session, metadata and the provider that actually runs it. A graph
+    read for its facts alone (`read_graph`) has no session: its metadata, and `io`, the static
+    shapes of its inputs and outputs."""
 
     path: Path
-    session: ort.InferenceSession
+    session: ort.InferenceSession | None
     meta: dict[str, str]
+    io: tuple[list[tuple], list[tuple]] | None = None
 
     @property
     def provider(self) -> str:
@@ -149,6 +156,8 @@ class Graph:
 
     def shapes(self) -> tuple[list[tuple], list[tuple]]:
         """Static shapes of the inputs and the outputs, in graph order."""
+        if self.session is None:
+            return self.io
         return ([tuple(i.shape) for i in self.session.get_inputs()],
                 [tuple(o.shape) for o in self.session.get_outputs()])
 
@@ -183,8 +192,41 @@ def graph_files(folder: Path) -> list[Path]:
 
 
 def read_metadata(path: Path) -> dict[str, str]:
-    """Metadata of a graph file (.onnx or .ort), without building a full session for execution."""
-    return open_graph(path, "CPUExecutionProvider").meta
+    """Metadata of a graph file, without a session for an .onnx (see `read_graph`)."""
+    return read_graph(path, io=False).meta
+
+
+def read_graph(path: Path, io: bool = True) -> Graph:
+    """Graph `path`'s facts without a session for execution: its metadata and (`io`) the static
+    shapes of its inputs and outputs, checked as `open_graph` checks them. An .onnx file is read
+    by `read_onnx`; an .ort file (a FlatBuffer, which codecport does not parse) opens a session
+    on the CPU EP, closed once read."""
+    _check_file(path)
+    if path.suffix == ".ort":
+        g = open_graph(path, "CPUExecutionProvider")
+        return Graph(path, None, g.meta, g.shapes())
+    meta, args = read_onnx(path, io)
+    meta = current_names(meta)
+    if "codec" not in meta:
+        raise ModelFileError(f"{path}: has no codecport metadata; export it with codec-export")
+    if not io:
+        return Graph(path, None, meta)
+    _check_static(path, [*args[0], *args[1]])
+    return Graph(path, None, meta, ([s for _, s in args[0]], [s for _, s in args[1]]))
+
+
+def _check_file(path: Path) -> None:
+    if not path.is_file():
+        raise ModelFileError(f"{path}: no such model file; run codec-export first")
+    if path.stat().st_size == 0:
+        raise ModelFileError(f"{path}: the file is empty; re-run codec-export")
+
+
+def _check_static(path: Path, args: list[tuple[str, tuple | list | None]]) -> None:
+    for name, shape in args:
+        if shape is None or any(not isinstance(d, int) or d < 1 for d in shape):
+            raise ModelFileError(f"{path}: {name} has the shape {shape}, not a static one; "
+                                 "codecport's graphs have static shapes, re-run codec-export")
 
 
 def open_graph(path: Path, provider: str, options: dict[str, str] | None = None,
@@ -192,10 +234,7 @@ def open_graph(path: Path, provider: str, options: dict[str, str] | None = None,
     """Session for `path` (.onnx, or ORT-format .ort) on `provider` (with `provider_options`
     overridden by `options`), its CPU kernels on `threads` threads (ORT's default: one per
     core); a missing or corrupt file is a `ModelFileError`."""
-    if not path.is_file():
-        raise ModelFileError(f"{path}: no such model file; run codec-export first")
-    if path.stat().st_size == 0:
-        raise ModelFileError(f"{path}: the file is empty; re-run codec-export")
+    _check_file(path)
     ort = onnxruntime()
     if provider == "CUDAExecutionProvider":
         load_cuda_libraries()
@@ -222,8 +261,5 @@ def open_graph(path: Path, provider: str, options: dict[str, str] | None = None,
                else "check its install")
         raise ProviderError(f"{provider} failed to initialise for {path.name} (running on "
                             f"{sess.get_providers()[0]}): {why}, or pass --fallback cpu")
-    for arg in [*sess.get_inputs(), *sess.get_outputs()]:
-        if any(not isinstance(d, int) or d < 1 for d in arg.shape):
-            raise ModelFileError(f"{path}: {arg.name} has the shape {arg.shape}, not a static one; "
-                                 "codecport's graphs have static shapes, re-run codec-export")
+    _check_static(path, [(a.name, a.shape) for a in [*sess.get_inputs(), *sess.get_outputs()]])
     return Graph(path, sess, meta)
