@@ -186,7 +186,8 @@ def test_chunked_lengths_match_a_real_run(tiny_dac):
 def test_random_init_is_seeded_and_informative():
     a = init_random(DAC(PRESETS["tiny"]), 5)
     b = init_random(DAC(PRESETS["tiny"]), 5)
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert all(torch.equal(x, y)
+               for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
     x = torch.from_numpy(noise(600))[None]
     with torch.no_grad():
         y = a.decode(a.encode(x))

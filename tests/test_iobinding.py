@@ -40,7 +40,7 @@ def _stream(stream, audio: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarra
 
 def _assert_same(a, b):
     assert len(a[0]) == len(b[0]) and len(a[1]) == len(b[1])
-    for x, y in zip(a[0] + a[1], b[0] + b[1]):
+    for x, y in zip(a[0] + a[1], b[0] + b[1], strict=True):
         assert x.dtype == y.dtype
         np.testing.assert_array_equal(x, y)
 
@@ -100,7 +100,7 @@ def test_step_runner_returns_arrays_the_caller_owns(codec):
     x = noise(4 * STEP, seed=7)[0].reshape(4, 1, 1, STEP)
     got = [bound(xi) for xi in x]
     want = [plain(xi) for xi in x]
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         assert isinstance(a, np.ndarray) and a.shape == b.shape
         np.testing.assert_array_equal(a, b)
     assert len({id(a) for a in got}) == len(got)

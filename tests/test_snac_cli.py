@@ -90,7 +90,7 @@ def test_the_orpheus_layout_writes_and_reads_the_flat_sequence(tiny_snac_export,
     assert flat.ndim == 1 and flat.shape[0] == 7 * codes.n_frames[0]
     np.testing.assert_array_equal(flat, to_orpheus(codes.arrays)[0])
     back = codecport.load_codes(out, layout="orpheus")  # the API reads the layout too
-    assert all(np.array_equal(a, b) for a, b in zip(back.arrays, codes.arrays))
+    assert all(np.array_equal(a, b) for a, b in zip(back.arrays, codes.arrays, strict=True))
     proc = run("decode", out, "--layout", "orpheus", "-m", tiny_snac_export, "-o", tmp_path / "o.wav",
                "--noise-seed", "2")
     assert proc.returncode == 0, proc.stderr

@@ -50,7 +50,7 @@ def test_official_parity_codes_and_audio(variant):
         want = official.encode(x)
         got = model.encode(x)
     assert len(got) == len(cfg.vq_strides)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and torch.equal(g, w)
     assert len(torch.unique(got[-1])) > 5  # the codes are spread, so equality means something
     audio, noise = _official_noise(official, want, seed=3)
@@ -159,7 +159,7 @@ def test_weights_load_from_the_official_layout(tmp_path, tiny_snac, tiny_snac_of
     assert model.cfg == tiny_snac.cfg and len(digest) == 64
     x = torch.randn(1, 1, 2000)
     with torch.no_grad():
-        for a, b in zip(model.encode(x), tiny_snac_official.encode(x)):
+        for a, b in zip(model.encode(x), tiny_snac_official.encode(x), strict=True):
             assert torch.equal(a, b)
     # The .bin alone takes its config from beside it, or from --variant.
     assert load(str(folder / "pytorch_model.bin"))[0].cfg == tiny_snac.cfg

@@ -64,7 +64,7 @@ def test_codes_equal_the_official_encode_of_the_whole_clip(codec, tiny_snac_offi
     codes = codec.encode(x, SR)
     want = _official_codes(tiny_snac_official, x)
     assert codes.mode == "whole" and len(codes.arrays) == 3
-    for got, w in zip(codes.arrays, want):
+    for got, w in zip(codes.arrays, want, strict=True):
         assert got.shape == (1, 1, w.shape[-1])
         np.testing.assert_array_equal(got[:, 0], w)
 
@@ -73,7 +73,7 @@ def test_stereo_is_each_channel_on_its_own(codec, tiny_snac_official):
     x = noise(3000, channels=2, seed=4)
     codes = codec.encode(x, SR)
     for c in range(2):
-        for got, w in zip(codes.arrays, _official_codes(tiny_snac_official, x[c:c + 1])):
+        for got, w in zip(codes.arrays, _official_codes(tiny_snac_official, x[c:c + 1]), strict=True):
             np.testing.assert_array_equal(got[c:c + 1, 0], w)
 
 
@@ -82,7 +82,7 @@ def test_a_file_read_block_by_block_gives_the_same_codes(codec, tmp_path):
     sf.write(tmp_path / "a.flac", x[0], SR)
     read, _ = sf.read(tmp_path / "a.flac", dtype="float32")
     a, b = codec.encode_file(tmp_path / "a.flac"), codec.encode(read, SR)
-    for x1, x2 in zip(a.arrays, b.arrays):
+    for x1, x2 in zip(a.arrays, b.arrays, strict=True):
         np.testing.assert_array_equal(x1, x2)
 
 
@@ -170,10 +170,10 @@ def test_the_orpheus_layout_is_orpheus_order(codec):
     codes = codec.encode(noise(3000, seed=10), SR)
     flat = to_orpheus(codes.arrays)
     assert flat.shape == (1, 7 * codes.n_frames[0])
-    for level, want in zip(codes.arrays, _redistribute(flat[0].tolist())):
+    for level, want in zip(codes.arrays, _redistribute(flat[0].tolist()), strict=True):
         assert level[0, 0].tolist() == want
     back = Codes(tuple(from_orpheus(flat[0])), codec="snac")
-    for a, b in zip(back.arrays, codes.arrays):
+    for a, b in zip(back.arrays, codes.arrays, strict=True):
         np.testing.assert_array_equal(a, b)
     audio = codec.decode(back, noise=2)[0]
     np.testing.assert_array_equal(audio, codec.decode(codes.replace(sample_rate=None, num_samples=None),
@@ -187,7 +187,7 @@ def test_windows_side_by_side_give_the_same_bits(tiny_snac_export):
     one, two = (SnacCodec(tiny_snac_export, options={"parallel": "1"}),
                 SnacCodec(tiny_snac_export, options={"parallel": "2"}))
     a, b = one.encode(x, SR), two.encode(x, SR)
-    for p, q in zip(a.arrays, b.arrays):
+    for p, q in zip(a.arrays, b.arrays, strict=True):
         np.testing.assert_array_equal(p, q)
     np.testing.assert_array_equal(one.decode(a, noise=1)[0], two.decode(a, noise=1)[0])
     assert "encoder@parallel" in two._graphs and "decoder@parallel" in two._graphs
