@@ -46,7 +46,9 @@ def mimi_ort(tmp_path_factory, tiny_mimi_export):
 @pytest.mark.parametrize("folder", ["tiny_export", "tiny_mimi_export"])
 def test_metadata_survives_conversion(request, tmp_path, folder):
     src = request.getfixturevalue(folder)
-    for onnx_file in _to_ort(src, tmp_path / "m"):
+    files = _to_ort(src, tmp_path / "m")
+    assert [p.name for p in files] == sorted(p.name for p in src.glob("*.onnx")) != []
+    for onnx_file in files:
         assert read_metadata(onnx_file.with_suffix(".ort")) == read_metadata(onnx_file)
 
 
