@@ -68,6 +68,7 @@ class Geometry:
     chunk_frames: int  # chunked graphs' frames (official `chunk_length`)
     chunk_step: int  # chunked decoder output = samples the window advances (official `hop`)
     delay: int  # zeros padded on both sides of the signal in chunked mode
+    hop: int  # samples a frame: the fixed graphs take clips of `(frames - 1) * hop + 1` to `samples`
 
     @classmethod
     def of(cls, cfg: DacConfig, samples: int, window: int) -> Geometry:
@@ -80,7 +81,7 @@ class Geometry:
         if step <= 0 or chunk_frames <= 0:
             raise ExportError(f"chunk window of {window} samples is shorter than the model's "
                               "receptive field; pass a longer --chunk-len (a few seconds)")
-        return cls(samples, frames, _padded_out(cfg, frames), window, chunk_frames, step, cfg.delay())
+        return cls(samples, frames, _padded_out(cfg, frames), window, chunk_frames, step, cfg.delay(), hop)
 
 
 def _padded_out(cfg: DacConfig, frames: int) -> int:
@@ -264,7 +265,9 @@ def export(model: DAC, out_dir: Path, length: int | None, *, options: dict, **co
 def describe(report: dict) -> list[str]:
     """What `codec-export dac` prints about the geometry."""
     geo = report["geometry"]
+    shortest = (geo["frames"] - 1) * geo["hop"] + 1  # fewer samples pad to fewer frames
     return [(f"  fixed graphs  : {geo['samples']} samples <-> {geo['frames']} frames "
-             f"(decoder gives {geo['samples_out']} samples)"),
+             f"(decoder gives {geo['samples_out']} samples): a clip of {shortest} to {geo['samples']} "
+             "samples in one call, any other through the chunked graphs"),
             (f"  chunked graphs: window {geo['window']} samples -> {geo['chunk_frames']} frames, "
              f"step {geo['chunk_step']} samples, delay {geo['delay']}")]

@@ -109,8 +109,11 @@ class DacCodec(Codec):
         return None if name is None else self.graph(name).int("frames")
 
     def fits_fixed(self, n: int) -> bool:
-        """Whether `n` samples go through the fixed-length graph in one call."""
-        return math.ceil(n / self.frame_size) == self.fixed_frames()
+        """Whether `n` samples go through the fixed-length encoder in one call: padded to whole
+        frames (the official `preprocess`) they are its frames, and they are no more than its
+        input (`--len`; one that is not a hop multiple holds fewer than its frames' samples)."""
+        g = self.graph("encoder")
+        return math.ceil(n / self.frame_size) == g.int("frames") and n <= g.int("samples")
 
     def window_plan(self, source, n_codebooks, mode=None) -> WindowPlan:
         """Measures the whole input (loudness and peak: the first pass over a file), then plans
