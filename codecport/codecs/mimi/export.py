@@ -371,7 +371,9 @@ def describe(report: dict) -> list[str]:
     geo, lines = report["geometry"], []
     if geo["samples"] is not None:
         lines.append(f"  fixed graphs : {geo['samples']} samples (padded to "
-                     f"{geo['frames'] * geo['frame_size']}) <-> {geo['frames']} frames")
+                     f"{geo['frames'] * geo['frame_size']}) <-> {geo['frames']} frames: a clip of up to "
+                     f"{geo['samples']} samples in one call, zeros after it (Mimi is causal)"
+                     + (", longer ones stream" if geo["step_frames"] is not None else ""))
     if geo["step_frames"] is not None:
         lines.append(f"  step graphs  : {geo['step_samples']} samples <-> {geo['step_frames']} frames "
                      "per call, state in/out (zeros to start)")

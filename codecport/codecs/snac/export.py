@@ -314,9 +314,10 @@ def describe(report: dict) -> list[str]:
     hop = geo["samples"] // geo["frames"]
     sr = geo["sample_rate"]
     keep = geo["frames"] - 2 * geo["encoder_margin"]
-    return [(f"  window graphs : {geo['samples']} samples <-> {geo['frames']} frames; receptive field "
-             f"{geo['encoder_margin']} frames (encoder) / {geo['decoder_margin']} (decoder) either side, "
-             f"so long audio keeps {keep} of every {geo['frames']} frames a window"),
+    return [(f"  window graphs : {geo['samples']} samples <-> {geo['frames']} frames (--len up to whole "
+             f"coarse frames): a clip of up to {geo['samples']} samples at {sr} Hz in one call; "
+             f"receptive field {geo['encoder_margin']} frames (encoder) / {geo['decoder_margin']} (decoder) "
+             f"either side, so long audio keeps {keep} of every {geo['frames']} frames a window"),
             (f"  step decoder  : {geo['step_frames']} frames in, {geo['step_frames'] * hop} samples out "
              f"per call, state in/out; its audio runs {geo['step_delay']} samples "
              f"({1000 * geo['step_delay'] / sr:.0f} ms) behind the codes (the decoder's right context)"),
