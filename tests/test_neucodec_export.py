@@ -67,6 +67,24 @@ class _Shell:
     cfg = PRESETS["tiny"]
 
 
+@pytest.mark.parametrize("codec", ["neucodec", "xcodec2"])
+def test_len_gives_the_frames_of_a_clip_of_len_samples(codec):
+    """`--len N` (samples at the output rate) gives graphs of the frames the official encode gives
+    a clip of N samples, once at 16 kHz: `n // 320` for NeuCodec, `n // 320 + 1` where both paths
+    have every padded frame (XCodec2, the distilled NeuCodec); on the frame exactly, and off it
+    at most a frame more (the decoder's whole frames of N)."""
+    from codecport import registry
+    from codecport.runtime.audio import resampled_length
+
+    for preset, cfg in registry.get(codec).presets.items():
+        shell = type("Shell", (), {"cfg": cfg})
+        for n in [*range(2 * cfg.hop, 6 * cfg.hop + 1), 500 * cfg.hop, 500 * cfg.hop + 1]:
+            official = resampled_length(n, cfg.sample_rate, 16000) // 320 + 1 - cfg.acoustic_extra
+            frames = frames_of(shell, n)
+            assert frames == official if n % cfg.hop == 0 else official <= frames <= official + 1, \
+                (preset, n, frames, official)
+
+
 def test_the_bench_times_the_parts_it_names(smoke_exports):
     """codec-bench's split of a call's time between the torch modules (BenchFacts.parts): every
     node of the encoder but the few joining the paths belongs to one of them, the Linear layers'

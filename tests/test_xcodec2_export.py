@@ -9,6 +9,7 @@ import json
 import onnx
 import pytest
 from cli_support import invoke
+from shared_exports import cli_output
 
 from codecport.export.check import check_graph
 from codecport.runtime.graph import read_metadata
@@ -25,13 +26,16 @@ def test_the_export_is_validated_and_marked_as_xcodec2s(folder):
     assert manifest["validation"]["decoder"]["audio_max_abs_err"] <= 1e-4
     assert manifest["validation"]["encoder"] == {"codes_identical": 1.0}
     geo = manifest["geometry"]
-    # 25 frames: the longest clip is 24 frames and a bit (the official pad adds the 25th).
-    assert (geo["frames"], geo["samples"], geo["input_samples"]) == (25, 25 * 160, 24 * 320)
+    # --len 4000 at 8 kHz: a clip of 8000 samples at 16 kHz, 25 frames, and the official pad's 26th.
+    assert (geo["frames"], geo["samples"], geo["input_samples"]) == (26, 26 * 160, 25 * 320)
     enc = onnx.load(str(folder / "encoder.onnx"))
     meta = {p.key: p.value for p in enc.metadata_props}
     assert (meta["codec"], meta["fbank_pad"], meta["acoustic_extra"]) == ("xcodec2", "160", "0")
     dims = [[d.dim_value for d in i.type.tensor_type.shape.dim] for i in enc.graph.input]
-    assert dims == [[1, 1, 25 * 320], [1, 25, 160], [1, 1, 25]]
+    assert dims == [[1, 1, 26 * 320], [1, 26, 160], [1, 1, 26]]
+    out = cli_output(folder).stdout
+    assert "26 frames (0.52 s) a call: a clip of up to 4000 samples at 8000 Hz (--len; 8000 at 16000 Hz in)" \
+        in out, out
 
 
 def test_every_target_takes_them_whole(folder):

@@ -35,8 +35,9 @@ def _export_params(spec) -> list[click.Parameter]:
                           "config matches]; a checkpoint's own config wins when it carries one."),
         click.Option(["--variant", "preset_alias"], type=click.Choice(presets), default=None, hidden=True),
         click.Option(["--len", "length"], type=click.IntRange(1, INT_MAX), default=None,
-                     help="Samples per call of the fixed-length encoder/decoder pair (not a multiple "
-                          "of the frame: zero-padded inside the graph, as the official model does)."),
+                     help="The fixed-length graphs hold a clip of this many samples, at the rate the "
+                          "codec decodes to, in one call (a length off the frame is zero-padded inside "
+                          "the graph, as the official model pads)."),
         click.Option(["--weights"], default=None,
                      help="Released name (" + ", ".join(spec.releases) + "), a checkpoint file or "
                           "folder, or a URL [default: the preset's release]."),

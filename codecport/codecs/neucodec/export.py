@@ -1,8 +1,8 @@
 """NeuCodec -> fixed-shape ONNX graphs, validated against torch before anything is written.
 
-Two graphs for `frames` code frames (`--len` samples at the output rate: 24 kHz and 480 a
-frame for NeuCodec, 16 kHz and 320 for XCodec2), static, with no DFT, no ConvTranspose, no Conv
-pads and no Gather:
+Two graphs for `frames` code frames, those of a clip of `--len` samples at the output rate (24 kHz
+and 480 a frame for NeuCodec, 16 kHz and 320 for XCodec2; `frames_of`), static, with no DFT, no
+ConvTranspose, no Conv pads and no Gather:
 - `decoder.onnx`: FSQ levels `[1, frames, len(levels)]` (the numpy FSQ of codecs/neucodec/fsq.py turns
   codes into them) and `mask` `[1, 1, frames]` -> audio `[1, 1, frames * hop]`: `project_out`,
   `fc_post_a`, the Vocos backbone and the ISTFT head, the inverse STFT as a MatMul
@@ -41,6 +41,7 @@ from ...export.builds import Build, finish_export
 from ...export.deviation import Probe
 from ...export.graph import GraphSpec, Tensor, export_id, export_validated
 from ...export.validate import AUDIO_ATOL, check_close, check_codes, run
+from ...runtime.audio import resampled_length
 from ...runtime.folder import sized_name
 from .fbank import Fbank, raw_values
 from .fsq import Fsq
@@ -97,8 +98,16 @@ class AudioEncoderGraph(nn.Module):
 
 
 def frames_of(model: NeuCodec, samples: int, label: str = NeuCodecCodec.label) -> int:
-    """Code frames of graphs for `--len` samples at the output rate (whole frames, rounded up)."""
-    frames = -(-samples // model.cfg.hop)
+    """Code frames of graphs that hold a clip of `--len` samples at the output rate in one call:
+    the codes the runtime gives that clip once resampled to the encoder's rate (`clip_frames`:
+    `n // 320`, or `n // 320 + 1` where both paths have every padded frame, XCodec2's), and
+    never fewer than the clip's whole frames at the output rate."""
+    cfg = model.cfg
+    hop_in = math.prod(cfg.enc_strides)
+    hop, add = NeuCodecCodec.clip_frames({"input_frame_size": str(hop_in),
+                                          "acoustic_extra": str(cfg.acoustic_extra)})
+    clip = (resampled_length(samples, cfg.sample_rate, cfg.input_rate) + add) // hop
+    frames = max(-(-samples // cfg.hop), clip)
     if frames < 2:
         raise ExportError(f"{label} graphs need at least 2 frames ({2 * model.cfg.hop} samples at "
                           f"{model.cfg.sample_rate} Hz), got --len {samples}")
@@ -210,8 +219,9 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
     if sizes and sizes[-1] >= frames:
         raise ExportError(f"--buckets must each be shorter than --len ({frames} frames), got one of "
                           f"{sizes[-1]} frames")
+    # `length`: `--len`, the clip (samples at `sample_rate`) the graphs hold in one call.
     geo = {"frames": frames, "samples": frames * cfg.hop, "input_samples": input_samples(cfg, frames),
-           "sample_rate": cfg.sample_rate, "input_rate": cfg.input_rate, "buckets": sizes}
+           "sample_rate": cfg.sample_rate, "input_rate": cfg.input_rate, "buckets": sizes, "length": samples}
     meta = {"codec": runtime.name, "preset": preset, "sample_rate": str(cfg.sample_rate),
             "input_rate": str(cfg.input_rate), "frame_size": str(cfg.hop),
             "input_frame_size": str(math.prod(cfg.enc_strides)), "levels": ",".join(map(str, cfg.levels)),
@@ -258,8 +268,9 @@ def probe(manifest: dict, specs: list[GraphSpec] = (), runtime: type[NeuCodecCod
 
 
 # Why `codec-export neucodec` needs --len (the CLI asks before loading any weights).
-LEN_NEEDED = ("the samples (at 24 kHz) of the fixed graphs: the longest clip they encode and decode "
-              "exactly (shorter ones are masked, longer ones go through cross-faded windows)")
+LEN_NEEDED = ("the samples (at 24 kHz, the rate it decodes to; it encodes 16 kHz) of the longest clip "
+              "the fixed graphs encode and decode exactly in one call (shorter ones are masked, longer "
+              "ones go through cross-faded windows)")
 
 
 def parse_buckets(text: str | None) -> tuple[int, ...]:
@@ -292,12 +303,16 @@ def export(model: NeuCodec, out_dir: Path, length: int | None, *, options: dict,
 
 
 def describe(report: dict) -> list[str]:
+    """What `codec-export neucodec` and `xcodec2` print: the clip the graphs hold in one call, in
+    `--len`'s samples (at the output rate) and in the encoder's."""
     geo = report["geometry"]
     seconds = geo["samples"] / geo["frames"] / geo["sample_rate"]  # a frame
-    lines = [(f"  fixed graphs  : up to {geo['frames']} frames ({geo['frames'] * seconds:.2f} s): "
-              f"{geo['input_samples']} samples at {geo['input_rate']} Hz -> codes -> "
-              f"{geo['samples']} samples "
-              f"at {geo['sample_rate']} Hz; shorter clips masked, longer ones windowed")]
+    sr, rate = geo["sample_rate"], geo["input_rate"]
+    lines = [(f"  fixed graphs  : {geo['frames']} frames ({geo['frames'] * seconds:.2f} s) a call: a clip "
+              f"of up to {geo['length']} samples at {sr} Hz (--len; "
+              f"{resampled_length(geo['length'], sr, rate)} at {rate} Hz in)"),
+             (f"                  -> codes -> {geo['samples']} samples at {sr} Hz, cut to the clip's "
+              "length; shorter clips masked, longer ones windowed")]
     if geo.get("buckets"):
         lines.append("  buckets       : " + ", ".join(f"{f} frames ({f * seconds:.2f} s)"
                                                       for f in geo["buckets"]) +

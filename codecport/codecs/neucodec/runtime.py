@@ -132,7 +132,9 @@ class NeuCodecCodec(Codec):
     def _too_long(self, frames: int | None) -> CodesError:
         """A clip of `frames` code frames (None: not known, more than the graphs hold) refused."""
         held = f"this export's graphs hold {self.frames} frames ({self.frames / self.frame_rate:.2f} s)"
-        need = f"--len {frames * self.frame_size} or more" if frames else "a larger --len"
+        # The --len whose graphs hold it (codecs/neucodec/export.frames_of): its whole frames less
+        # the frame the official pad adds where the codes count it (acoustic_extra 0, XCodec2's).
+        need = f"--len {(frames - 1 + self.extra) * self.frame_size} or more" if frames else "a larger --len"
         what = f"{frames} frames ({frames / self.frame_rate:.2f} s) are" if frames else "this clip is"
         return CodesError(f"{what} more than {held}, so it has no exact form through them: re-export "
                           f"with {need}, or pass the windowed mode (--mode windowed: cross-faded windows, "
