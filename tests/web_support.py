@@ -47,6 +47,8 @@ class Remote:
         self._obj, self._call = obj, call
 
     def __getattr__(self, name: str):
+        if name.startswith("_"):  # this object's own, before __init__ set them (copy, pickle)
+            raise AttributeError(name)
         attr = self._call(getattr, self._obj, name)
         return (lambda *args, **kwargs: self._call(attr, *args, **kwargs)) if callable(attr) else attr
 
