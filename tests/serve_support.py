@@ -1,19 +1,28 @@
 """What the codec-serve tests share: a server as a user runs it (a process of its own on
-127.0.0.1, `--port 0`, the printed URL parsed), the client in a thread, and the references."""
+127.0.0.1, `--port 0`, the printed URL parsed), the client in a thread, a bare WebSocket client,
+the references, and what the tests wait on: a condition (`until`) or a held step (`Gate`),
+never a sleep or a measured time."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import inspect
+import json
 import os
 import re
 import select
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -96,12 +105,58 @@ async def in_process(codec, **config):
         await server.close()
 
 
-async def slots_freed(server, timeout: float = 20) -> tuple[float, int]:
-    """Seconds until `server` holds no slot (at most `timeout`), and the slots still held then."""
-    start = time.monotonic()
-    while server.health()["slots"]["active"] and time.monotonic() - start < timeout:
-        await asyncio.sleep(0.05)
-    return time.monotonic() - start, server.health()["slots"]["active"]
+async def until(condition, what: str, timeout: float = 30) -> None:
+    """Until `condition()` (a function, or a coroutine function) is true, looked at every 10 ms:
+    the wait for an event that must come. `timeout` is a bound on a hang, far past what any
+    machine takes, never a measured time; past it, AssertionError saying `what` never came."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not in {timeout:g} s")
+        await asyncio.sleep(0.01)
+
+
+async def slots_freed(server) -> None:
+    """Until an in-process `server` holds no slot."""
+    await until(lambda: not server.health()["slots"]["active"], "the slots never went back")
+
+
+class Gate:
+    """Holds the steps of one pool of an in-process server: each waits (on the step thread, the
+    event loop going on) until `let(n)` lets n through, or `open()` all. `started`: steps that
+    reached the gate. A context manager that opens it on exit, so the server can stop."""
+
+    def __init__(self, pool):
+        self.pool, self._real = pool, pool.step
+        self._passes = threading.Semaphore(0)
+        self._open = False
+        self.started = 0
+        pool.step = self._step
+
+    def _step(self, slots):
+        self.started += 1
+        if not self._open:
+            self._passes.acquire()
+        return self._real(slots)
+
+    def let(self, n: int = 1) -> None:
+        for _ in range(n):
+            self._passes.release()
+
+    def open(self) -> None:
+        self._open = True
+        self.let(1 << 16)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.open()
 
 
 def run(coro):
@@ -165,3 +220,77 @@ async def closed_with(client, code: str) -> ServeError:
         assert msg.data == CLOSE_CODES[code]
     await client.close()
     return e.value
+
+
+class RawSocket:
+    """A WebSocket client on a bare blocking socket with a 4 kB receive buffer, set before it
+    connects: a reader that reads nothing holds nothing (aiohttp's client would read ahead and
+    queue half a megabyte on its own). It sends `request` (unless None) and reads the reply into
+    `info`; `headers` go with the upgrade request (an Origin, another Host)."""
+
+    def __init__(self, url: str, request: dict | None, timeout: float = 30, headers: dict | None = None):
+        parts = urlsplit(url)
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.settimeout(timeout)
+        self.sock.connect((parts.hostname, parts.port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        extra = "".join(f"{k}: {v}\r\n" for k, v in {"Host": parts.netloc, **(headers or {})}.items())
+        self.sock.sendall(f"GET /stream HTTP/1.1\r\n{extra}Upgrade: websocket\r\n"
+                          f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                          "Sec-WebSocket-Version: 13\r\n\r\n".encode())
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                break
+            self.buf += chunk
+        self.head, self.buf = self.buf.split(b"\r\n\r\n", 1) if b"\r\n\r\n" in self.buf else (self.buf, b"")
+        if request is not None:
+            assert self.head.startswith(b"HTTP/1.1 101"), self.head
+            self.send(json.dumps(request))
+            self.info = json.loads(self.recv()[1])
+
+    def send(self, data: bytes | str, masked: bool = True) -> None:
+        """A whole message in one frame, masked as a client's must be (unless `masked=False`)."""
+        op, data = (1, data.encode()) if isinstance(data, str) else (2, data)
+        n, bit = len(data), 0x80 if masked else 0
+        if n < 126:
+            size = bytes([bit | n])
+        else:
+            size = bytes([bit | 126]) + struct.pack(">H", n) if n < 1 << 16 else \
+                bytes([bit | 127]) + struct.pack(">Q", n)
+        mask = os.urandom(4) if masked else b""
+        body = np.frombuffer(data, np.uint8) ^ np.resize(np.frombuffer(mask or b"\0", np.uint8), n)
+        self.sock.sendall(bytes([0x80 | op]) + size + mask + body.tobytes())
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the server closed the connection")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def recv(self) -> tuple[int, bytes]:
+        """(opcode, payload) of the next frame: 1 text, 2 binary, 8 close."""
+        b0, b1 = self._read(2)
+        n = b1 & 0x7F
+        if n >= 126:
+            n = struct.unpack(">H" if n == 126 else ">Q", self._read(2 if n == 126 else 8))[0]
+        return b0 & 0x0F, self._read(n)
+
+    def rest(self) -> tuple[np.ndarray, list[dict], int]:
+        """(audio, text messages, close code) of everything up to the close."""
+        audio, texts = [], []
+        while True:
+            op, data = self.recv()
+            if op == 2:
+                audio.append(np.frombuffer(data, "<f4"))
+            elif op == 1:
+                texts.append(json.loads(data))
+            elif op == 8:
+                self.sock.close()
+                return np.concatenate(audio) if audio else np.zeros(0, np.float32), texts, \
+                    struct.unpack(">H", data[:2])[0]

@@ -8,18 +8,14 @@ the others go on; the queue; /health and /metrics; SIGTERM drains and exits 0.""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
-import os
 import re
 import signal
 import socket
-import struct
 import subprocess
 import time
 import urllib.request
-from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
@@ -30,6 +26,8 @@ from click.testing import CliRunner
 from conftest import noise
 from serve_support import (
     BIN,
+    Gate,
+    RawSocket,
     chunks,
     closed_with,
     frame_chunks,
@@ -41,6 +39,7 @@ from serve_support import (
     run,
     serving,
     slots_freed,
+    until,
 )
 from shared_exports import TINY_SLOTS, copy_folder
 
@@ -344,12 +343,11 @@ def test_more_clients_than_slots_are_told_busy(tiny_mimi_export, tmp_path, mimi_
             async with await connect(server.url, "decode") as other:  # the decoder pool has its own
                 assert other.info["slot"] == {"decoder": 0}
             first.ws.get_extra_info("socket").shutdown(socket.SHUT_RDWR)  # vanishes, no close
-            for _ in range(200):
-                if (await get_json(server.url + "/health"))[1]["slots"]["active"] == 0:
-                    break
-                await asyncio.sleep(0.01)
-            else:
-                raise AssertionError("the slot was not freed")
+
+            async def freed() -> bool:
+                return (await get_json(server.url + "/health"))[1]["slots"]["active"] == 0
+
+            await until(freed, "the slot was not freed")
             await first.close()
             async with await connect(server.url, "encode") as again:
                 assert again.info["slot"] == {"encoder": 0}
@@ -368,89 +366,28 @@ def test_the_queue_waits_for_a_slot_then_times_out(tiny_mimi_export, tmp_path, m
         async def go():
             first = await connect(server.url, "encode")
             waiting = asyncio.ensure_future(connect(server.url, "encode"))
-            await asyncio.sleep(0.3)
+
+            async def queued() -> int:
+                return (await get_json(server.url + "/health"))[1]["queued"]
+
+            await until(queued, "the second stream was never queued")
             with pytest.raises(ServeError, match="queue of 1 is full") as e:  # the queue holds one
                 await connect(server.url, "encode")
             assert e.value.code == "busy" and not waiting.done()
             await stream(first, [x])  # ends: its slot goes to the one waiting
             second = await waiting
             assert second.queued and second.queued[0]["position"] == 1
-            t0 = time.monotonic()
-            with pytest.raises(ServeError, match="no slot came free") as e:  # second holds it too long
+            # second holds the slot past --queue-timeout: a third waits it out, then is refused
+            with pytest.raises(ServeError, match="no slot came free in 1 s of waiting") as e:
                 await connect(server.url, "encode")
-            assert 0.8 < time.monotonic() - t0 < 5
             return await stream(second, [x])
 
         assert np.array_equal(run(go()).codes()[0], ref_encode(mimi_codec, x, 4))
 
 
-class RawSocket:
-    """A WebSocket client on a bare blocking socket with a 4 kB receive buffer, set before it
-    connects: a reader that reads nothing holds nothing (aiohttp's client would read ahead and
-    queue half a megabyte on its own)."""
-
-    def __init__(self, url: str, request: dict, timeout: float = 30):
-        parts = urlsplit(url)
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        self.sock.settimeout(timeout)
-        self.sock.connect((parts.hostname, parts.port))
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall(f"GET /stream HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
-                          f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                          "Sec-WebSocket-Version: 13\r\n\r\n".encode())
-        self.buf = b""
-        while b"\r\n\r\n" not in self.buf:
-            self.buf += self.sock.recv(4096)
-        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
-        assert head.startswith(b"HTTP/1.1 101"), head
-        self.send(json.dumps(request))
-        self.info = json.loads(self.recv()[1])
-
-    def send(self, data: bytes | str) -> None:
-        op, data = (1, data.encode()) if isinstance(data, str) else (2, data)
-        n = len(data)
-        size = bytes([0x80 | n]) if n < 126 else bytes([0xFE]) + struct.pack(">H", n) if n < 1 << 16 else \
-            bytes([0xFF]) + struct.pack(">Q", n)
-        mask = os.urandom(4)
-        body = np.frombuffer(data, np.uint8) ^ np.resize(np.frombuffer(mask, np.uint8), n)
-        self.sock.sendall(bytes([0x80 | op]) + size + mask + body.tobytes())
-
-    def _read(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise ConnectionError("the server closed the connection")
-            self.buf += chunk
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def recv(self) -> tuple[int, bytes]:
-        """(opcode, payload) of the next frame: 1 text, 2 binary, 8 close."""
-        b0, b1 = self._read(2)
-        n = b1 & 0x7F
-        if n >= 126:
-            n = struct.unpack(">H" if n == 126 else ">Q", self._read(2 if n == 126 else 8))[0]
-        return b0 & 0x0F, self._read(n)
-
-    def rest(self) -> tuple[np.ndarray, list[dict], int]:
-        """(audio, text messages, close code) of everything up to the close."""
-        audio, texts = [], []
-        while True:
-            op, data = self.recv()
-            if op == 2:
-                audio.append(np.frombuffer(data, "<f4"))
-            elif op == 1:
-                texts.append(json.loads(data))
-            elif op == 8:
-                self.sock.close()
-                return np.concatenate(audio) if audio else np.zeros(0, np.float32), texts, \
-                    struct.unpack(">H", data[:2])[0]
-
-
 def test_a_slow_reader_is_warned_then_dropped_and_nobody_waits(tiny_mimi_export, tmp_path, mimi_codec):
     """Output waiting for a client past half of --max-backlog is a warning (ahead of the backlog it
-    warns of); past all of it, the client is dropped. Another stream meanwhile is exact and on time."""
+    warns of); past all of it, the client is dropped. Another stream meanwhile is exact."""
     codes = np.random.default_rng(8).integers(0, mimi_codec.codebook_size, (4, 40000))
     with serving(tiny_mimi_export, tmp_path / "log", "--max-backlog", 1 << 18,
                  "--send-buffer", 4096) as server:
@@ -487,9 +424,8 @@ def test_a_slow_reader_is_warned_then_dropped_and_nobody_waits(tiny_mimi_export,
             async with await connect(server.url, "decode") as c:
                 return await stream(c, frame_chunks(quick, [50]))
 
-        t0 = time.monotonic()
         fast = run(other())
-        assert np.array_equal(fast.audio(), ref_decode(mimi_codec, quick)) and time.monotonic() - t0 < 10
+        assert np.array_equal(fast.audio(), ref_decode(mimi_codec, quick))
         deadline = time.monotonic() + 30
         while not metrics()["drops_total"]:
             assert time.monotonic() < deadline, "the slow reader was never dropped"
@@ -543,7 +479,17 @@ def test_sigterm_lets_streams_finish_then_exits_0(tiny_mimi_export, tmp_path, mi
             await finishing.send_pcm(x[:2000])
             await lingering.send_pcm(x[:100])
             server.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
+            host, port = server.url[len("http://"):].split(":")
+
+            async def refused() -> bool:
+                try:
+                    _, writer = await asyncio.open_connection(host, int(port))
+                except ConnectionRefusedError:
+                    return True
+                writer.close()
+                return False
+
+            await until(refused, "the port stayed open after SIGTERM")
             with pytest.raises(ServeError, match="is codec-serve running there") as e:  # no longer accepting
                 await connect(server.url, "encode")
             assert e.value.code == "unreachable"
@@ -604,100 +550,100 @@ def test_a_stream_that_sends_nothing_gives_its_slot_back(tiny_mimi_export, tmp_p
         assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
 
 
-def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(tiny_mimi_export, mimi_codec,
-                                                                    monkeypatch):
+def test_a_client_gone_while_its_input_waits_frees_its_slot_at_once(mimi_codec):
     """A client that sends faster than the engine steps is no longer read (its input waits); if
-    it leaves meanwhile, its slot goes back at once, not after the engine has stepped through all
-    it had sent. In process, each step made 0.3 s slower, so that its input outlasts the test."""
-    from codecport.serve import engine
-    from codecport.serve.server import Server
-
-    real = engine._step
-    monkeypatch.setattr(engine, "_step", lambda *a: (time.sleep(0.3), real(*a))[1])
-
+    it leaves meanwhile, its slot goes back after the step in flight, not after the engine has
+    stepped through all it had sent. In process, the engine's steps held at a gate."""
     async def go():
         async with in_process(mimi_codec, max_message=4096) as (server, url):
-            c = await connect(url, "encode")
-            for _ in range(32):  # 64 KB: past the 16 KB the server takes before it stops reading
-                await c.send_pcm(np.zeros(512, np.float32))
-            await asyncio.sleep(1)
-            assert len(server.scheduler.lives) == 1, server.scheduler.metrics.errors
-            (live,) = server.scheduler.lives
-            assert not live.room.is_set() and server.health()["slots"]["active"] == 1
-            await c.session.close()  # the socket closed with its input still waiting
-            return await slots_freed(server)
+            sched = server.scheduler
+            with Gate(sched.pools["encoder"]) as gate:
+                c = await connect(url, "encode")
+                for _ in range(32):  # 64 KB: past the 16 KB the server takes before it stops reading
+                    await c.send_pcm(np.zeros(512, np.float32))
+                (live,) = sched.lives
+                await until(lambda: not live.room.is_set(), "the server never stopped reading")
+                await until(lambda: gate.started == 1, "no step reached the gate")
+                await c.session.close()  # the socket closed with its input still waiting
+                await until(lambda: not sched.lives, "the stream never left")
+                assert server.health()["slots"]["active"] == 1  # its slot goes back after the step
+                gate.let(1)
+                await slots_freed(server)
+                return gate.started
 
-    took, active = run(go())
-    assert active == 0 and took < 2.5, took  # a step or two: 8 KB waiting in the slot is 14 steps
+    assert run(go()) == 1  # it had sent a hundred steps: none ran after the one in flight
 
-    # A client the server stopped reading is not idle: after a pause longer than --idle-timeout
-    # its stream goes on, every code exact.
-    monkeypatch.setattr(engine, "_step", lambda *a: (time.sleep(0.06), real(*a))[1])
+
+def test_a_client_the_server_stopped_reading_is_not_idle(mimi_codec):
+    """A stream paused longer than --idle-timeout (the engine held, its input waiting) goes on
+    when the engine does, every code exact. The time that passed is another stream's: one whose
+    last input came after the pause began, ended for its idleness while the gate still holds."""
     x = noise(6144, seed=12)[0]
-    pauses, paused = [], Server._gone_while_paused
 
-    async def timed(*a):
-        t = time.monotonic()
-        gone = await paused(*a)
-        pauses.append(time.monotonic() - t)
-        return gone
+    async def go():
+        async with in_process(mimi_codec, max_message=4096, idle_timeout=0.3) as (server, url):
+            with Gate(server.scheduler.pools["encoder"]) as gate:
+                clock = await connect(url, "decode")  # the decoder pool's slot: its own
+                c = await connect(url, "encode")
+                sending = asyncio.ensure_future(stream(c, [x[i:i + 512] for i in range(0, len(x), 512)]))
+                paused = server.scheduler.lives[-1].room
+                await until(lambda: not paused.is_set(), "the server never stopped reading")
+                await clock.send_codes(np.zeros((clock.info["codebooks"], 1), np.int64))
+                assert "no input for 0.3 s" in str(await closed_with(clock, "timeout"))
+                assert not sending.done()
+                gate.open()
+                got = await sending
+                await c.close()
+                return got
 
-    monkeypatch.setattr(Server, "_gone_while_paused", staticmethod(timed))
-
-    async def fast():
-        async with in_process(mimi_codec, max_message=4096, idle_timeout=0.3) as (_, url), \
-                await connect(url, "encode") as c:
-            return await stream(c, [x[i:i + 512] for i in range(0, len(x), 512)])
-
-    got = run(fast())
-    assert max(pauses) > 0.3, pauses  # paused longer than --idle-timeout
-    assert np.array_equal(got.codes()[0], ref_encode(mimi_codec, x, 4))
+    assert np.array_equal(run(go()).codes()[0], ref_encode(mimi_codec, x, 4))
 
 
-def test_tiny_messages_meet_the_input_bound_and_a_client_gone_is_not_fed(tiny_mimi_export, mimi_codec,
-                                                                         monkeypatch):
+def test_tiny_messages_meet_the_input_bound_and_a_client_gone_is_not_fed(mimi_codec):
     """Each waiting piece of input counts its cost beyond its data (`PIECE_BYTES`), so a client
     sending one sample a message is stopped being read after as few pieces as the bound allows,
     not after thousands. And a client that vanishes while aiohttp still holds messages it read
     frees its slot at once: those messages are not fed to the engine (they took 9.5 s of the
-    server's CPU on the tiny Mimi before)."""
-    from codecport.serve import engine
+    server's CPU on the tiny Mimi before). The engine's steps held at a gate meanwhile."""
     from codecport.serve.live import PIECE_BYTES
-
-    real = engine._step
-    monkeypatch.setattr(engine, "_step", lambda *a: (time.sleep(0.3), real(*a))[1])
 
     async def tiny_pieces():
         async with in_process(mimi_codec, max_message=4096) as (server, url):
-            c = await connect(url, "encode")
-            for _ in range(400):
-                await c.send_pcm(np.zeros(1, np.float32))
-            await asyncio.sleep(1)
-            (live,) = server.scheduler.lives
-            waiting, room = len(live.pending["encoder"]), live.room.is_set()
-            await c.close()
-            return waiting, room
+            with Gate(server.scheduler.pools["encoder"]):
+                c = await connect(url, "encode")
+                for _ in range(400):
+                    await c.send_pcm(np.zeros(1, np.float32))
+                (live,) = server.scheduler.lives
+                await until(lambda: not live.room.is_set(), "the server never stopped reading")
+                waiting = len(live.pending["encoder"])
+                await c.close()
+                return waiting
 
-    waiting, room = run(tiny_pieces())
-    assert not room and waiting <= 4 * 4096 // PIECE_BYTES + 1, waiting
-
-    monkeypatch.setattr(engine, "_step", real)
+    assert run(tiny_pieces()) <= 4 * 4096 // PIECE_BYTES + 1
 
     async def vanish():
-        async with in_process(mimi_codec) as (server, url):
-            c = await connect(url, "decode")
-            frame = np.zeros((c.info["codebooks"], 1), np.int32).tobytes()
-            start = time.monotonic()
-            while time.monotonic() - start < 1:  # faster than the engine steps, in small messages
-                for _ in range(200):
+        async with in_process(mimi_codec, max_message=4096) as (server, url):
+            sched = server.scheduler
+            with Gate(sched.pools["decoder"]) as gate:
+                c = await connect(url, "decode")
+                (live,) = sched.lives
+                put, given = live.put_codes, []
+                live.put_codes = lambda levels: (given.append(levels), put(levels))
+                frame, sent = np.zeros((c.info["codebooks"], 1), np.int32).tobytes(), 0
+                while live.room.is_set() or sent < 1000:  # small messages, past what the server reads
                     await c.send_raw(frame)
-                await asyncio.sleep(0)
-            assert server.health()["slots"]["active"] == 1
-            c.ws._response.connection.transport.abort()  # no close frame: the socket is gone
-            return await slots_freed(server)
+                    sent += 1
+                    await asyncio.sleep(0)
+                c.ws._response.connection.transport.abort()  # no close frame: the socket is gone
+                # Its audio is what shows the server it is gone (a write fails): a step at a time.
+                while sched.lives:
+                    started = gate.started
+                    gate.let(1)
+                    await until(lambda n=started: gate.started > n or not sched.lives, "no step")
+                return sent, len(given)
 
-    took, active = run(vanish())
-    assert active == 0 and took < 2, took
+    sent, given = run(vanish())
+    assert given < sent, (given, sent)  # what aiohttp still held once it was gone was not taken in
 
 
 def test_a_message_that_would_grow_past_the_bound_when_resampled_is_refused(mimi):
@@ -810,11 +756,9 @@ def test_the_queue_is_kept_by_sides(mimi_codec):
             assert {p["batch"] for p in server.health()["pools"].values()} == {1}
             holder = await connect(url, "decode")
             waiting = asyncio.ensure_future(connect(url, "decode"))
-            await asyncio.sleep(0.3)
-            assert not waiting.done() and server.health()["queued"] == 1
-            t0 = time.monotonic()
+            await until(lambda: server.health()["queued"] == 1, "the decode stream was never queued")
             async with await connect(url, "encode") as enc:  # not queued behind the decode stream
-                assert not enc.queued and time.monotonic() - t0 < 1
+                assert not enc.queued and not waiting.done()
                 got = await stream(enc, [x])
             await holder.close()
             await (await waiting).close()
@@ -822,10 +766,11 @@ def test_the_queue_is_kept_by_sides(mimi_codec):
 
             holder = await connect(url, "decode")
             duplex = asyncio.ensure_future(connect(url, "duplex"))
-            await asyncio.sleep(0.3)
+            await until(lambda: server.health()["queued"] == 1, "the duplex stream was never queued")
             encode = asyncio.ensure_future(connect(url, "encode"))
-            await asyncio.sleep(0.3)  # the encoder slot is free, but the duplex stream waits for it
-            assert not encode.done() and server.health()["queued"] == 2
+            # the encoder slot is free, but the duplex stream waits for it: the encode stream queues
+            await until(lambda: server.health()["queued"] == 2, "the encode stream was never queued")
+            assert not encode.done()
             await holder.close()
             first = await duplex
             assert not encode.done()  # the duplex stream took the encoder slot before it

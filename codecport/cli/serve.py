@@ -11,55 +11,68 @@ import click
 from .. import registry
 from ..errors import CodecportError
 from ..frontend import INT_MAX, Command, Finite, guard, setup_logging
+from ..serve.access import normal_origin
+from ..serve.config import ServeConfig
 from ..version import __version__
 from .common import provider_options, verbose_option
 
-DEFAULTS = {"slots": 8, "port": 8000, "queue_timeout": 10.0, "grace": 10.0, "idle_timeout": 30.0,
-            "handshake_timeout": 10.0, "max_message": 1 << 20, "max_backlog": 4 << 20, "send_buffer": 1 << 18}
+DEFAULTS = ServeConfig()  # the flags' defaults: ServeConfig's, written once
+
+
+def _origins(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        return tuple(dict.fromkeys(normal_origin(v) for v in values))
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 @click.command(cls=Command, context_settings={"show_default": True})
 @click.version_option(__version__, prog_name="codec-serve")
 @click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
               help="Folder written by codec-export with step graphs (codec-export mimi, codec-export snac).")
-@click.option("--slots", type=click.IntRange(1, 4096), default=DEFAULTS["slots"],
+@click.option("--slots", type=click.IntRange(1, 4096), default=DEFAULTS.slots,
               help="Streams at once: slots of each side's pool (a duplex stream holds one of each).")
-@click.option("--host", default="127.0.0.1", help="Address to listen on (0.0.0.0: every interface).")
-@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULTS["port"],
+@click.option("--host", default=DEFAULTS.host, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=DEFAULTS.port,
               help="Port to listen on (0: any free one; the printed URL says which).")
-@click.option("--queue", type=click.IntRange(0, INT_MAX), default=0,
+@click.option("--queue", type=click.IntRange(0, INT_MAX), default=DEFAULTS.queue,
               help="Connections that may wait for a slot when all are taken (0: refuse them at once, busy).")
-@click.option("--queue-timeout", type=Finite(min=0, max=86400), default=DEFAULTS["queue_timeout"],
+@click.option("--queue-timeout", type=Finite(min=0, max=86400), default=DEFAULTS.queue_timeout,
               help="Seconds a queued connection waits before it is refused (busy).")
-@click.option("--idle-timeout", type=Finite(min=0.1, max=86400), default=DEFAULTS["idle_timeout"],
+@click.option("--idle-timeout", type=Finite(min=0.1, max=86400), default=DEFAULTS.idle_timeout,
               help="Seconds a stream may send nothing (before its end) until it is ended (timeout) and its "
                    "slots go back.")
-@click.option("--handshake-timeout", type=Finite(min=0.1, max=86400), default=DEFAULTS["handshake_timeout"],
+@click.option("--handshake-timeout", type=Finite(min=0.1, max=86400), default=DEFAULTS.handshake_timeout,
               help="Seconds a new connection has to send its HTTP request, then its stream's JSON request.")
-@click.option("--grace", type=Finite(min=0, max=86400), default=DEFAULTS["grace"],
+@click.option("--grace", type=Finite(min=0, max=86400), default=DEFAULTS.grace,
               help="Seconds SIGTERM lets the streams in flight finish before it ends them.")
-@click.option("--max-message", type=click.IntRange(1024, INT_MAX), default=DEFAULTS["max_message"],
+@click.option("--max-message", type=click.IntRange(1024, INT_MAX), default=DEFAULTS.max_message,
               help="Bytes of one message from a client; a larger one is refused (too_large).")
-@click.option("--max-backlog", type=click.IntRange(1024, INT_MAX), default=DEFAULTS["max_backlog"],
+@click.option("--max-backlog", type=click.IntRange(1024, INT_MAX), default=DEFAULTS.max_backlog,
               help="Bytes of output waiting for a slow client: warned at half of this, dropped past it.")
-@click.option("--send-buffer", type=click.IntRange(0, INT_MAX), default=DEFAULTS["send_buffer"],
+@click.option("--send-buffer", type=click.IntRange(0, INT_MAX), default=DEFAULTS.send_buffer,
               help="Bytes of each connection's kernel send buffer (SO_SNDBUF; 0: the system's autotuning, "
                    "up to megabytes a connection, which hide a slow reader longer).")
-@click.option("--batch/--no-batch", "batched", default=True,
+@click.option("--batch/--no-batch", "batched", default=DEFAULTS.batched,
               help="Step the slots through the folder's batched step graphs (<side>_slots.onnx, written by "
                    "codec-export --slots B), B slots a call, where it has them; --no-batch steps one slot "
                    "a call.")
+@click.option("--allow-origin", "allow_origin", multiple=True, callback=_origins, metavar="ORIGIN",
+              help="A page whose WebSockets may connect (repeat for more), as http://localhost:5173; a "
+                   "browser's WebSocket from any other page is refused, a client that sends no Origin "
+                   "(not a browser) is not.")
 @provider_options
 @verbose_option
 @guard
 def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, handshake_timeout, grace,
-              max_message, max_backlog, send_buffer, batched, provider, fallback, options, verbose) -> None:
+              max_message, max_backlog, send_buffer, batched, allow_origin, provider, fallback, options,
+              verbose) -> None:
     """Serve live streams of an exported codec over WebSocket: PCM in and codes out (encode),
     codes in and PCM out (decode), or both (duplex), one stream per connection at
     ws://HOST:PORT/stream, with /health and /metrics. SIGTERM drains and exits."""
     setup_logging(verbose)
     try:
-        from ..serve.server import ServeConfig, run
+        from ..serve.server import run
     except ImportError as e:
         raise CodecportError(f"codec-serve needs aiohttp ({e}); pip install 'codecport[serve]'") from None
     spec = registry.codec_of_folder(model_dir)
@@ -70,7 +83,7 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
     config = ServeConfig(slots=slots, host=host, port=port, queue=queue, queue_timeout=queue_timeout,
                          idle_timeout=idle_timeout, handshake_timeout=handshake_timeout, grace=grace,
                          max_message=max_message, max_backlog=max_backlog, send_buffer=send_buffer,
-                         batched=batched)
+                         batched=batched, allow_origin=allow_origin)
 
     def announce(url: str) -> None:
         click.echo(f"serving {spec.label} {codec.preset} ({model_dir}) on {codec.provider}: "

@@ -43,6 +43,7 @@ class Slot:
     def __init__(self, pool: SlotPool, index: int):
         self.pool, self.index = pool, index
         self.stream = None
+        self.settings: tuple | None = None  # what `stream` was made with
         self.open = False
         self._ended = False
 
@@ -58,6 +59,11 @@ class Slot:
         """The input is over: the slot stays ready until the rest of its output has come out."""
         self._ended = True
         self.stream.end()
+
+    @property
+    def ended(self) -> bool:
+        """`end()` was called since the slot opened."""
+        return self._ended
 
     def ready(self) -> bool:
         """Whether a step of this slot is waiting to run."""
@@ -100,13 +106,21 @@ class Pool:
         return sum(s.open for s in self.slots)
 
     def _new_stream(self, settings: dict):
-        """(a free slot, a new stream of this side for it), or (None, None) when every slot is
-        taken. Bad settings raise (CodecportError) and take no slot."""
+        """(a free slot, a new stream of this side for it, or None where the slot's last stream
+        was made with the same settings: it was reset when the slot closed, and serves again),
+        or (None, None) when every slot is taken. Bad settings raise (CodecportError) and take
+        no slot."""
         free = next((s for s in self.slots if not s.open), None)
         if free is None:
             return None, None
+        merged = {**self.settings, **settings}
+        key = tuple(sorted(merged.items(), key=lambda kv: kv[0]))
+        if free.stream is not None and free.settings == key:
+            return free, None
         make = self.codec.encoder_stream if self.side == "encoder" else self.codec.decoder_stream
-        return free, make(**{**self.settings, **settings, "io_binding": False})
+        stream = make(**merged, io_binding=False)
+        free.settings = key
+        return free, stream
 
 
 class SlotPool(Pool):
@@ -141,16 +155,19 @@ class SlotPool(Pool):
         free, stream = self._new_stream(settings)
         if free is None:
             return None
-        stream.runner = BankRow(self.bank, free.index)
-        stream.reset()
-        free.stream, free.open, free._ended = stream, True, False
+        if stream is not None:
+            # Its row of the bank is in the zero state already (zeroed when the slot closed): the
+            # state the stream's own runner made goes, made once per slot and settings, not per
+            # stream (8 MB a side for the released Mimi).
+            stream.runner = BankRow(self.bank, free.index)
+            free.stream = stream
+        free.open, free._ended = True, False
         return free
 
     def release(self, slot: Slot) -> None:
         if slot.open:
             slot.open = False
-            self.bank.reset(slot.index)
-            slot.stream = None
+            slot.stream.reset()  # its bank row zeroed, its buffers emptied: as new for the next
 
     def step(self, slots: Sequence[Slot]) -> tuple[dict[Slot, np.ndarray], dict[Slot, Exception]]:
         """One step of each slot given that is ready: its output piece (possibly empty), and the
@@ -211,11 +228,15 @@ class WindowPool(Pool):
         free, stream = self._new_stream(settings)
         if free is None:
             return None
-        free.stream, free.open, free._ended, free.flushed, free.pending = stream, True, False, False, []
+        if stream is not None:
+            free.stream = stream
+        free.open, free._ended, free.flushed, free.pending = True, False, False, []
         return free
 
     def release(self, slot: WindowSlot) -> None:
-        slot.open, slot.stream, slot.pending = False, None, []
+        if slot.open:
+            slot.open, slot.pending = False, []
+            slot.stream.reset()
 
     def step(self, slots: Sequence[WindowSlot]) -> tuple[dict[WindowSlot, np.ndarray],
                                                          dict[WindowSlot, Exception]]:

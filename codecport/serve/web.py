@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import CodecportError, ModelFileError
 from ..runtime.folder import read_manifest
+from .access import host_allowed, hosts
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         # A page of another site can reach 127.0.0.1 through a name it controls (DNS rebinding):
         # its requests carry that name as their Host, which this server does not answer.
-        if self.headers.get("Host", "").lower() not in self.hosts:
+        if not host_allowed(self.headers.get("Host"), self.hosts):
             self._send(HTTPStatus.MISDIRECTED_REQUEST,
                        b"this server answers to 127.0.0.1 and localhost only\n",
                        TYPES[".txt"])
@@ -170,7 +171,7 @@ class WebServer:
                                  "(0 picks a free one)") from e
         self.httpd.daemon_threads = True
         bound = self.httpd.server_address[1]
-        handler.hosts = frozenset(f"{h}:{bound}" for h in (HOST, "localhost"))
+        handler.hosts = hosts(HOST, bound)
         self.url = f"http://{HOST}:{bound}/"
         self._thread: threading.Thread | None = None
 
