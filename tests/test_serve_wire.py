@@ -12,13 +12,15 @@ import threading
 import time
 import urllib.request
 
+import aiohttp
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from serve_support import RawSocket, serving
+from serve_support import RawSocket, run, serving
 
 import codecport
 from codecport.cli.serve import serve_cli
+from codecport.serve import ServeError, connect
 from codecport.serve.config import ServeConfig
 from codecport.serve.protocol import CLOSE_CODES
 
@@ -87,6 +89,18 @@ def test_a_foreign_page_or_host_is_refused(mimi):
     status, body = _get(mimi.url, "/metrics", f"evil.example:{port}")
     assert status == 421 and "localhost" in json.loads(body)["message"]
     assert _get(mimi.url, "/health", f"localhost:{port}")[0] == 200
+
+
+def test_the_client_says_why_a_page_was_refused(mimi):
+    async def go(origin: str):
+        async with aiohttp.ClientSession(headers={"Origin": origin}) as session:
+            c = await connect(mimi.url, "encode", session=session)
+            await c.close()
+
+    run(go(PAGE))
+    with pytest.raises(ServeError, match="--allow-origin") as e:
+        run(go("http://evil.example"))
+    assert e.value.code == "bad_request"
 
 
 def test_allow_origin_takes_origins_only(tiny_mimi_export):

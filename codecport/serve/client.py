@@ -59,6 +59,12 @@ class Piece:
     nbytes: int
 
 
+# What codec-serve refuses before the upgrade (docs/serve.md, Deployment), by HTTP status.
+REFUSED = {421: "it answers to the address it listens on, localhost and 127.0.0.1 only; connect by one of "
+                "them",
+           403: "this page's Origin is not one it allows (codec-serve --allow-origin)"}
+
+
 def stream_url(url: str) -> str:
     """`ws://host:port/stream` from a server's URL (http:// or ws://, with or without the path)."""
     parts = urlsplit(url)
@@ -234,6 +240,9 @@ async def _open(session: aiohttp.ClientSession, url: str, max_msg_size: int):
     try:
         return await session.ws_connect(where, max_msg_size=max_msg_size, autoping=True)
     except aiohttp.WSServerHandshakeError as e:
+        if e.status in REFUSED:
+            raise ServeError("bad_request", f"{where} refused the connection (HTTP {e.status}): "
+                                            f"{REFUSED[e.status]}") from None
         raise ServeError("unreachable", f"{where} answered HTTP {e.status}, not a WebSocket stream; give "
                                         "codec-serve's URL (http://HOST:PORT)") from None
     except (aiohttp.InvalidURL, ValueError) as e:
