@@ -216,7 +216,9 @@ class WindowPool(Pool):
     """`size` slots of `side` whose streams run whole windows through fixed graphs (NeuCodec's and
     XCodec2's decoder: the model attends to its whole window, so there is no step graph and no
     state a graph could carry). The same interface as `SlotPool`; a step runs each ready slot's
-    input through its own stream, one slot after another: what one stream alone gives."""
+    input through its own stream, one slot after another: what one stream alone gives. So a
+    slot's window waits for the windows of the slots ready before it (on threads of their own,
+    two windows finished later on two cores than one after the other: docs/serve.md)."""
 
     batch = 1  # slots one graph call serves
 
