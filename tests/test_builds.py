@@ -16,10 +16,10 @@ from onnx import TensorProto, helper, numpy_helper
 from shared_exports import ONE_THREAD
 
 import codecport
+from codecport.codecs.dac import export as export_dac_mod
+from codecport.codecs.mimi import export as export_mimi_mod
 from codecport.errors import ExportError
 from codecport.export import builds, deviation, precision
-from codecport.export import dac as export_dac_mod
-from codecport.export import mimi as export_mimi_mod
 from codecport.export.builds import Build, finish_export
 from codecport.export.check import check_graph
 from codecport.export.graph import write_export

@@ -15,9 +15,9 @@ from conftest import MIMI_TINY_STEP, TINY_CHUNK, TINY_LEN
 from coremltools.proto import MIL_pb2
 
 from codecport import __version__
+from codecport.codecs.dac import export as dac_export
+from codecport.codecs.mimi import export as mimi_export
 from codecport.errors import ExportError, ModelFileError
-from codecport.export import dac as dac_export
-from codecport.export import mimi as mimi_export
 from codecport.export.coreml import NOT_RUN, inspect_mlpackage, to_mlpackage
 from codecport.export.graph import GraphSpec, Tensor
 
@@ -154,8 +154,7 @@ def test_snac_decoder_with_its_mask_and_noise_inputs(tiny_snac, tmp_path):
     kept by name and shape, attention and Snake inside, no transposed conv."""
     from conftest import SNAC_TINY_LEN
 
-    from codecport.export import snac as snac_export
-
+    from codecport.codecs.snac import export as snac_export
     geo = snac_export.Geometry.of(tiny_snac, SNAC_TINY_LEN, 1)
     spec = next(s for s in snac_export.graph_specs(tiny_snac, geo, META) if s.name == "decoder")
     r = to_mlpackage(spec, tmp_path / "decoder.mlpackage", "fp32")

@@ -11,10 +11,10 @@ import pytest
 import torch
 from cli_support import invoke
 
+from codecport.codecs.dac import export as export_mod
 from codecport.codecs.dac.export import export_dac
 from codecport.codecs.dac.model import DAC, PRESETS
 from codecport.errors import CodecportError, ExportError, ValidationError
-from codecport.export import dac as export_mod
 
 GRAPHS = ["encoder", "decoder", "encoder_chunked", "decoder_chunked"]
 

@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from shared_exports import skipped_init
 
 from codecport import __version__
+from codecport.codecs.mimi import export as export_mod
 from codecport.codecs.mimi.export import export_mimi, rvq_of
 from codecport.codecs.mimi.model import PRESETS, MimiModel, init_random
 from codecport.errors import ExportError, ValidationError
-from codecport.export import mimi as export_mod
 
 GRAPHS = ["encoder", "decoder", "encoder_step", "decoder_step"]
 

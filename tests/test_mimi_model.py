@@ -16,10 +16,10 @@ import transformers
 from conftest import noise
 from safetensors.torch import load_file, save_file
 
+from codecport.codecs.mimi import weights as mimi_weights
 from codecport.codecs.mimi.model import PRESETS, MimiModel, init_random
 from codecport.codecs.mimi.weights import config_from_transformers, load_mimi
 from codecport.errors import CheckpointError
-from codecport.models import mimi_weights
 from codecport.models.streaming import StreamState
 
 TINY = PRESETS["tiny"]
