@@ -105,19 +105,29 @@ def test_sigkill_midway_then_rerun_gives_every_input_once(tmp_path, smoke_export
 
 
 def test_a_killed_worker_is_replaced_and_nothing_is_lost(tmp_path, smoke_exports):
+    """Both workers are stopped (SIGSTOP) as soon as they exist, before they can have finished
+    anything; one is then killed and the other let go: the pool must see a worker die with the
+    job's tasks still to do, whatever the machine's speed (a kill after the first output file
+    raced the job's end on a fast CPU)."""
     folder = smoke_exports[JOB]
     corpus = tmp_path / "corpus"
-    # Clips up to 4 s: the job must outlast the kill (SNAC's tiny export does 32 short clips in 6 s).
     files = make_corpus(corpus, 32, seed=4, max_s=4.0)
     out = tmp_path / "out"
     proc = _start([corpus, "-m", folder, "-o", out, "--workers", "2", "--shard-rows", "1", "-v"])
+
+    def workers() -> list[int]:
+        return [p for p in children(proc.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
     t0 = time.monotonic()
-    while not list(out.glob("part-*.parquet")):
-        assert proc.poll() is None and time.monotonic() - t0 < 120
-        time.sleep(0.02)
-    workers = [p for p in children(proc.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    assert workers
-    os.kill(workers[0], signal.SIGKILL)
+    while len(workers()) < 2:
+        assert proc.poll() is None and time.monotonic() - t0 < 120, "the workers never started"
+        time.sleep(0.01)
+    first, second = workers()[:2]
+    for pid in (first, second):
+        os.kill(pid, signal.SIGSTOP)
+    assert not list(out.glob("part-*.parquet"))  # nothing done yet: the kill comes before any output
+    os.kill(first, signal.SIGKILL)
+    os.kill(second, signal.SIGCONT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert "worker died" in err
