@@ -409,3 +409,17 @@ def test_unfold_weight_norm_is_what_torch_weight_norm_folds_back():
     assert set(back) == set(sd)
     for k, want in sd.items():
         torch.testing.assert_close(back[k], want)
+
+
+def test_the_export_source_hash_follows_a_codecs_folder(tmp_path):
+    """A kept bench export is rebuilt when a codec's exporter changes: its folder is hashed."""
+    import codecport
+    from codecport.bench.prepare import export_source_hash
+
+    root = tmp_path / "codecport"
+    shutil.copytree(Path(codecport.__file__).parent, root,
+                    ignore=shutil.ignore_patterns("__pycache__", "web"))
+    before = export_source_hash(root)
+    assert export_source_hash(root) == before
+    (root / "codecs" / "mimi" / "export.py").write_text("# changed\n", encoding="utf-8")
+    assert export_source_hash(root) != before

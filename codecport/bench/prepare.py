@@ -55,13 +55,17 @@ def prepare(spec, preset: str, seconds: float, step_frames: int, seed: int, out:
     return {"samples": samples, "sample_rate": cfg.sample_rate}
 
 
-def export_source_hash() -> str:
-    """Hash of the code that builds the graphs: a kept `--dir` export is rebuilt when it changed
-    (the version number stays the same between releases)."""
-    root = Path(__file__).resolve().parent.parent
+def export_source_hash(root: Path | None = None) -> str:
+    """Hash of the code that builds the graphs (of codecport's package folder `root`): a kept
+    `--dir` export is rebuilt when it changed (the version number stays the same between
+    releases)."""
+    root = root or Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
-    for path in sorted([*(root / "models").glob("*.py"), *(root / "export").glob("*.py")]):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    # The shared machinery and every codec's folder (its model, exporter, runtime...).
+    paths = [*(root / "models").glob("*.py"), *(root / "export").glob("*.py"),
+             *(root / "codecs").rglob("*.py")]
+    for path in sorted(paths):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
 
 
