@@ -149,3 +149,25 @@ def test_register_adds_a_codec_in_one_program(monkeypatch):
     assert registry.register(SPEC) is SPEC and registry.get("toy").runtime.label == "Toy"
     with pytest.raises(ValueError, match="registered twice"):
         registry.register(dataclasses.replace(SPEC, package="elsewhere"))
+
+
+def test_a_codec_whose_format_is_taken_is_refused_whole(monkeypatch, tmp_path):
+    """A plugin declaring `.dac` beside a format of its own adds neither (nor its name)."""
+    from codecport.registry import CodecSpec
+    from codecport.runtime import codefile
+
+    pkg = tmp_path / "clashing"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "codesfile.py").write_text(
+        "from codecport.runtime.codefile import Format\n"
+        "def read(path):\n    raise NotImplementedError\n"
+        "def write(path, arrays, fields):\n    raise NotImplementedError\n"
+        "FORMATS = (Format('.clash', 'clashing', read, write), Format('.dac', 'clashing', read, write))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_CODECS", dict(registry._CODECS))
+    spec = CodecSpec("clashing", "Nothing", default_preset="x", package="clashing", codes_file=True)
+    with pytest.raises(ValueError, match=r"\.dac is declared twice \(dac and clashing\)"):
+        registry.register(spec)
+    assert ".clash" not in codefile.FORMATS and "clashing" not in registry.names()
+    assert codefile.FORMATS[".dac"].codec == "dac"

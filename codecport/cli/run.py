@@ -29,6 +29,7 @@ def run_cli() -> None:
 MODE_LABELS = {"fixed": "fixed graph", "chunked": "chunked, {chunk} frames a chunk",
                "step": "step graphs", "whole": "whole clip, overlapping windows",
                "windowed": "cross-faded windows, not the whole-clip result"}
+registry.codecs()  # the codecs' own layouts and formats: the registry adds them as it finds them
 layout_option = click.option(
     "--layout", type=click.Choice(list(LAYOUTS)), default=None,
     help="Another arrangement of the codes in the file: " + "; ".join(

@@ -29,47 +29,68 @@ log = logging.getLogger(__name__)
 ENTRY_POINTS = "codecport.codecs"  # the entry point group of codecs that live in other packages
 
 _CODECS: dict[str, CodecSpec] = {}
-_found = False
+_state: str | None = None  # None, "finding", "found"
 _lock = threading.RLock()
 
 
 def register(spec: CodecSpec) -> CodecSpec:
-    """Add a codec that lives outside codecport (`spec.package` holds its role modules)."""
+    """Add a codec that lives outside codecport (`spec.package` holds its role modules), with its
+    own codes formats; refused whole (ValueError) when its name or a format of it is taken."""
     if not isinstance(spec, CodecSpec):
         raise TypeError(f"register() takes a CodecSpec, got {type(spec).__name__}")
+    _find()  # the built-in codecs first: a plugin cannot take one's name before it is found
+    _add(spec)
+    return spec
+
+
+def _add(spec: CodecSpec) -> None:
     with _lock:
         if _CODECS.get(spec.name, spec) != spec:
             raise ValueError(f"codec {spec.name!r} is registered twice ({_CODECS[spec.name].package} "
                              f"and {spec.package})")
-        if spec.name not in _CODECS and spec.codes_file:
+        if spec.name in _CODECS:
+            return
+        if spec.codes_file:
             from ..runtime import codefile
 
             own = spec.module("codesfile")
-            for entry in (*getattr(own, "FORMATS", ()), *getattr(own, "LAYOUTS", ())):
+            entries = [*getattr(own, "FORMATS", ()), *getattr(own, "LAYOUTS", ())]
+            for entry in entries:  # all checked before any is added: a refused codec leaves none
+                codefile.check_new(entry)
+            for entry in entries:
                 codefile.add(entry)
         _CODECS[spec.name] = spec
-    return spec
 
 
 def _find() -> None:
-    """Register the built-in codecs and those of installed packages, once."""
-    global _found
+    """Register the built-in codecs and those of installed packages, once (a plugin's module
+    that calls `register` while it is imported finds it under way and adds itself)."""
+    global _state
     with _lock:
-        if _found:
+        if _state is not None:
             return
-        _found = True
-        here = Path(__file__).resolve().parents[1] / "codecs"
-        for info in sorted(pkgutil.iter_modules([str(here)]), key=lambda i: i.name):
-            if info.ispkg:
-                register(importlib.import_module(f"{__package__.rpartition('.')[0]}.codecs.{info.name}.spec").SPEC)
+        _state = "finding"
+        try:
+            here = Path(__file__).resolve().parents[1] / "codecs"
+            for info in sorted(pkgutil.iter_modules([str(here)]), key=lambda i: i.name):
+                if info.ispkg:
+                    module = f"{__package__.rpartition('.')[0]}.codecs.{info.name}.spec"
+                    _add(importlib.import_module(module).SPEC)
+        except BaseException:
+            _state = None  # a built-in that failed is tried again next time, not left out
+            raise
         for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
             # One broken plugin must not take codecport's own codecs down with it: it is left out,
             # said once, and its name is refused like any unknown codec.
             try:
-                register(entry.load())
+                spec = entry.load()
+                if not isinstance(spec, CodecSpec):
+                    raise TypeError(f"it names a {type(spec).__name__}, not a CodecSpec")
+                _add(spec)
             except Exception as e:  # whatever the plugin raises
                 log.warning("left out codec %r of the %s entry points (%s): %s", entry.name, ENTRY_POINTS,
                             entry.value, e)
+        _state = "found"
 
 
 def codecs() -> list[CodecSpec]:

@@ -132,11 +132,21 @@ FORMATS = {f.suffix: f for f in (
 LAYOUTS: dict[str, Layout] = {}
 
 
-def add(entry: Format | Layout) -> None:
-    """A codec's own format or layout, from its `codesfile` module (the registry adds them)."""
-    table, key = (FORMATS, entry.suffix) if isinstance(entry, Format) else (LAYOUTS, entry.name)
+def _slot(entry: Format | Layout) -> tuple[dict, str]:
+    return (FORMATS, entry.suffix) if isinstance(entry, Format) else (LAYOUTS, entry.name)
+
+
+def check_new(entry: Format | Layout) -> None:
+    """ValueError when another format or layout holds `entry`'s suffix or name."""
+    table, key = _slot(entry)
     if table.get(key, entry) != entry:
         raise ValueError(f"{key} is declared twice ({table[key].codec} and {entry.codec})")
+
+
+def add(entry: Format | Layout) -> None:
+    """A codec's own format or layout, from its `codesfile` module (the registry adds them)."""
+    check_new(entry)
+    table, key = _slot(entry)
     table[key] = entry
 
 
