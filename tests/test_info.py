@@ -160,6 +160,7 @@ def test_a_truncated_graph_is_one_error(tiny_mimi_export, tmp_path, cut):
     (_field(14, b"\x0a\xff\xff\xff\xff\x0f"), "runs past"),  # a key of 4 GiB declared, 0 bytes there
     (_entry("codec", b"\xff\xfe"), "not UTF-8"),
     (_entry("codec", b"mimi") + b"\x07", "wire type 7"),
+    (bytes(1 << 20), "a field numbered 0 at byte 0"),  # a preallocated download: zeros, refused at once
 ])
 def test_a_file_that_is_not_an_onnx_protobuf_is_one_error(tmp_path, data, says):
     with pytest.raises(ModelFileError, match="not a loadable model") as e:

@@ -128,11 +128,13 @@ class _Fields:
             at = self.pos
             key = self.varint()
             number, wire = key >> 3, key & 7
+            if number == 0:  # no protobuf field is numbered 0: zeros (a preallocated file), noise
+                raise self.damaged(f"a field numbered 0 at byte {at}")
             if wire == 0:
                 yield number, wire, self.varint()
             elif wire in (1, 5):
                 self.seek(self.pos + (8 if wire == 1 else 4))
-            elif wire == 2 and number:
+            elif wire == 2:
                 n = self.varint()
                 start = self.pos
                 if start + n > end:
