@@ -159,7 +159,7 @@ def test_a_truncated_graph_is_one_error(tiny_mimi_export, tmp_path, cut):
     (b"RIFF\x24\x00\x00\x00WAVEfmt ", "a field of 73 bytes at byte 2 runs past byte 16"),
     (_field(14, b"\x0a\xff\xff\xff\xff\x0f"), "runs past"),  # a key of 4 GiB declared, 0 bytes there
     (_entry("codec", b"\xff\xfe"), "not UTF-8"),
-    (_entry("codec", b"mimi") + b"\x07", "wire type 7"),
+    (_entry("codec", b"mimi") + b"\x0f", "wire type 7"),
     (bytes(1 << 20), "a field numbered 0 at byte 0"),  # a preallocated download: zeros, refused at once
 ])
 def test_a_file_that_is_not_an_onnx_protobuf_is_one_error(tmp_path, data, says):
