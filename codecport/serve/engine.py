@@ -30,6 +30,7 @@ import numpy as np
 from ..errors import CodecportError
 from ..runtime.slots import open_pool
 from .admission import Admission
+from .config import ServeConfig
 from .live import Limits, Live, Wire
 from .metrics import Metrics
 from .protocol import ProtocolError, Request
@@ -111,8 +112,9 @@ class Scheduler:
     it has them, unless `batched=False`), the admission queue (`queue` waiting at most), and the
     task that steps them (`run`)."""
 
-    def __init__(self, codec, size: int, queue: int = 0, max_backlog: int = 4 << 20,
-                 input_bound: int = 4 << 20, batched: bool = True):
+    def __init__(self, codec, size: int, queue: int = ServeConfig.queue,
+                 max_backlog: int = ServeConfig.max_backlog, input_bound: int = 4 * ServeConfig.max_message,
+                 batched: bool = True):
         self.codec, self.size = codec, size
         self.limits = Limits(input_bound, max_backlog)
         self.pools = {side: open_pool(codec, side, size, batched) for side in codec.streams}
@@ -241,7 +243,7 @@ class Scheduler:
         self.wake()
         if self._task is not None:
             await self._task
-        self._executor.shutdown(wait=True)
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
 
     async def run(self) -> None:
         while True:

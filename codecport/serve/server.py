@@ -107,7 +107,8 @@ class Server:
             await self.runner.cleanup()
             self.runner = None
         await self.scheduler.stop()
-        self._convert.shutdown(wait=True)
+        # A conversion a cancelled reader left runs to its end off the loop (up to 1 MiB resampled).
+        await asyncio.get_running_loop().run_in_executor(None, self._convert.shutdown)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -128,8 +129,9 @@ class Server:
         from a page allowed by --allow-origin (a client without an Origin is not a browser's)."""
         if not host_allowed(request.headers.get("Host"), self.hosts, self.config.host):
             log.info("refused a request for host %r", request.headers.get("Host"))
+            anywhere = " or any IP address of this machine" if self.config.host in ("0.0.0.0", "::") else ""
             return self._refused(421, f"this server answers to {self.url[len('http://'):]}, localhost and "
-                                      "127.0.0.1 only; connect by one of them")
+                                      f"127.0.0.1{anywhere} only; connect by one of them")
         if request.path == "/stream" and not origin_allowed(request.headers.get("Origin"), self.origins):
             log.info("refused a WebSocket from a page of %r", request.headers.get("Origin"))
             return self._refused(403, f"a page of {request.headers.get('Origin')} may not use this server; "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 
 from aiohttp import WSCloseCode, web
@@ -99,6 +100,9 @@ class FrameGuard:
         self.inner.feed_eof()
 
 
+_CLOSE_DRAINS = "drain" in inspect.signature(web.WebSocketResponse.close).parameters
+
+
 class Socket(web.WebSocketResponse):
     """A server's WebSocket of at most `max_message` bytes a message from the client, read
     through a `FrameGuard`. aiohttp refuses a message past that bound (1009), or a broken one
@@ -111,6 +115,15 @@ class Socket(web.WebSocketResponse):
         self.told = False  # an error message has gone out already (ours): nothing more to say
         self.guard: FrameGuard | None = None
         self.transport = None  # the connection's, once prepared
+        self.hooked = False  # aiohttp called `_post_start`, where the guard goes in
+
+    async def prepare(self, request):
+        writer = await super().prepare(request)
+        if not self.hooked:  # an aiohttp that no longer calls the private hook the guard uses
+            log.warning("aiohttp %s started this WebSocket without _post_start: unmasked frames are not "
+                        "refused", _aiohttp_version())
+            self.hooked, self.transport = True, request.transport
+        return writer
 
     def _post_start(self, request, protocol, writer) -> None:
         # aiohttp installs its reader as the connection's parser here; the guard goes in front of
@@ -118,6 +131,7 @@ class Socket(web.WebSocketResponse):
         # came with the upgrade request (a client may send nothing before the reply: RFC 6455
         # section 4.1) go through the guard too.
         proto, self.transport = request.protocol, request.transport
+        self.hooked = True
         tail = getattr(proto, "_message_tail", b"")
         if tail:
             proto._message_tail = b""
@@ -167,8 +181,10 @@ class Socket(web.WebSocketResponse):
         try:
             await asyncio.wait_for(self.send_str(text), timeout)
             # No drain of the close frame: it goes out behind the error while close() reads the
-            # client's frames until its close (`timeout` at most, aiohttp's own bound).
-            await asyncio.wait_for(self.close(code=code, drain=False), 2 * timeout)
+            # client's frames until its close (`timeout` at most, aiohttp's own bound). An aiohttp
+            # whose close() takes no `drain` drains it.
+            extra = {"drain": False} if _CLOSE_DRAINS else {}
+            await asyncio.wait_for(self.close(code=code, **extra), 2 * timeout)
         except (asyncio.TimeoutError, ConnectionError, RuntimeError):
             log.info("a client took no error in %g s; cut off", timeout)
             if self.transport is not None:

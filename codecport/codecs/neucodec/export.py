@@ -229,7 +229,7 @@ def export_neucodec(model: NeuCodec, out_dir: Path, samples: int, *, preset: str
             "quantizer": "numpy" if in_graph_codebooks is None else "graph",
             "frames": str(frames), "fbank_pad": str(cfg.fbank_pad), "acoustic_extra": str(cfg.acoustic_extra),
             "weights": weights, "weights_sha256": weights_sha256}
-    if cfg.distill:  # DistilHuBERT's input: the padded clip's samples (runtime/fbank.raw_values)
+    if cfg.distill:  # DistilHuBERT's input: the padded clip's samples (fbank.raw_values)
         meta.update(semantic_model="hubert", semantic_normalize=str(int(cfg.distill.hubert.normalize)))
     meta["export_id"] = export_id(meta, geo)
     models, report = {}, {"files": {}, "validation": {}, "geometry": geo}

@@ -76,7 +76,7 @@ class FbankFeatures(nn.Module):
 
 class RawValues(nn.Module):
     """16 kHz audio `[B, 1, n]` and the codes' `mask` `[B, 1, frames]` -> DistilHuBERT's input
-    `[B, n + 2 pad]` of the clip the mask marks: runtime/fbank.raw_values in the graph (the clip,
+    `[B, n + 2 pad]` of the clip the mask marks: fbank.raw_values in the graph (the clip,
     `pad` zeros each side, normalised over those when `normalize`). Past the clip's padded end
     the values are not the runtime's zeros; the model never reads them (its conv frames there
     are masked)."""
