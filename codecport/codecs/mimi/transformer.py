@@ -33,8 +33,10 @@ def apply_rope(x: torch.Tensor, pos: torch.Tensor, max_period: float) -> torch.T
     return torch.stack([xr * cos - xi * sin, xr * sin + xi * cos], dim=-1).reshape(x.shape)
 
 
-class Attention(nn.Module):
-    """Causal multi-head self-attention over a sliding context of `context` positions.
+class WindowAttention(nn.Module):
+    """Causal multi-head self-attention over a sliding context of `context` positions, its
+    projections and rotary embedding left to a subclass (`project`, `rotate`, `output`): Mimi's
+    (`Attention`, below) and the decoders built on Mimi's (Qwen3-TTS's, codecs/qwen3tts/).
 
     A key at position k is visible from a query at q iff `0 <= q - k < context` (moshi's mask).
     Streaming keeps the last `context` rotated keys and values as state `[B, 2, H, context, D]`:
@@ -53,34 +55,41 @@ class Attention(nn.Module):
     `context` positions. Off by default: then streaming equals the whole clip exactly.
     """
 
-    def __init__(self, dim: int, heads: int, context: int, max_period: float):
+    def __init__(self, heads: int, head_dim: int, context: int):
         super().__init__()
-        self.heads, self.context, self.max_period = heads, context, max_period
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))  # q, k, v as `(p h d)`
-        self.out_proj = nn.Linear(dim, dim, bias=False)
+        self.heads, self.head_dim, self.context = heads, head_dim, context
         self.stream: StreamState | None = None
         self.state_name = ""
         self.moshi_ring = False
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v `[B, H, T, D]` of `x` `[B, T, C]`."""
+        raise NotImplementedError
+
+    def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding of `x` `[B, H, T, D]` at float positions `pos` `[T]` or `[B, T]`."""
+        raise NotImplementedError
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        """`[B, T, H * D]` -> the layer's output `[B, T, C]`."""
+        raise NotImplementedError
+
     def state_shape(self) -> tuple[int, ...]:
-        dim = self.out_proj.in_features
-        return (1, 2, self.heads, self.context, dim // self.heads)
+        return (1, 2, self.heads, self.context, self.head_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, dim = x.shape
-        # Split rather than indexing: CoreML's ML Program has no Gather.
-        q, k, v = (p.transpose(1, 2) for p in F.linear(x, self.in_proj_weight)
-                   .reshape(b, t, 3, self.heads, dim // self.heads).unbind(2))  # each [B, H, T, D]
+        b, t = x.shape[:2]
+        q, k, v = self.project(x)
         steps = torch.arange(t, dtype=torch.float32)
         if self.stream is None:
             pos_q = pos_k = steps
-            q, k = apply_rope(q, pos_q, self.max_period), apply_rope(k, pos_k, self.max_period)
+            q, k = self.rotate(q, pos_q), self.rotate(k, pos_k)
         else:
             c, ring = self.context, self.stream.ring
             offset = self.stream.offset.float()[:, None]  # [B, 1], exact: far below 2**24
             pos_q = offset + steps  # [B, T]
             # Cached keys are already rotated; rotate only the new ones.
-            q, k = apply_rope(q, pos_q, self.max_period), apply_rope(k, pos_q, self.max_period)
+            q, k = self.rotate(q, pos_q), self.rotate(k, pos_q)
             cache = self.stream.inputs[self.state_name]
             if ring:
                 # Row j holds the one position p of the last `context` with p = j (mod context);
@@ -110,7 +119,7 @@ class Attention(nn.Module):
         # A finite -3e4 rather than -inf: exp() of it is exactly 0 all the same, and it stays
         # finite in fp16, where 0 * inf would give NaN for the visible keys.
         mask = (visible - 1) * 3e4
-        norm = math.sqrt(dim // self.heads)
+        norm = math.sqrt(self.head_dim)
         if self.stream is None:
             scores = torch.matmul(q, k.transpose(2, 3)) / norm + mask
             y = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, H, T, D]
@@ -128,7 +137,30 @@ class Attention(nn.Module):
                                 torch.matmul(q, k.transpose(2, 3))], -1) / norm + mask
             p_cache, p_new = torch.softmax(scores, dim=-1).split([c, t], -1)
             y = torch.matmul(p_cache[:, None], cache).unbind(1)[1] + torch.matmul(p_new, v)
-        return self.out_proj(y.transpose(1, 2).reshape(b, t, dim))
+        return self.output(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class Attention(WindowAttention):
+    """Mimi's attention (moshi's names: `in_proj_weight` holds q, k, v as `(p h d)`), its rotary
+    embedding interleaved as moshi's."""
+
+    def __init__(self, dim: int, heads: int, context: int, max_period: float):
+        super().__init__(heads, dim // heads, context)
+        self.max_period = max_period
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
+        self.out_proj = nn.Linear(dim, dim, bias=False)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, t, _ = x.shape
+        # Split rather than indexing: CoreML's ML Program has no Gather.
+        return tuple(p.transpose(1, 2) for p in F.linear(x, self.in_proj_weight)
+                     .reshape(b, t, 3, self.heads, self.head_dim).unbind(2))
+
+    def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return apply_rope(x, pos, self.max_period)
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(y)
 
 
 class LayerScale(nn.Module):
