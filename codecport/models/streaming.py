@@ -103,9 +103,10 @@ class CausalConv1d(nn.Module):
     folded = False  # streaming input comes as `fold_rows` lays it out (see `fold_convs`)
 
     def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, dilation: int = 1,
-                 bias: bool = True, replicate: bool = False):
+                 bias: bool = True, replicate: bool = False, groups: int = 1):
         super().__init__()
-        self.conv = _Wrap("conv", nn.Conv1d(c_in, c_out, kernel, stride, dilation=dilation, bias=bias))
+        self.conv = _Wrap("conv", nn.Conv1d(c_in, c_out, kernel, stride, dilation=dilation, bias=bias,
+                                            groups=groups))
         self.left = (kernel - 1) * dilation + 1 - stride
         self.replicate = replicate
         self.stream: StreamState | None = None

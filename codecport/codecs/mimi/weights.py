@@ -146,7 +146,12 @@ def read_transformers(path: Path) -> tuple[dict[str, torch.Tensor], MimiConfig]:
     """State dict (moshi names) and config of a transformers `MimiModel` folder."""
     conf, files = transformers_folder(path)
     cfg = config_from_transformers(conf, str(path))
-    sd = read_safetensors(files)
+    return from_transformers(read_safetensors(files), cfg, path), cfg
+
+
+def from_transformers(sd: dict[str, torch.Tensor], cfg: MimiConfig, path) -> dict[str, torch.Tensor]:
+    """A transformers `MimiModel` state dict (of config `cfg`) under moshi's names: what a
+    `MimiModel` loads. `path` names the file in errors."""
     expected = set(MimiModel(cfg).state_dict())
     out: dict[str, torch.Tensor] = {}
     qkv: dict[str, dict[str, torch.Tensor]] = {}
@@ -168,7 +173,7 @@ def read_transformers(path: Path) -> tuple[dict[str, torch.Tensor], MimiConfig]:
         out[f"{side}.transformer.layers.{j}.self_attn.in_proj_weight"] = torch.cat([
             _unpermute_rope(parts["q"], cfg.n_heads), _unpermute_rope(parts["k"], cfg.n_heads),
             parts["v"]])
-    return out, cfg
+    return out
 
 
 def _is_transformers_file(path: Path) -> bool:
