@@ -145,7 +145,8 @@ def validate(spec: GraphSpec, onnx_model, model: Qwen3Model, seed: int = 1, step
 
     if meta["mode"] == "fixed":
         codes, want = clip()
-        return {"audio_max_abs_err": check_close(spec.name, run(onnx_model, {"codes": codes})[0], want, AUDIO_ATOL)}
+        got = run(onnx_model, {"codes": codes})[0]
+        return {"audio_max_abs_err": check_close(spec.name, got, want, AUDIO_ATOL)}
     if meta["mode"] == "slots":
         b = int(meta["slots"])
         streams = [clip() for _ in range(b + 1)]
@@ -161,7 +162,8 @@ def validate(spec: GraphSpec, onnx_model, model: Qwen3Model, seed: int = 1, step
         y, offset, *state = sess.run(None, dict(zip(names, [piece, offset, *state])))
         out.append(y)
     if int(offset[0]) != total:
-        raise ExportError(f"{spec.name}: offset_out is {int(offset[0])} after {steps} steps, expected {total}")
+        raise ExportError(f"{spec.name}: offset_out is {int(offset[0])} after {steps} steps, "
+                          f"expected {total}")
     return {"audio_max_abs_err": check_close(spec.name, np.concatenate(out, axis=-1), want, AUDIO_ATOL)}
 
 
@@ -218,8 +220,9 @@ def probe(manifest: dict, specs: list[GraphSpec] = ()) -> Probe:
     def decode(codec, name: str, codes: np.ndarray) -> np.ndarray:
         return codec.decode(codes, mode="step" if name == "decoder_step" else "fixed")[0]
 
-    return Probe(open=Qwen3Codec, encode=encode, decode=decode, pairs={"encoder": ("decoder", "decoder_step")},
-                 sample_rate=sr, clip_samples=geo["samples"], specs={s.name: s for s in specs})
+    return Probe(open=Qwen3Codec, encode=encode, decode=decode,
+                 pairs={"encoder": ("decoder", "decoder_step")}, sample_rate=sr,
+                 clip_samples=geo["samples"], specs={s.name: s for s in specs})
 
 
 def export(model: Qwen3Model, out_dir: Path, length: int | None, *, options: dict, **common) -> dict:
@@ -232,8 +235,9 @@ def export(model: Qwen3Model, out_dir: Path, length: int | None, *, options: dic
 
 def describe(report: dict) -> list[str]:
     geo = report["geometry"]
-    lines = [f"  fixed graphs : a clip of up to {geo['samples']} samples at 24 kHz ({geo['samples'] / 24000:g} s) "
-             f"<-> {geo['frames']} frames in one call (the encoder's attention sees all of it)",
+    lines = [f"  fixed graphs : a clip of up to {geo['samples']} samples at 24 kHz "
+             f"({geo['samples'] / 24000:g} s) <-> {geo['frames']} frames in one call (the encoder's "
+             "attention sees all of it)",
              f"  step graph   : {geo['step_frames']} frame(s), {geo['step_samples']} samples a call, state "
              "in/out: any number of frames, exactly the whole clip's audio"]
     if geo.get("slots"):

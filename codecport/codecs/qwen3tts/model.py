@@ -54,7 +54,8 @@ class Encoder(nn.Module):
         last = x * (m - F.pad(m[..., 1:], (0, 1)))  # the clip's last position, alone
         return self.downsample(x * m + F.pad(last[..., :-1], (1, 0)))
 
-    def forward(self, audio: torch.Tensor, n_codebooks: int, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, audio: torch.Tensor, n_codebooks: int,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.quantizer.encode(self.latent(audio, mask), n_codebooks)
 
 

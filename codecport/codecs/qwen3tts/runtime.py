@@ -3,8 +3,9 @@ export, 24 kHz, 16 codebooks of 2048 at 12.5 Hz, the quantizers in the graphs.
 
 - encode: a clip up to the fixed encoder's length in one call, its `mask` marking the clip (the
   codes are the official `encode`'s, last frame included). The encoder's attention sees the whole
-  clip, so there is no exact window past the graph: a longer clip is refused, and a longer
-  `--len` export takes it.
+  clip, so there is no exact window past the graph: a longer clip goes through overlapping
+  windows (`windowed`, close to the official codes, not equal; said when it happens), and a
+  longer `--len` export takes it exactly.
 - decode: the whole clip's audio (`model.decoder(codes)`), through the fixed decoder when the codes
   fit, else a step at a time through the step graph, exactly; or `mode="chunked"`, the official
   `decode`'s chunks (300 frames, 25 before each as context: not the whole clip's audio past 300
@@ -14,6 +15,7 @@ export, 24 kHz, 16 codebooks of 2048 at 12.5 Hz, the quantizers in the graphs.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from typing import ClassVar
@@ -21,13 +23,29 @@ from typing import ClassVar
 import numpy as np
 
 from ...errors import CodesError
-from ...runtime.audio import Counted
 from ...runtime.codes import Codes
 from ...runtime.plan import WindowPlan
 from ...runtime.stream import EncoderStream
 from ..mimi.runtime import MimiCodec, MimiDecoderStream
 
+log = logging.getLogger(__name__)
+
 CHUNK, CONTEXT = 300, 25  # the official `chunked_decode`'s frames a chunk, and of context before it
+
+
+def windows(frames: int, width: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """(first frame of each window, the frames [a, b) it keeps) over `frames` frames with windows
+    of `width`: the first keeps all of itself, each next one begins `width // 2` frames before the
+    frames it keeps (its context) and keeps the rest."""
+    context = width // 2
+    starts, keeps, done = [0], [(0, min(width, frames))], min(width, frames)
+    while done < frames:
+        start = done - context
+        end = min(start + width, frames)
+        starts.append(start)
+        keeps.append((done, end))
+        done = end
+    return starts, keeps
 
 
 class Qwen3Codec(MimiCodec):
@@ -43,31 +61,67 @@ class Qwen3Codec(MimiCodec):
     def missing(self, name: str) -> str:
         return "re-export it with codec-export qwen3tts"
 
-    @property
-    def modes(self) -> tuple[str, ...]:
-        return (*super().modes, *(("chunked",) if "decoder" in self.present else ()))
-
     # ---- encoding ------------------------------------------------------------------------
     def window_plan(self, source, n_codebooks, mode=None) -> WindowPlan:
-        """One call per channel: the clip, zeros after it, and the mask of its samples."""
-        if mode not in (None, "fixed"):
-            raise CodesError(f"{self.label} encodes in the fixed mode only (its attention sees the whole clip)")
+        """A clip the fixed encoder holds: one call per channel, zeros after it and the mask of its
+        samples (the official codes). A longer one (`windowed`): windows of the encoder's length,
+        each after the first starting half a window before the frames it keeps, so every frame
+        is coded with at least half a window of the past before it; the official model attends
+        to the whole clip, so past the first window the codes are close to, not equal to, its
+        own (docs/qwen3tts.md measures how close)."""
+        if mode not in (None, "fixed", "windowed"):
+            raise CodesError(f"{self.label} encodes in the fixed or windowed mode (its attention sees "
+                             "the whole clip)")
         k = self.codebooks(n_codebooks)
-        head, n, fits, _, counter = self._head(source, "fixed")
-        samples = self.graph("encoder").int("samples")
-        if not fits:
+        head, n, fits, rest, counter = self._head(source, "fixed")
+        g = self.graph("encoder")
+        samples, width = g.int("samples"), g.int("frames")
+        if not fits and mode == "fixed":
             raise CodesError(f"the clip is longer than this export's encoder ({samples} samples, "
-                             f"{samples / self.sample_rate:g} s): its attention sees the whole clip, so it "
-                             "has no exact window; export with a longer --len")
+                             f"{samples / self.sample_rate:g} s), whose attention sees the whole clip: "
+                             "export with a longer --len, or use the windowed mode (close to, not equal "
+                             "to, the official codes)")
+        audio = np.concatenate([*head, *rest], axis=1)
+        n = audio.shape[1]
         frames = math.ceil(n / self.frame_size)
-        audio = np.pad(np.concatenate(head, axis=1), ((0, 0), (0, samples - n)))
-        mask = (np.arange(samples) < n).astype(np.float32)[None, None]
-        feeds = ({"audio": row[None, None].astype(np.float32), "mask": mask} for row in audio)
-        return WindowPlan("encoder", feeds, k, lambda codes: self.codes(
-            [np.stack([c[:, :frames] for c in codes])], source, counter.counted, mode="fixed"))
+        if fits:
+            starts, keeps = [0], [(0, frames)]
+        else:
+            log.warning("%d samples are more than the %d the encoder holds: windowed, each window after "
+                        "the first with %d frames of context (not the official codes exactly)", n, samples,
+                        width // 2)
+            starts, keeps = windows(frames, width)
+        hop, x = self.frame_size, np.pad(audio, ((0, 0), (0, max(starts) * self.frame_size + samples - n)))
+        mask = (np.arange(x.shape[1]) < n).astype(np.float32)
+
+        def feeds():
+            for row in x:
+                for s in starts:
+                    cut = slice(s * hop, s * hop + samples)
+                    yield {"audio": row[None, None, cut].astype(np.float32), "mask": mask[None, None, cut]}
+
+        def finish(codes):
+            per = len(starts)
+            return self.codes([np.stack([np.concatenate(codes[c * per:(c + 1) * per], axis=1)
+                                         for c in range(len(x))])], source, counter.counted,
+                              mode="fixed" if fits else "windowed")
+
+        def keep(y, i):
+            s, (a, b) = starts[i % len(starts)], keeps[i % len(starts)]
+            return self.latent_codes(y, k)[:, a - s:b - s]
+
+        return WindowPlan("encoder", feeds(), k, finish, codes=keep)
 
     def encode_source(self, source, n_codebooks, mode, progress) -> Codes:
         return self.run_plan(self.window_plan(source, n_codebooks, mode), progress)
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        dec = ("chunked",) if "decoder" in self.present else ()
+        return (*super().modes, *(("windowed",) if "encoder" in self.present else ()), *dec)
+
+    def expected_frames(self, n: int, mode: str | None) -> int:
+        return math.ceil(n / self.frame_size)
 
     # ---- decoding ------------------------------------------------------------------------
     def raw_pieces(self, codes: Codes, mode: str | None, progress: bool) -> Iterator[np.ndarray]:
