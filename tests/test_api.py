@@ -30,7 +30,8 @@ BIN = Path(sys.executable).parent
 # Code frames a second of each smoke export's tiny preset: sample rate over the samples of a frame
 # (DAC and SNAC: strides 2 * 3 at 16 kHz; Mimi: 4 * 3, then 2, at 24 kHz; NeuCodec and XCodec2:
 # 50 Hz, 160 samples at the 8 kHz they decode to).
-FRAME_RATES = {"dac": 16000 / 6, "mimi": 24000 / 24, "neucodec": 50.0, "snac": 16000 / 6, "xcodec2": 50.0}
+FRAME_RATES = {"dac": 16000 / 6, "mimi": 24000 / 24, "neucodec": 50.0, "snac": 16000 / 6, "xcodec2": 50.0,
+               "qwen3tts": 24000 / 24}
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 

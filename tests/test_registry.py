@@ -31,7 +31,7 @@ KINDS = {
 
 
 def test_the_codecs_are_found():
-    assert NAMES == ["dac", "mimi", "neucodec", "snac", "xcodec2"]
+    assert NAMES == ["dac", "mimi", "neucodec", "qwen3tts", "snac", "xcodec2"]
     assert [c.name for c in registry.codecs()] == NAMES
 
 
@@ -140,5 +140,6 @@ def test_nothing_outside_a_codecs_folder_names_a_codec():
 
 
 def test_unknown_codec_says_which_there_are():
-    with pytest.raises(registry.CodecportError, match="codecport has dac, mimi, neucodec, snac, xcodec2"):
+    with pytest.raises(registry.CodecportError,
+                       match="codecport has dac, mimi, neucodec, qwen3tts, snac, xcodec2"):
         registry.get("encodec")

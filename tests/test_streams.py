@@ -67,7 +67,7 @@ def _run(stream, pieces, side: str) -> np.ndarray:
 # The stream sides of each codec, from its design: DAC is not causal (whole clips only); Mimi
 # steps both ways; SNAC steps its decoder; NeuCodec and XCodec2 decode in windows.
 STREAMS = {"dac": (), "mimi": ("encoder", "decoder"), "snac": ("decoder",), "neucodec": ("decoder",),
-           "xcodec2": ("decoder",)}
+           "xcodec2": ("decoder",), "qwen3tts": ("decoder",)}
 
 
 def test_every_codec_states_its_streams(codecs):

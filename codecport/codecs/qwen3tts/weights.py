@@ -125,8 +125,15 @@ def load(weights: str, preset: str | None = None, revision: str | None = None) -
             raise CheckpointError(f"{folder}: holds neither {SAFETENSORS} nor {BIN}; {HINT}")
     else:
         file = path
+    # The weights first: a file that is no checkpoint is named as such, whatever lies beside it.
+    if file.suffix == ".safetensors":
+        sd = read_safetensors([file])
+    else:
+        sd = load_torch(file, HINT)
+        if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+            raise CheckpointError(f"{file}: not a state dict (a mapping of names to tensors); {HINT}")
     if not (folder / CONFIG).is_file():
-        raise CheckpointError(f"{folder}: no {CONFIG} beside the weights; {HINT}")
+        raise CheckpointError(f"{folder}: no {CONFIG} beside {file.name}; {HINT}")
     try:
         conf = read_json(folder / CONFIG)
     except (OSError, ValueError, UnicodeDecodeError) as e:
@@ -136,12 +143,6 @@ def load(weights: str, preset: str | None = None, revision: str | None = None) -
     cfg = read_config(conf, str(folder / CONFIG))
     if preset is not None and cfg != PRESETS[preset]:
         log.warning("the checkpoint's config differs from preset %s; using the checkpoint's", preset)
-    if file.suffix == ".safetensors":
-        sd = read_safetensors([file])
-    else:
-        sd = load_torch(file, HINT)
-        if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-            raise CheckpointError(f"{file}: not a state dict (a mapping of names to tensors); {HINT}")
     model = Qwen3Model(cfg)
     load_state(model, to_ours(sd, cfg, model, str(file)), str(file))
     return model.eval(), sha256_file(file)
