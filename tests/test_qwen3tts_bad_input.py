@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-from cli_support import process
+from cli_support import invoke, process
 from conftest import noise
 
 OFFICIAL = Path(__file__).parent / "data" / "qwen3tts-official"
@@ -89,7 +89,7 @@ class _Evil:
 def test_bad_weights(tmp_path, edit, says):
     d = _weights(tmp_path, edit)
     out = tmp_path / "o"
-    r = process("codec-export", "qwen3tts", "--weights", d, "--len", 960, "-o", out, timeout=300)
+    r = invoke("codec-export", "qwen3tts", "--weights", d, "--len", 960, "-o", out)
     assert says in one_line_error(r) and "unpickled" not in r.stdout + r.stderr
     assert not out.exists()
 
@@ -97,7 +97,7 @@ def test_bad_weights(tmp_path, edit, says):
 def test_a_state_dict_of_other_shapes(tmp_path):
     """The weights of a smaller decoder under a config that says otherwise: named, not loaded."""
     d = _weights(tmp_path, lambda d: _config(d, decoder_config__latent_dim=40))
-    r = process("codec-export", "qwen3tts", "--weights", d, "--len", 960, "-o", tmp_path / "o", timeout=300)
+    r = invoke("codec-export", "qwen3tts", "--weights", d, "--len", 960, "-o", tmp_path / "o")
     assert "decoder." in one_line_error(r)
 
 
@@ -109,5 +109,5 @@ def test_the_bin_beside_is_read_without_unpickling_code(tmp_path):
     d = _weights(tmp_path, lambda d: None)
     torch.save(load_file(str(d / "model.safetensors")), d / "pytorch_model.bin")
     (d / "model.safetensors").unlink()
-    r = process("codec-export", "qwen3tts", "--weights", d, "--len", 960, "-o", tmp_path / "o", timeout=300)
+    r = invoke("codec-export", "qwen3tts", "--weights", d, "--len", 960, "-o", tmp_path / "o")
     assert r.returncode == 0 and "codes identical" in r.stdout, r.stderr
