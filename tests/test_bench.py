@@ -427,3 +427,22 @@ def test_the_export_source_hash_follows_a_codecs_folder(tmp_path):
     assert export_source_hash(root) == before
     (root / "codecs" / "mimi" / "export.py").write_text("# changed\n", encoding="utf-8")
     assert export_source_hash(root) != before
+
+
+def test_bench_qwen3tts_streams_its_decoder_and_names_why_qwen_tts_did_not_run(tmp_path_factory, tmp_path):
+    """A codec with many codebooks and a decoder stream only: its streams are timed on
+    `[codebooks, frames]` pushes, with time to first audio; its official package (qwen-tts,
+    run by path in the interpreter given) is listed as skipped, saying it does not import there,
+    and nothing of the official layout is written without it."""
+    out = tmp_path / "report.json"
+    work = bench_folder(tmp_path_factory, tmp_path, "qwen3tts")
+    proc = bench("qwen3tts", "--preset", "tiny", "--seconds", SECONDS, "--dir", work, *QUICK, "--runs", "1",
+                 "--steps", "3", "--contender", "official", "--official-python", sys.executable,
+                 "--json", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ran = json.loads(out.read_text())["contenders"]
+    assert "qwen-tts does not import with" in ran["qwen-tts"]["skipped"]
+    assert not (work / "official" / "model.safetensors").exists()
+    st = ran["onnx-cpu"]["streaming"]
+    assert "encode_step" not in st and st["steps"] == 3 and len(st["decode_step"]["seconds"]) == 3
+    assert st["first_audio_ms"] > 0 and "first audio" in proc.stdout

@@ -66,7 +66,8 @@ class BenchFacts:
     long: LongAudio | None = None  # None: no `--long` path
     torch_long: Callable | None = None  # (model, job, manifest) -> the torch timings of `long`
     official: Official | None = None
-    prepare_official: Callable | None = None  # (bench folder) -> the weights in the official layout
+    # (bench folder, --official-python) -> the weights in the official layout
+    prepare_official: Callable | None = None
     contenders: Mapping[str, Callable] = field(default_factory=dict)  # worker runners of its own
     # Parts of our graphs timed apart: label -> (graph, its torch module's path, "head.istft").
     parts: Mapping[str, tuple[str, str]] = field(default_factory=dict)

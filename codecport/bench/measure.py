@@ -92,8 +92,10 @@ def pool(results: list[dict]) -> dict:
         if isinstance(first, dict) and "rtf_median" in first:
             out[key] = {**summary([x for r in results for x in r[key]["seconds"]], first["audio_seconds"]),
                         "round_rtf_medians": [r[key]["rtf_median"] for r in results]}
-        elif key == "streaming":
+        elif key.startswith("streaming"):  # "streaming", and a contender's other ways of streaming
             out[key] = {**first, "steps": sum(r[key]["steps"] for r in results)}
+            if "first_audio_ms" in first:
+                out[key]["first_audio_ms"] = float(np.median([r[key]["first_audio_ms"] for r in results]))
             for d in [d for d in ("encode_step", "decode_step") if d in first]:
                 out[key][d] = {**percentiles([x for r in results for x in r[key][d]["seconds"]]),
                                "round_p50_ms": [r[key][d]["p50_ms"] for r in results]}

@@ -112,12 +112,12 @@ def table(report: dict) -> list[str]:
         lines.append(f"codec-run {d} of {m['minutes']:g} min {what}: peak RSS {m['peak_rss_mb']:.0f} MB"
                      f"{ratio}, {m['seconds']:.1f} s")
     for name, r in report["contenders"].items():
-        if "streaming" in r:
-            st = r["streaming"]
+        for key in [k for k in r if k.startswith("streaming")]:
+            st, how = r[key], key.removeprefix("streaming")
             for d in [d for d in ("encode_step", "decode_step") if d in st]:
                 p = st[d]
                 f = st["frames_per_step"]
-                line = (f"{name} streaming {d} ({f} × {st['frame_ms']:g} ms "
+                line = (f"{name} streaming{how} {d} ({f} × {st['frame_ms']:g} ms "
                         f"frame{'s' if f > 1 else ''} a step, "
                         f"{st['steps']} steps): p50 {p['p50_ms']:.1f} ms, p95 {p['p95_ms']:.1f} ms, "
                         f"p99 {p['p99_ms']:.1f} ms")
@@ -125,6 +125,8 @@ def table(report: dict) -> list[str]:
                     line += f"; per frame p50 {p['p50_ms'] / f:.1f} ms, p95 {p['p95_ms'] / f:.1f} ms"
                 if len(p.get("round_p50_ms", ())) > 1:
                     line += "; p50 by round " + " / ".join(f"{x:.1f}" for x in p["round_p50_ms"]) + " ms"
+                if "first_audio_ms" in st and d == "decode_step":
+                    line += f"; first audio {st['first_audio_ms']:.1f} ms after a new stream's first push"
                 if "latency_frames" in st:
                     line += (f"; audio final {st['latency_frames']:g} frames "
                              f"({st['latency_frames'] * st['frame_ms']:.0f} ms) after its frame")

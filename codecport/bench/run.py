@@ -100,7 +100,7 @@ def _jobs(spec, o: Options, work: Path, base: dict) -> tuple[dict, dict, dict]:
             if o.official_python is None:
                 skipped[label] = {"skipped": reason}
             else:
-                facts.prepare_official(work)
+                facts.prepare_official(work, o.official_python)
                 # absolute, not resolved: a venv's python is a symlink that must stay one
                 jobs[label] = {**base, "contender": name, "python": str(o.official_python.absolute()),
                                "script": str(facts.official.script)}

@@ -90,19 +90,34 @@ def stream_bench(codec, steps: int) -> dict:
         out = stream_steps(enc, dec, enc.step_frames, enc.step_frames * codec.frame_size, codec.sample_rate,
                            steps)
     else:
-        rng, lat = np.random.default_rng(0), []
-        per = [dec.step_frames * codec.strides[0] // s for s in codec.strides]  # codes of each scale a push
-        for i in range(steps + WARMUP_STEPS):
-            codes = [rng.integers(0, codec.codebook_size, n) for n in per]
+        lat, pushes = [], decoder_pushes(codec, dec.step_frames, steps + WARMUP_STEPS)
+        for i, codes in enumerate(pushes):
             t0 = time.perf_counter()
             dec.push(codes)
             if i >= WARMUP_STEPS:
                 lat.append(time.perf_counter() - t0)
+        # Time to first audio: a new stream's first push (the sessions warm by now), the median
+        # of a few new streams (the first after the loop above sometimes pays a one-off stall).
+        first = []
+        for _ in range(WARMUP_STEPS):
+            fresh = codec.decoder_stream()
+            t0 = time.perf_counter()
+            fresh.push(pushes[0])
+            first.append(time.perf_counter() - t0)
         frame = codec.strides[0] * codec.frame_size
         out = {"decode_step": percentiles(lat), "steps": steps, "frames_per_step": dec.step_frames,
-               "frame_ms": 1000 * frame / codec.sample_rate}
+               "frame_ms": 1000 * frame / codec.sample_rate, "first_audio_ms": 1e3 * float(np.median(first))}
     out["latency_frames"] = (dec or enc).latency.frames
     return out
+
+
+def decoder_pushes(codec, step_frames: int, n: int) -> list[list[np.ndarray]]:
+    """`n` pushes of random codes, `step_frames` code frames (of the coarsest scale) each, one
+    `[codebooks, frames]` array per time scale (the official contenders stream the same)."""
+    rng = np.random.default_rng(0)
+    k = codec.codebooks(None) // codec.levels
+    per = [step_frames * codec.strides[0] // s for s in codec.strides]  # codes of each scale a push
+    return [[rng.integers(0, codec.codebook_size, (k, f)) for f in per] for _ in range(n)]
 
 
 def stream_steps(encoder, decoder, frames: int, samples: int, rate: int, steps: int) -> dict:

@@ -20,7 +20,7 @@ def long_samples(manifest: dict, windows: int) -> int:
     return windows * manifest["geometry"]["chunk_step"]
 
 
-def prepare_official(work: Path) -> None:
+def prepare_official(work: Path, python: Path) -> None:
     """The bench's weights as the official package saves them (`weights-official.pth`)."""
     import torch
     from safetensors.torch import load_file

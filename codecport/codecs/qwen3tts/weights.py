@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -85,6 +86,66 @@ def to_ours(sd: dict[str, torch.Tensor], cfg: Qwen3Config, model: Qwen3Model, so
                 break
         else:
             out[k] = v  # unexpected: load_state names it
+    return out
+
+
+def official_config(cfg: Qwen3Config) -> dict:
+    """The official config.json of `cfg`, as `save_pretrained` writes it (`read_config` reads it
+    back to `cfg`): what the bench's official contender builds the official model from."""
+    e = cfg.encoder
+    encoder = {
+        "model_type": "mimi", "_frame_rate": e.frame_rate, "sampling_rate": e.sample_rate, "audio_channels": 1,
+        "num_filters": e.n_filters, "upsampling_ratios": list(e.ratios), "kernel_size": e.kernel_size,
+        "residual_kernel_size": e.residual_kernel_size, "last_kernel_size": e.last_kernel_size,
+        "dilation_growth_rate": 2, "compress": e.compress, "num_residual_layers": 1, "use_causal_conv": True,
+        "pad_mode": "constant", "use_conv_shortcut": False, "trim_right_ratio": 1.0,
+        "hidden_size": e.dimension, "num_hidden_layers": e.n_layers, "num_attention_heads": e.n_heads,
+        "num_key_value_heads": e.n_heads, "head_dim": e.dimension // e.n_heads,
+        "intermediate_size": e.ffn, "hidden_act": "gelu", "norm_eps": 1e-5, "rope_theta": e.max_period,
+        # The official attention ignores its sliding_window (see read_config): the release's 250.
+        "max_position_embeddings": FULL_CONTEXT, "sliding_window": 250,
+        "num_quantizers": e.n_codebooks, "num_semantic_quantizers": e.n_semantic,
+        "codebook_size": e.codebook_size, "codebook_dim": e.codebook_dim,
+        "vector_quantization_hidden_dimension": e.codebook_dim, "upsample_groups": e.dimension}
+    decoder = {
+        "codebook_size": cfg.codebook_size, "codebook_dim": cfg.codebook_dim, "num_quantizers": cfg.n_codebooks,
+        "num_semantic_quantizers": 1, "semantic_codebook_size": cfg.codebook_size,  # (unused officially)
+        "vector_quantization_hidden_dimension": cfg.codebook_dim, "latent_dim": cfg.latent_dim,
+        "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_heads, "head_dim": cfg.head_dim,
+        "hidden_act": "silu", "rms_norm_eps": cfg.rms_eps, "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": FULL_CONTEXT, "sliding_window": cfg.window, "attention_bias": False,
+        "attention_dropout": 0.0, "decoder_dim": cfg.decoder_dim, "upsample_rates": list(cfg.upsample_rates),
+        "upsampling_ratios": list(cfg.upsampling_ratios)}
+    return {"model_type": "qwen3_tts_tokenizer_12hz", "architectures": ["Qwen3TTSTokenizerV2Model"],
+            "encoder_config": encoder, "decoder_config": decoder, "encoder_valid_num_quantizers": cfg.n_codebooks,
+            "input_sample_rate": cfg.sample_rate, "output_sample_rate": cfg.sample_rate,
+            "encode_downsample_rate": cfg.frame_size, "decode_upsample_rate": cfg.frame_size}
+
+
+def to_official(sd: dict[str, torch.Tensor], shapes: dict[str, tuple[tuple[int, ...], str]],
+                cfg: Qwen3Config) -> dict[str, torch.Tensor]:
+    """Our state dict under the official names, `shapes` being the official model's (name ->
+    (shape, dtype)). `to_ours` only renames, splits, joins and permutes, so it is run on a probe
+    whose every element holds its own index: each of our elements then says which official one
+    it came from. Official entries `to_ours` leaves out (the rotary tables) are left out here;
+    an official tensor that is only partly covered is an error."""
+    offsets, probe, n = {}, {}, 0
+    for k, (shape, _) in shapes.items():
+        offsets[k] = n
+        n += math.prod(shape)
+        probe[k] = torch.arange(offsets[k], n, dtype=torch.float64).reshape(shape)
+    flat = torch.full((n,), math.nan, dtype=torch.float64)
+    for k, where in to_ours(probe, cfg, Qwen3Model(cfg), "the official layout").items():
+        if k in sd:
+            flat[where.reshape(-1).long()] = sd[k].reshape(-1).double()
+    out = {}
+    for k, (shape, dtype) in shapes.items():
+        v = flat[offsets[k]:offsets[k] + math.prod(shape)]
+        if not torch.isnan(v).all():
+            if torch.isnan(v).any():
+                raise CheckpointError(f"the official {k} is only partly ours; the mapping is wrong")
+            out[k] = v.reshape(shape).to(getattr(torch, dtype))
     return out
 
 
