@@ -94,7 +94,8 @@ def official_config(cfg: Qwen3Config) -> dict:
     back to `cfg`): what the bench's official contender builds the official model from."""
     e = cfg.encoder
     encoder = {
-        "model_type": "mimi", "_frame_rate": e.frame_rate, "sampling_rate": e.sample_rate, "audio_channels": 1,
+        "model_type": "mimi", "_frame_rate": e.frame_rate, "sampling_rate": e.sample_rate,
+        "audio_channels": 1,
         "num_filters": e.n_filters, "upsampling_ratios": list(e.ratios), "kernel_size": e.kernel_size,
         "residual_kernel_size": e.residual_kernel_size, "last_kernel_size": e.last_kernel_size,
         "dilation_growth_rate": 2, "compress": e.compress, "num_residual_layers": 1, "use_causal_conv": True,
@@ -108,7 +109,8 @@ def official_config(cfg: Qwen3Config) -> dict:
         "codebook_size": e.codebook_size, "codebook_dim": e.codebook_dim,
         "vector_quantization_hidden_dimension": e.codebook_dim, "upsample_groups": e.dimension}
     decoder = {
-        "codebook_size": cfg.codebook_size, "codebook_dim": cfg.codebook_dim, "num_quantizers": cfg.n_codebooks,
+        "codebook_size": cfg.codebook_size, "codebook_dim": cfg.codebook_dim,
+        "num_quantizers": cfg.n_codebooks,
         "num_semantic_quantizers": 1, "semantic_codebook_size": cfg.codebook_size,  # (unused officially)
         "vector_quantization_hidden_dimension": cfg.codebook_dim, "latent_dim": cfg.latent_dim,
         "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layers,
@@ -118,7 +120,8 @@ def official_config(cfg: Qwen3Config) -> dict:
         "attention_dropout": 0.0, "decoder_dim": cfg.decoder_dim, "upsample_rates": list(cfg.upsample_rates),
         "upsampling_ratios": list(cfg.upsampling_ratios)}
     return {"model_type": "qwen3_tts_tokenizer_12hz", "architectures": ["Qwen3TTSTokenizerV2Model"],
-            "encoder_config": encoder, "decoder_config": decoder, "encoder_valid_num_quantizers": cfg.n_codebooks,
+            "encoder_config": encoder, "decoder_config": decoder,
+            "encoder_valid_num_quantizers": cfg.n_codebooks,
             "input_sample_rate": cfg.sample_rate, "output_sample_rate": cfg.sample_rate,
             "encode_downsample_rate": cfg.frame_size, "decode_upsample_rate": cfg.frame_size}
 
