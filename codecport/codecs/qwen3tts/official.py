@@ -86,14 +86,15 @@ def stream(model, codes, frames: int, context: int, steps: int, hop: int, m) -> 
     context yet), the median of a few."""
     lat, first = [], []
     for i in range(steps + m.WARMUP_STEPS):
-        end = (i + 1) * frames
+        # Each push past the longest context: a stream that has run a while holds all of it.
+        end = max(CONTEXTS) + (i + 1) * frames
         t0 = time.perf_counter()
-        model.decoder(codes[..., max(0, end - frames - context):end])[..., -frames * hop:]
+        model.decoder(codes[..., end - frames - context:end])[..., -frames * hop:]
         if i >= m.WARMUP_STEPS:
             lat.append(time.perf_counter() - t0)
     for _ in range(m.WARMUP_STEPS):
         t0 = time.perf_counter()
-        model.decoder(codes[..., :frames])
+        model.decoder(codes[..., max(CONTEXTS):max(CONTEXTS) + frames])
         first.append(time.perf_counter() - t0)
     return {"decode_step": m.percentiles(lat), "steps": steps, "frames_per_step": frames,
             "frame_ms": 1000 * hop / 24000, "first_audio_ms": 1e3 * sorted(first)[len(first) // 2],
@@ -119,8 +120,9 @@ def run(job: dict) -> dict:
     hop, steps, frames = conf["decode_upsample_rate"], job["steps"], job["frames"]
     rng = np.random.default_rng(0)  # the codes the bench's own decoder stream is timed on
     k, size = conf["encoder_valid_num_quantizers"], conf["decoder_config"]["codebook_size"]
-    pushed = np.concatenate([rng.integers(0, size, (k, frames))
-                             for _ in range(steps + m.WARMUP_STEPS)], axis=-1)
+    pushed = np.concatenate([rng.integers(0, size, (k, frames)) for _ in range(steps + m.WARMUP_STEPS)]
+                            + [rng.integers(0, size, (k, max(CONTEXTS)))], axis=-1)
+    pushed = np.concatenate([pushed[:, -max(CONTEXTS):], pushed[:, :-max(CONTEXTS)]], axis=-1)
     with torch.inference_mode():  # as the official wrapper calls them
         codes, enc = m.timed(lambda: model.encode(x, torch.ones_like(x, dtype=torch.long)).audio_codes[0],
                              job["runs"])
