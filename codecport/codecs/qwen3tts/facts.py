@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 from pathlib import Path
 
 from ...atomic import atomic_path
 from ...bench.facts import BenchFacts, Official
-from ...errors import CodecportError
 
 log = logging.getLogger(__name__)
 OFFICIAL = Path(__file__).with_name("official.py")
@@ -30,10 +28,11 @@ def _torch_decode(model, arrays):
 def prepare_official(work: Path, python: Path) -> None:
     """The bench's weights as the official `save_pretrained` writes them (`official/`): its
     config.json, and model.safetensors under the names and shapes the official package itself
-    lists for that config (official.py keys). Where qwen-tts does not import, nothing is written
+    lists for that config (official.py's `keys`). Where qwen-tts does not import, nothing is written
     and the contender says why."""
     from safetensors.torch import load_file, save_file
 
+    from ...bench.run import run_worker
     from .config import Qwen3Config
     from .weights import official_config, to_official
 
@@ -42,12 +41,10 @@ def prepare_official(work: Path, python: Path) -> None:
     out.mkdir(exist_ok=True)
     with atomic_path(out / "config.json") as tmp:
         tmp.write_text(json.dumps(official_config(cfg), indent=2))
-    proc = subprocess.run([str(python), str(OFFICIAL), "keys", str(out / "config.json")], capture_output=True,
-                          text=True, check=False, cwd=work)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise CodecportError(f"qwen-tts could not list its weights: {last}")
-    listed = json.loads(proc.stdout.strip().splitlines()[-1])
+    # absolute, not resolved: a venv's python is a symlink that must stay one
+    listed = run_worker({"contender": "qwen-tts (listing its weights)", "dir": str(work),
+                         "python": str(python.absolute()), "script": str(OFFICIAL),
+                         "config": str(out / "config.json")})
     if "skipped" in listed:
         log.info("%s", listed["skipped"])
         return

@@ -1,8 +1,8 @@
 """qwen-tts, the official Qwen3-TTS tokenizer package, as a codec-bench contender.
 
     OTHER_ENV/bin/python path/to/codecs/qwen3tts/official.py '<json job>'   -> prints one JSON line
-    OTHER_ENV/bin/python path/to/codecs/qwen3tts/official.py keys CONFIG.json -> its state dict's
-                                                                                names, shapes, dtypes
+    OTHER_ENV/bin/python path/to/codecs/qwen3tts/official.py '{"config": "CONFIG.json"}'
+        -> the official state dict's names, shapes and dtypes for that config
 
 Run by its path with the interpreter of an environment of its own (`codec-bench
 --official-python`): qwen-tts pins transformers 4.57.3 (and under codecport's newer transformers
@@ -12,7 +12,7 @@ of codecport but the bench's `measure.py`, which needs numpy alone. torchaudio, 
 same; its wheel does not load beside torch 2.13).
 
 The bench folder's `official/` holds the bench's weights in the official layout (written by
-`facts.prepare_official` from the names and shapes `keys` prints). The timings are the official
+`facts.prepare_official` from the names and shapes `keys` lists). The timings are the official
 calls: `model.encode(wav, padding_mask)`, `model.decode(codes)` (its `chunked_decode`, 300 frames
 with 25 of left context), and the way the official code can stream, which has no streaming API:
 each push of new frames re-runs the decoder on them with 25, or 72 (vLLM-Omni's PR #2480), frames of
@@ -80,7 +80,7 @@ def keys(config: Path) -> dict:
                      for k, v in model.state_dict().items()}}
 
 
-def stream(model, codes, frames: int, context: int, steps: int, hop: int, m) -> dict:
+def stream(model, codes, frames: int, context: int, steps: int, hop: int, rate: int, m) -> dict:
     """Per push of `frames` new code frames: the decoder re-run on them and `context` frames
     before them, their audio kept; and time to first audio, a new stream's first push (no
     context yet), the median of a few."""
@@ -97,7 +97,7 @@ def stream(model, codes, frames: int, context: int, steps: int, hop: int, m) -> 
         model.decoder(codes[..., max(CONTEXTS):max(CONTEXTS) + frames])
         first.append(time.perf_counter() - t0)
     return {"decode_step": m.percentiles(lat), "steps": steps, "frames_per_step": frames,
-            "frame_ms": 1000 * hop / 24000, "first_audio_ms": 1e3 * sorted(first)[len(first) // 2],
+            "frame_ms": 1000 * hop / rate, "first_audio_ms": 1e3 * sorted(first)[len(first) // 2],
             "latency_frames": 0}
 
 
@@ -117,7 +117,8 @@ def run(job: dict) -> dict:
     model.eval()
     meta = json.loads((folder / "model" / "manifest.json").read_text())
     x = torch.from_numpy(m.clip(int(meta["geometry"]["samples"])))
-    hop, steps, frames = conf["decode_upsample_rate"], job["steps"], job["frames"]
+    hop, rate = conf["decode_upsample_rate"], conf["output_sample_rate"]
+    steps, frames = job["steps"], job["frames"]
     rng = np.random.default_rng(0)  # the codes the bench's own decoder stream is timed on
     k, size = conf["encoder_valid_num_quantizers"], conf["decoder_config"]["codebook_size"]
     pushed = np.concatenate([rng.integers(0, size, (k, frames)) for _ in range(steps + m.WARMUP_STEPS)]
@@ -128,7 +129,8 @@ def run(job: dict) -> dict:
                              job["runs"])
         dec = m.timings(lambda: model.decode(codes[None]), job["runs"])
         streams = {f"streaming (left context {c})" if c != CONTEXTS[0] else "streaming":
-                   stream(model, torch.from_numpy(pushed)[None], frames, c, steps, hop, m) for c in CONTEXTS}
+                   stream(model, torch.from_numpy(pushed)[None], frames, c, steps, hop, rate, m)
+                   for c in CONTEXTS}
     try:
         release = version("qwen-tts")
     except PackageNotFoundError:
@@ -139,7 +141,5 @@ def run(job: dict) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "keys":
-        print(json.dumps(keys(Path(sys.argv[2]))))
-    else:
-        print(json.dumps(run(json.loads(sys.argv[1]))))
+    job = json.loads(sys.argv[1])
+    print(json.dumps(keys(Path(job["config"])) if "config" in job else run(job)))
