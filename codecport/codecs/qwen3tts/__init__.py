@@ -9,4 +9,5 @@ Its modules by role (docs/architecture.md); `HELPERS` gives the role of those th
 BUILT_ON = ("mimi",)  # the encoder is Mimi's model; the decoder's attention is Mimi's window
 HELPERS = {
     "decoder": "model",  # the decoder in torch: the reference, and the step with explicit state
+    "official": "facts",  # the official package as a codec-bench contender, in its own Python
 }
