@@ -7,6 +7,10 @@ Every Ray job start costs tens of seconds on two cores (a private cluster's daem
 attached to the cluster, and its actors' sessions), so each job here checks all it can: three
 job starts and one cluster in all.
 
+Every cluster stays on loopback: the tests run in a private network namespace (unshare -n,
+where loopback is the only interface; `loopback_only` fails them elsewhere), since Ray binds the
+machine's routable address even when told 127.0.0.1.
+
 Each driver and node is started in a session of its own (start_new_session): Ray's daemons and
 workers stay in the session of the process that started them, so the processes a check looks at
 are this test's, whatever other Ray clusters the machine runs (another test run, a bench)."""
@@ -44,6 +48,17 @@ RAY = str(BIN / "ray")
 ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
 
 pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(autouse=True, scope="module")
+def loopback_only():
+    """Ray binds its services to the machine's routable address whatever it is told (see
+    shared/reference/ray-serve.md), so its clusters run only in a network namespace whose one
+    interface is loopback: scripts/test.sh runs the suite under `unshare -n`."""
+    others = sorted(name for _, name in socket.if_nameindex() if name != "lo")
+    if others:
+        pytest.fail(f"Ray tests run in a private network namespace, but {', '.join(others)} is here: run "
+                    "them as scripts/test.sh does (unshare -n, loopback up)", pytrace=False)
 
 
 def _processes(sessions: set[int]) -> dict[int, bytes]:
