@@ -19,7 +19,7 @@ def test_bench_tokenize_runs_every_local_contender_and_reports_ratios(tmp_path):
     """`codec-bench tokenize` end to end on the tiny Mimi (batched encoders, so a local bB; and
     no loudness meter, whose scipy import costs each of DAC's workers seconds), one clip a corpus
     (the start, corpus and short-clip runs are the same code at any count; one clip is one worker
-    a run). Its Ray contenders are the same command with --engine ray, which test_tokenize_ray
+    a run). Its Ray contenders are the same command with --engine ray, which test_ray
     runs."""
     out = tmp_path / "tok.json"
     t0 = time.perf_counter()

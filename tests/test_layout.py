@@ -27,6 +27,7 @@ DOC = ROOT.parent / "docs" / "architecture.md"
 LAYERS = {
     # atomic raises errors' OutputError
     "codecport.errors": 0, "codecport.version": 0, "codecport.atomic": 0.5,
+    "codecport.cluster": 0.5,  # Ray as tokenize and serve share it (errors)
     "codecport.frontend": 0.5,  # every front end's one-line errors (click, errors)
     "codecport.codecs": 0,  # the codecs' packages (__init__: a docstring and a table, no import)
     "codecport.runtime": 1, "codecport.models": 1,

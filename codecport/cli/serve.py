@@ -26,6 +26,15 @@ def _origins(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
         raise click.BadParameter(str(e)) from None
 
 
+def _bounds(ctx, param, value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    lo, sep, hi = value.partition(":")
+    if not (sep and lo.isdigit() and hi.isdigit()) or not 1 <= int(lo) <= int(hi) <= 1024:
+        raise click.BadParameter(f"{value!r} is not MIN:MAX replicas (1 <= MIN <= MAX <= 1024), as 1:4")
+    return int(lo), int(hi)
+
+
 @click.command(cls=Command, context_settings={"show_default": True})
 @click.version_option(__version__, prog_name="codec-serve")
 @click.option("-m", "--model", "model_dir", type=click.Path(path_type=Path), required=True,
@@ -61,16 +70,31 @@ def _origins(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
               help="A page whose WebSockets may connect (repeat for more), as http://localhost:5173; a "
                    "browser's WebSocket from any other page is refused, a client that sends no Origin "
                    "(not a browser) is not.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local",
+              help="local: one process; ray: replicas on a Ray cluster behind Ray Serve's proxy, each "
+                   "with --slots slots a side (docs/serve.md, Ray).")
+@click.option("--address", default=None,
+              help="--engine ray: the cluster to join (host:port of its head; default RAY_ADDRESS, else a "
+                   "private local Ray).")
+@click.option("--replicas", type=click.IntRange(1, 1024), default=1,
+              help="--engine ray: replicas, each holding --slots slots a side.")
+@click.option("--autoscale", callback=_bounds, metavar="MIN:MAX", default=None,
+              help="--engine ray: from MIN to MAX replicas, on the slots in use (instead of --replicas).")
+@click.option("--replica-cpus", type=Finite(min=0.01, max=4096), default=None,
+              help="--engine ray: cores a replica holds (Ray's num_cpus; its ORT threads follow) [default: "
+                   "the cores over the replicas on a Ray started here, 1 on a cluster].")
 @provider_options
 @verbose_option
 @guard
 def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, handshake_timeout, grace,
-              max_message, max_backlog, send_buffer, batched, allow_origin, provider, fallback, options,
-              verbose) -> None:
+              max_message, max_backlog, send_buffer, batched, allow_origin, engine, address, replicas,
+              autoscale, replica_cpus, provider, fallback, options, verbose) -> None:
     """Serve live streams of an exported codec over WebSocket: PCM in and codes out (encode),
     codes in and PCM out (decode), or both (duplex), one stream per connection at
     ws://HOST:PORT/stream, with /health and /metrics. SIGTERM drains and exits."""
     setup_logging(verbose)
+    if engine == "local" and (address or autoscale or replicas != 1 or replica_cpus):
+        raise CodecportError("--address, --replicas, --autoscale and --replica-cpus are for --engine ray")
     try:
         from ..serve.server import run
     except ImportError as e:
@@ -86,12 +110,26 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
                          batched=batched, allow_origin=allow_origin)
 
     def announce(url: str) -> None:
+        where = "" if engine == "local" else (
+            f", on Ray: {replicas} replica{'s' if replicas > 1 else ''}" if autoscale is None
+            else f", on Ray: {autoscale[0]} to {autoscale[1]} replicas")
         click.echo(f"serving {spec.label} {codec.preset} ({model_dir}) on {codec.provider}: "
-                   f"{slots} slot{'s' if slots > 1 else ''} a side "
-                   f"({', '.join(codec.streams)})" + (f", a queue of {queue}" if queue else ""))
+                   f"{slots} slot{'s' if slots > 1 else ''} a side{' a replica' if where else ''} "
+                   f"({', '.join(codec.streams)})" + (f", a queue of {queue}" if queue else "") + where)
         ws = url.replace("http", "ws", 1)
         click.echo(f"listening on {url}  (streams: {ws}/stream, {url}/health, {url}/metrics; SIGTERM drains)")
         sys.stdout.flush()
 
-    run(codec, config, announce)
+    if engine == "ray":
+        from ..serve.onray import RayPlan, run_on_ray
+
+        plan = RayPlan(address=address, replicas=replicas, autoscale=autoscale, cpus=replica_cpus)
+        def draining() -> None:
+            click.echo(f"draining: no new streams; those in flight get {grace:g} s")
+            sys.stdout.flush()
+
+        run_on_ray(str(Path(model_dir).resolve()), provider, fallback, dict(options or {}), config, plan,
+                   announce, draining=draining)
+    else:
+        run(codec, config, announce)
     click.echo("stopped")

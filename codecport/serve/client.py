@@ -112,8 +112,14 @@ class StreamClient:
     def _gone(self, msg) -> ServeError:
         if msg.type is aiohttp.WSMsgType.BINARY:
             return ServeError("bad_request", "binary data before the ready reply")
-        return ServeError("closed", f"the server closed the stream ({msg.type.name}, close code "
-                                    f"{self.ws.close_code})")
+        code = self.ws.close_code
+        if code in (None, 1006) or msg.type is aiohttp.WSMsgType.ERROR:
+            # No close frame: the process that held the stream is gone (a server or a Ray replica
+            # killed, a node lost, a proxy restarted) or the network cut; nothing of it is left.
+            return ServeError("closed", "the connection dropped without a close from the server (1006): "
+                                        "the server, or the replica holding this stream, died or was cut "
+                                        "off; the stream is lost: connect again and resend from the start")
+        return ServeError("closed", f"the server closed the stream ({msg.type.name}, close code {code})")
 
     # ---- sending ------------------------------------------------------------------------------
     async def _send(self, data: bytes | str) -> None:

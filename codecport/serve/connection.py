@@ -16,7 +16,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType
 
 from .config import ServeConfig
 from .engine import Scheduler
@@ -35,13 +35,14 @@ async def _cancelled(*tasks: asyncio.Future) -> None:
 
 
 class Connection:
-    """A stream's WebSocket `ws` on `request`; `serve()` runs it to its end. `convert(fn, data)`
+    """A stream's WebSocket `ws` (ws.Socket on aiohttp, asgi.AsgiSocket on Ray Serve: what this
+    class asks of a socket, each gives); `serve()` runs it to its end. `convert(fn, data)`
     runs `fn(data)` (a message's bytes made into input) where the server says (off the event
     loop, for a large one)."""
 
-    def __init__(self, ws: Socket, request: web.Request, config: ServeConfig, scheduler: Scheduler, codec,
+    def __init__(self, ws: Socket, config: ServeConfig, scheduler: Scheduler, codec,
                  convert: Callable[[Callable, bytes], Awaitable]):
-        self.ws, self.request, self.config, self.scheduler, self.codec = ws, request, config, scheduler, codec
+        self.ws, self.config, self.scheduler, self.codec = ws, config, scheduler, codec
         self.convert = convert
         self.greeting = False  # waiting for the client's request (a drain refuses it itself)
         self._notices: set[asyncio.Task] = set()
@@ -175,15 +176,13 @@ class Connection:
             await asyncio.wait({sender}, timeout=2 * cfg.close_timeout + 1)
             if not sender.done():
                 sender.cancel()
-                if self.ws.transport is not None:
-                    self.ws.transport.abort()
+                self.ws.abort()
         finally:
             for task in (reader, sender, failed):
                 task.cancel()
 
     def _gone(self, sender: asyncio.Task) -> bool:
-        transport = self.request.transport
-        return sender.done() or transport is None or transport.is_closing()
+        return sender.done() or self.ws.gone()
 
     async def _read(self, live: Live, sender: asyncio.Task) -> None:
         """The client's messages into its stream, until it leaves or the socket closes after

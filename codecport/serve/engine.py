@@ -157,6 +157,16 @@ class Scheduler:
         job in flight (until then a newcomer would be told busy, so they still count)."""
         return len(set(self._holders) | {self._owner[s] for s in self._closing if s in self._owner})
 
+    def health(self) -> dict:
+        """What /health says of this scheduler (docs/serve.md)."""
+        codec = self.codec
+        return {"ok": not self.draining, "codec": codec.name, "preset": codec.preset,
+                "slots": {"total": self.size, "active": self.holding},
+                "pools": {side: {"total": self.size, "active": self.active(side),
+                                 "batch": min(pool.batch, self.size)}
+                          for side, pool in self.pools.items()},
+                "queued": len(self.waiting), "connections": self.connections, "draining": self.draining}
+
     def gauges(self) -> dict:
         sides = list(self.pools)
         return {"slots": [(f'side="{s}"', self.size) for s in sides],

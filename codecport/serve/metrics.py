@@ -108,3 +108,30 @@ GAUGES = {
     "queued": ("gauge", "Connections waiting for a slot (--queue)."),
     "draining": ("gauge", "1 once SIGTERM has stopped new connections."),
 }
+
+
+def merge(texts: dict[str, str], label: str = "replica") -> str:
+    """Several servers' `render()` texts as one exposition: each sample labelled `label="<key>"`,
+    each family's samples together under one HELP and TYPE (the text format wants them so)."""
+    heads: dict[str, list[str]] = {}
+    samples: dict[str, list[str]] = {}
+    for key, text in texts.items():
+        tag = f'{label}="{key}"'
+        family = ""
+        for line in text.splitlines():
+            if line.startswith("# "):
+                family = line.split()[2]
+                heads.setdefault(family, [])
+                if len(heads[family]) < 2:
+                    heads[family].append(line)
+                continue
+            if not line:
+                continue
+            name, _, value = line.rpartition(" ")
+            name = f"{name[:-1]},{tag}}}" if name.endswith("}") else f"{name}{{{tag}}}"
+            samples.setdefault(family, []).append(f"{name} {value}")
+    out = []
+    for family, lines in heads.items():
+        out.extend(lines)
+        out.extend(samples.get(family, []))
+    return "\n".join(out) + "\n"

@@ -145,13 +145,7 @@ class Server:
 
     # ---- plain routes -------------------------------------------------------------------------
     def health(self) -> dict:
-        sched = self.scheduler
-        return {"ok": not sched.draining, "codec": self.codec.name, "preset": self.codec.preset,
-                "slots": {"total": sched.size, "active": sched.holding},
-                "pools": {side: {"total": sched.size, "active": sched.active(side),
-                                 "batch": min(pool.batch, sched.size)}
-                          for side, pool in sched.pools.items()},
-                "queued": len(sched.waiting), "connections": sched.connections, "draining": sched.draining}
+        return self.scheduler.health()
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response(self.health(), status=503 if self.scheduler.draining else 200)
@@ -174,7 +168,7 @@ class Server:
         if cfg.send_buffer and sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.send_buffer)
-        conn = Connection(ws, request, cfg, self.scheduler, self.codec, self.convert)
+        conn = Connection(ws, cfg, self.scheduler, self.codec, self.convert)
         task = asyncio.current_task()
         self._connections.add(conn)
         self._handlers.add(task)

@@ -145,6 +145,15 @@ class Socket(web.WebSocketResponse):
         if tail:
             proto.data_received(tail)
 
+    def gone(self) -> bool:
+        """The connection is closing or closed (a client that left while its socket was not read)."""
+        return self.transport is None or self.transport.is_closing()
+
+    def abort(self) -> None:
+        """Cut the connection, without a closing handshake."""
+        if self.transport is not None:
+            self.transport.abort()
+
     def discard_input(self) -> None:
         """Drop the client's data frames unread from now on (its close still answers ours)."""
         if self.guard is not None:

@@ -74,7 +74,7 @@ def tokenize(inputs: list[str], model_dir: str | Path, out_dir: str | Path, *, e
     settings = replace(base, batch=batch, codebooks=codec.codebooks(codebooks))
     Batcher(codec, batch).check()
     if engine == "ray" and (address or os.environ.get("RAY_ADDRESS")):  # before the folder is claimed
-        from .raydata import check_reachable
+        from ..cluster import check_reachable
 
         check_reachable(address or os.environ["RAY_ADDRESS"])
     out = OutputDir(Path(out_dir), codec, settings.codebooks)

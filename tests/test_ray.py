@@ -17,8 +17,10 @@ are this test's, whatever other Ray clusters the machine runs (another test run,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import re
 import secrets
 import signal
 import socket
@@ -26,10 +28,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
+from conftest import noise
+from serve_support import chunks, frame_chunks, in_thread, ref_decode, ref_encode, run, until
 from tokenize_support import (
     BIN,
     add_bad_files,
@@ -42,10 +47,17 @@ from tokenize_support import (
     tokenize,
 )
 
+import codecport
+from codecport.serve import ServeError, connect, stream
+
 WINDOWED = "snac"  # the two-node cluster's codec: its long clips go through batched windows
 RAY = str(BIN / "ray")
-# No usage report, no dashboard; the nodes' logs stay in Ray's own temp folder.
-ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
+# No usage report, no dashboard; the nodes' logs stay in Ray's own temp folder. Serve's proxies
+# route each new stream to the replica holding fewest, on any node, as they find it then (not
+# their own node's first, nor from a count up to 10 s old): the nodes' environment that
+# docs/serve.md gives users (onray.ROUTING).
+ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
+       "RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S": "0"}
 
 pytestmark = pytest.mark.ray
 
@@ -245,3 +257,137 @@ def test_two_node_cluster_an_actor_killed_midway_codes_equal_encode(tmp_path, sm
     # Nothing to do: the driver says so without starting a Ray job (driver.py).
     proc = tokenize(corpus, "-m", folder, "-o", out, "--engine", "ray", "--address", address, env=auth)
     assert f"{len(files)} already done" in proc.stdout and "0 files tokenized" in proc.stdout
+
+
+# ---- codec-serve --engine ray --------------------------------------------------------------------
+class ServeOnRay:
+    """A `codec-serve --engine ray` driver (its own session) and the URL it printed."""
+
+    def __init__(self, folder: Path, log: Path, *args, env=None):
+        self.log = log
+        with open(log, "w") as err:
+            self.proc = subprocess.Popen([str(BIN / "codec-serve"), "-m", str(folder), "--engine", "ray",
+                                          "--port", "0", *map(str, args)], stdout=subprocess.PIPE,
+                                         stderr=err, start_new_session=True, text=True,
+                                         env={**os.environ, **ENV, **(env or {})})
+        line = ""
+        while "listening on" not in line:
+            line = self.proc.stdout.readline()
+            assert line, f"codec-serve --engine ray did not start: {log.read_text()}"
+        self.url = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line).group(1)
+
+    def get(self, path: str, headers: dict | None = None) -> tuple[int, object]:
+        async def go():
+            async with aiohttp.ClientSession() as s, s.get(self.url + path, headers=headers) as r:
+                body = await r.json() if r.content_type == "application/json" else await r.text()
+                return r.status, body
+        return in_thread(asyncio.run, go())
+
+    def stop(self, timeout: float = 60) -> tuple[int, str]:
+        """SIGTERM, then its exit status and what it printed."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            out, _ = self.proc.communicate()
+        return self.proc.returncode, out
+
+
+@pytest.fixture(scope="module")
+def mimi_on_ray(cluster, tiny_mimi_export, tmp_path_factory):
+    """Tiny Mimi on two replicas of the two-node cluster (one a node: a CPU each), 2 slots a side
+    each, a queue of 2 waiting at most 3 s."""
+    address, auth, _ = cluster
+    served = ServeOnRay(tiny_mimi_export, tmp_path_factory.mktemp("serve-ray") / "mimi.log", "--address",
+                        address, "--replicas", 2, "--slots", 2, "--queue", 2, "--queue-timeout", 3,
+                        "--grace", 5, env=auth)
+    yield served
+    served.stop()
+
+
+async def _health(url: str) -> dict:
+    async with aiohttp.ClientSession() as s, s.get(url + "/health") as r:
+        return await r.json()
+
+
+def _replicas(served: ServeOnRay, n: int) -> list[dict]:
+    """/health's replicas, once it lists `n` (a replacement takes seconds to start)."""
+    async def listed():
+        return len((await _health(served.url))["replicas"]) == n
+
+    run(until(listed, f"/health never listed {n} replicas", timeout=60))
+    return run(_health(served.url))["replicas"]
+
+
+def test_streams_on_two_replicas_are_each_exact_and_health_sees_both(mimi_on_ray, tiny_mimi_export):
+    """Streams that join and leave at staggered times, spread over the two replicas by Serve's
+    proxy, give stream by stream what the runtime's streams give alone (Mimi duplex, encode and
+    decode); /health lists each replica with its node and process, /metrics labels each one's."""
+    replicas = _replicas(mimi_on_ray, 2)
+    assert len({r["node"] for r in replicas}) == 2 and all(r["pid"] > 0 for r in replicas)
+    assert all(r["slots"] == {"total": 2, "active": 0} for r in replicas)
+    codec = codecport.load(tiny_mimi_export)
+    rng = np.random.default_rng(5)
+    xs = [noise(int(rng.integers(1500, 5000)), seed=20 + i)[0] for i in range(4)]
+    cs = [rng.integers(0, codec.codebook_size, (4, int(rng.integers(40, 160)))) for _ in range(2)]
+
+    async def duplex(i):
+        await asyncio.sleep(0.1 * i)
+        async with await connect(mimi_on_ray.url, "duplex", codebooks=2) as c:
+            return await stream(c, chunks(xs[i], [700, 5, 1500]), interval=0.01)
+
+    async def decoder(i):
+        await asyncio.sleep(0.15 * i)
+        async with await connect(mimi_on_ray.url, "decode", codebooks=4) as c:
+            return await stream(c, frame_chunks(cs[i], [3, 11, 1]), interval=0.01)
+
+    async def leaver():
+        c = await connect(mimi_on_ray.url, "encode")
+        await c.send_pcm(xs[3][:900])
+        await c.close()  # gone mid-stream, without an end
+
+    async def go():
+        return await asyncio.gather(*[duplex(i) for i in range(3)], *[decoder(i) for i in range(2)], leaver())
+
+    got = run(go())
+    for i in range(3):
+        codes = ref_encode(codec, xs[i], 2)
+        assert np.array_equal(got[i].codes()[0], codes), i
+        assert np.array_equal(got[i].audio(), ref_decode(codec, codes)), i
+    for i in range(2):
+        assert np.array_equal(got[3 + i].audio(), ref_decode(codec, cs[i])), i
+    status, text = mimi_on_ray.get("/metrics")
+    opened = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'codec_serve_streams_total\{op="duplex",replica="([^"]+)"\} (\S+)', text)}
+    assert status == 200 and len(opened) == 2 and sum(opened.values()) == 3, text
+
+
+def test_a_stream_no_replica_can_take_is_queued_then_told_busy(mimi_on_ray):
+    """Four duplex streams fill both replicas' slots; a fifth is queued, then told busy after the
+    queue's 3 s: never an upgrade that Serve holds without an answer."""
+    async def go():
+        held = [await connect(mimi_on_ray.url, "duplex") for _ in range(4)]
+        try:
+            with pytest.raises(ServeError) as e:
+                await connect(mimi_on_ray.url, "duplex", timeout=30)
+            return e.value
+        finally:
+            for c in held:
+                await c.close()
+
+    assert run(go()).code == "busy"
+
+
+def test_a_foreign_host_or_page_is_refused(mimi_on_ray):
+    status, body = mimi_on_ray.get("/health", headers={"Host": "evil.example:80"})
+    assert status == 421 and body["code"] == "bad_request", body
+
+    async def page():
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as e:
+                await s.ws_connect(mimi_on_ray.url + "/stream", headers={"Origin": "http://evil.example"})
+            return e.value.status
+
+    assert run(page()) == 403

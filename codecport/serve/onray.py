@@ -1,0 +1,153 @@
+"""`codec-serve --engine ray`: the driver that puts replicas (replica.py) on a Ray cluster behind
+Ray Serve's proxy, announces the URL, and on SIGTERM or SIGINT drains what it started.
+
+The proxy is Serve's default (Python) one, not its HAProxy mode: HAProxy mode costs about a tenth
+per frame, but in Ray 2.60 it binds its stats and Prometheus ports and each replica's port on
+every interface whatever `--host` says (and holds a shutdown at least 30 s), where codec-serve
+listens only where the user says. docs/serve.md gives the proxy's measured cost per frame.
+Ray Serve facts: shared/reference/ray-serve.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ..cluster import check_reachable, import_ray, without_core_notes
+from ..errors import CodecportError
+from ..runtime.providers import cpu_cores
+from .config import ServeConfig
+
+log = logging.getLogger(__name__)
+APP = "codec-serve"
+# How Serve's proxies pick a replica for a new stream, set in the environment of every node (a
+# Ray started here has the driver's). Without them a proxy fills its own node's replicas up to
+# max_ongoing_requests (which here counts the queue and the busy answers) before it looks at
+# another node, and ranks replicas by counts cached for 10 s, each proxy its own: two proxies
+# sent three streams to one replica of two. With them, each new stream asks the replicas their
+# load (a probe of a millisecond or so, once a stream) and goes to the one holding fewest.
+ROUTING = {"RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0", "RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S": "0"}
+
+
+@dataclass(frozen=True)
+class RayPlan:
+    """Where and how many: `address` (None: a private local Ray), `replicas` (fixed), or
+    `autoscale` (MIN, MAX), and `cpus` each."""
+
+    address: str | None = None
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None
+    cpus: float | None = None  # a replica's share of the cores (None: as run_on_ray says)
+
+
+def free_port(host: str) -> int:
+    """A port free on `host` now (Serve's proxy takes a fixed port: `--port 0` is chosen here)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def deployment_options(config: ServeConfig, plan: RayPlan, cpus: float) -> dict:
+    """Serve's options for the replicas of `config` on `plan`, each with `cpus` cores.
+
+    `max_ongoing_requests` is every connection a replica's own scheduler answers (a stream on each
+    side, the queue, and a /health or two), so that Serve never holds an upgrade without a reply:
+    its own overflow waits with no time limit. The replica says `busy` or `queued` itself."""
+    opts = {"max_ongoing_requests": 2 * config.slots + config.queue + 2,
+            "graceful_shutdown_timeout_s": config.grace, "graceful_shutdown_wait_loop_s": 0.5,
+            "health_check_period_s": 2, "health_check_timeout_s": 10,
+            "ray_actor_options": {"num_cpus": cpus, "runtime_env": {"env_vars": {
+                "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}}}}
+    if plan.autoscale is None:
+        opts["num_replicas"] = plan.replicas
+    else:
+        lo, hi = plan.autoscale
+        opts["autoscaling_config"] = {"min_replicas": lo, "max_replicas": hi, "initial_replicas": lo,
+                                      "upscale_delay_s": 1, "downscale_delay_s": 30,
+                                      "policy": {"policy_function": "codecport.serve.replica:slots_policy"}}
+    return opts
+
+
+def run_on_ray(folder: str, provider: str, fallback: str | None, options: dict, config: ServeConfig,
+               plan: RayPlan, announce: Callable[[str], None] | None = None,
+               stop: threading.Event | None = None, draining: Callable[[], None] | None = None) -> None:
+    """Serve `folder` on Ray until `stop` is set or SIGTERM/SIGINT arrive (main thread), then
+    delete the app (its replicas drain for `config.grace` s) and stop what was started here.
+    `announce(url)` once the replicas run; `draining()` when the drain begins."""
+    ray = import_ray(log, "codec-serve --engine ray needs Ray Serve", "ray")
+    try:
+        from ray import serve
+
+        from . import replica  # noqa: F401  (FastAPI and the rest of Ray Serve's stack)
+    except ImportError as e:
+        raise CodecportError(f"codec-serve --engine ray needs Ray Serve ({e}); "
+                             "pip install 'codecport[ray]'") from None
+    address = plan.address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        check_reachable(address)
+    level = logging.INFO if log.isEnabledFor(logging.INFO) else logging.ERROR
+    # Serve's driver-side notes (started, ready, deleting) are for -v; the CLI says what happened.
+    logging.getLogger("ray.serve").setLevel(min(level, logging.WARNING))
+    with without_core_notes(level > logging.INFO):
+        _run(ray, serve, folder, provider, fallback, options, config, plan, address, level, announce,
+             stop or threading.Event(), draining)
+
+
+def _run(ray, serve, folder, provider, fallback, options, config, plan, address, level, announce, stop,
+         draining) -> None:
+    from .replica import NAMESPACE, Board, Replica
+
+    started = address is None
+    for key, value in ROUTING.items():  # a Ray started here passes them on to its proxies
+        os.environ.setdefault(key, value)
+    try:
+        if started:
+            ray.init(address="local", num_cpus=cpu_cores(), include_dashboard=False, logging_level=level,
+                     log_to_driver=False, namespace=NAMESPACE)
+        else:
+            ray.init(address=address, logging_level=level, log_to_driver=False, namespace=NAMESPACE)
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        raise CodecportError(f"cannot start or reach the Ray cluster {address or '(local)'}: "
+                             f"{str(e).splitlines()[0]}; check --address / RAY_ADDRESS") from e
+    if threading.current_thread() is threading.main_thread():  # after ray.init, which sets its own
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    try:
+        port = config.port or free_port(config.host)
+        config = replace(config, port=port)
+        most = plan.replicas if plan.autoscale is None else plan.autoscale[1]
+        # A replica's share of the cores: --replica-cpus, else the machine's cores over the most
+        # replicas on a Ray started here, one core on a cluster. Its ORT threads follow.
+        cpus = plan.cpus or (ray.cluster_resources().get("CPU", 1) / most if started else 1.0)
+        options = {**options, "threads": options.get("threads", str(max(1, int(cpus))))}
+        serve.start(http_options={"host": config.host, "port": port})
+        board_name = f"{APP}-board-{os.getpid()}"
+        board = ray.remote(num_cpus=0)(Board).options(name=board_name, namespace=NAMESPACE).remote()
+        ray.get(board.fresh.remote())
+        app = Replica.options(**deployment_options(config, plan, cpus)).bind(
+            str(folder), provider, fallback, options, config, board_name)
+        try:
+            serve.run(app, name=APP, route_prefix="/")
+        except Exception as e:
+            raise CodecportError(f"the replicas did not start: {str(e).strip().splitlines()[-1]}") from e
+        host = config.host
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        if announce is not None:
+            announce(url)
+        while not stop.wait(1.0):  # a timed wait: the signal handler runs between waits
+            pass
+        log.info("draining: the replicas' streams in flight get %g s", config.grace)
+        if draining is not None:
+            draining()
+        serve.delete(APP)  # returns once the replicas have drained (or their grace ran out)
+        ray.kill(board)
+        if started:
+            serve.shutdown()
+    finally:
+        ray.shutdown()
