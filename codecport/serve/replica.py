@@ -142,15 +142,20 @@ class Replica:
         finally:
             await sock.stop()
 
+    def _refused(self, request: Request) -> Response | None:
+        """421 with the JSON error for a plain request that does not name this server."""
+        why = self._refusal(request.headers, stream=False)
+        if why is None:
+            return None
+        return Response(error_message("bad_request", why), status_code=421, media_type="application/json")
+
     async def _board(self) -> list[dict]:
         return sorted(await self.board.fresh.remote(), key=lambda e: (e["node"], e["pid"]))
 
     @app.get("/health")
     async def health(self, request: Request):
-        refused = self._refusal(request.headers, stream=False)
-        if refused is not None:
-            return Response(error_message("bad_request", refused), status_code=421,
-                            media_type="application/json")
+        if (refused := self._refused(request)) is not None:
+            return refused
         entries = await self._board()
         replicas = [{k: v for k, v in e.items() if k != "metrics"} for e in entries]
         ok = bool(replicas) and any(r["ok"] for r in replicas)
@@ -163,10 +168,8 @@ class Replica:
 
     @app.get("/metrics")
     async def metrics(self, request: Request):
-        refused = self._refusal(request.headers, stream=False)
-        if refused is not None:
-            return Response(error_message("bad_request", refused), status_code=421,
-                            media_type="application/json")
+        if (refused := self._refused(request)) is not None:
+            return refused
         text = merge({e["replica"]: e["metrics"] for e in await self._board()})
         return PlainTextResponse(text, headers={"X-Content-Type-Options": "nosniff"})
 
