@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import re
 import secrets
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +51,7 @@ from tokenize_support import (
 
 import codecport
 from codecport.serve import ServeError, connect, stream
+from codecport.serve.client import Result
 
 WINDOWED = "snac"  # the two-node cluster's codec: its long clips go through batched windows
 RAY = str(BIN / "ray")
@@ -56,8 +59,9 @@ RAY = str(BIN / "ray")
 # route each new stream to the replica holding fewest, on any node, as they find it then (not
 # their own node's first, nor from a count up to 10 s old): the nodes' environment that
 # docs/serve.md gives users (onray.ROUTING).
+# A killed proxy is found and replaced in seconds (Serve's default health check is every 10 s).
 ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
-       "RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S": "0"}
+       "RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S": "0", "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S": "1"}
 
 pytestmark = pytest.mark.ray
 
@@ -73,7 +77,7 @@ def loopback_only():
                     "them as scripts/test.sh does (unshare -n, loopback up)", pytrace=False)
 
 
-def _processes(sessions: set[int]) -> dict[int, bytes]:
+def _processes(sessions) -> dict[int, bytes]:
     """pid -> command line of the live processes (zombies left out) of the Linux `sessions`."""
     out = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -86,12 +90,12 @@ def _processes(sessions: set[int]) -> dict[int, bytes]:
     return out
 
 
-def _ray_daemons(sessions: set[int]) -> set[int]:
+def _ray_daemons(sessions) -> set[int]:
     """Ray's daemons (raylet, gcs_server) of `sessions` running now."""
     return {pid for pid, cmd in _processes(sessions).items() if b"raylet" in cmd or b"gcs_server" in cmd}
 
 
-def _actors(sessions: set[int]) -> set[int]:
+def _actors(sessions) -> set[int]:
     """The processes of Ray Data's map actors (`ray::MapWorker(...)`) of `sessions` running now."""
     return {pid for pid, cmd in _processes(sessions).items() if b"MapWorker" in cmd}
 
@@ -168,7 +172,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _kill(sessions: set[int]) -> None:
+def _kill(sessions) -> None:
     """SIGKILL every process of `sessions` (the nodes' daemons and workers) until none is left."""
     deadline = time.monotonic() + 30
     while (left := _processes(sessions)) and time.monotonic() < deadline:
@@ -180,20 +184,20 @@ def _kill(sessions: set[int]) -> None:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Two Ray nodes on 127.0.0.1, one CPU each: (address, env, the nodes' sessions), stopped at
-    the end, pass or fail."""
+    """Two Ray nodes on 127.0.0.1, one CPU each: (address, env, the nodes' sessions, head's first),
+    stopped at the end, pass or fail."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
     # The nodes and the jobs share a token (Ray's token auth, which `ray start` turns on).
     auth = {**ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     env = {**os.environ, **auth}
     common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
-    sessions: set[int] = set()  # a node's processes stay in the session of its `ray start`
+    sessions: list[int] = []  # a node's processes stay in the session of its `ray start` (head first)
     try:
         for node in (["--head", "--port", str(port), "--include-dashboard", "false"], ["--address", address]):
             start = subprocess.Popen([RAY, "start", *node, *common], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-            sessions.add(start.pid)
+            sessions.append(start.pid)
             stdout, stderr = start.communicate(timeout=120)
             assert start.returncode == 0, stdout + stderr
         deadline = time.monotonic() + 60
@@ -261,20 +265,38 @@ def test_two_node_cluster_an_actor_killed_midway_codes_equal_encode(tmp_path, sm
 
 # ---- codec-serve --engine ray --------------------------------------------------------------------
 class ServeOnRay:
-    """A `codec-serve --engine ray` driver (its own session) and the URL it printed."""
+    """A `codec-serve --engine ray` driver (its own session), the URL it printed, and its lines."""
 
     def __init__(self, folder: Path, log: Path, *args, env=None):
-        self.log = log
+        self.log, self.lines, self.said = log, queue.Queue(), []
         with open(log, "w") as err:
             self.proc = subprocess.Popen([str(BIN / "codec-serve"), "-m", str(folder), "--engine", "ray",
                                           "--port", "0", *map(str, args)], stdout=subprocess.PIPE,
                                          stderr=err, start_new_session=True, text=True,
                                          env={**os.environ, **ENV, **(env or {})})
-        line = ""
-        while "listening on" not in line:
-            line = self.proc.stdout.readline()
-            assert line, f"codec-serve --engine ray did not start: {log.read_text()}"
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        line = self.expect("listening on", 180)
         self.url = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line).group(1)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def expect(self, text: str, timeout: float = 60) -> str:
+        """The next line holding `text` that it prints (AssertionError if it exits or is silent
+        for `timeout` s first)."""
+        while True:
+            try:
+                line = self.lines.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(f"codec-serve --engine ray never said {text!r}: "
+                                     f"{self.log.read_text()}") from None
+            assert line is not None, f"codec-serve --engine ray ended before {text!r}: {self.log.read_text()}"
+            self.said.append(line)
+            if text in line:
+                return line
 
     def get(self, path: str, headers: dict | None = None) -> tuple[int, object]:
         async def go():
@@ -284,25 +306,34 @@ class ServeOnRay:
         return in_thread(asyncio.run, go())
 
     def stop(self, timeout: float = 60) -> tuple[int, str]:
-        """SIGTERM, then its exit status and what it printed."""
+        """SIGTERM (unless it has exited), then its exit status and all it printed."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            out, _ = self.proc.communicate(timeout=timeout)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            out, _ = self.proc.communicate()
-        return self.proc.returncode, out
+            self.proc.wait()
+        self.reader.join()
+        while not self.lines.empty():
+            if (line := self.lines.get()) is not None:
+                self.said.append(line)
+        return self.proc.returncode, "".join(self.said)
+
+
+def _serve_args(address: str) -> list:
+    return ["--address", address, "--replicas", 2, "--replica-cpus", 0.5, "--proxies", "head", "--slots", 2,
+            "--queue", 2, "--queue-timeout", 3, "--grace", 5]
 
 
 @pytest.fixture(scope="module")
 def mimi_on_ray(cluster, tiny_mimi_export, tmp_path_factory):
-    """Tiny Mimi on two replicas of the two-node cluster (one a node: a CPU each), 2 slots a side
-    each, a queue of 2 waiting at most 3 s."""
+    """Tiny Mimi on two replicas of the two-node cluster (half a CPU each: one a node, and room
+    for a redeploy's), 2 slots a side each, a queue of 2 waiting at most 3 s, behind one proxy
+    (the head's: which proxy a stream went through is then known)."""
     address, auth, _ = cluster
-    served = ServeOnRay(tiny_mimi_export, tmp_path_factory.mktemp("serve-ray") / "mimi.log", "--address",
-                        address, "--replicas", 2, "--slots", 2, "--queue", 2, "--queue-timeout", 3,
-                        "--grace", 5, env=auth)
+    served = ServeOnRay(tiny_mimi_export, tmp_path_factory.mktemp("serve-ray") / "mimi.log",
+                        *_serve_args(address), env=auth)
     yield served
     served.stop()
 
@@ -312,13 +343,19 @@ async def _health(url: str) -> dict:
         return await r.json()
 
 
-def _replicas(served: ServeOnRay, n: int) -> list[dict]:
-    """/health's replicas, once it lists `n` (a replacement takes seconds to start)."""
+def _replicas(served: ServeOnRay, n: int, gone: int | None = None) -> list[dict]:
+    """/health's replicas, once it lists `n`, and not the process `gone` (a replacement takes
+    seconds to start; a dead replica is listed until its last report is 2 s old)."""
     async def listed():
-        return len((await _health(served.url))["replicas"]) == n
+        replicas = (await _health(served.url))["replicas"]
+        return len(replicas) == n and gone not in {r["pid"] for r in replicas}
 
     run(until(listed, f"/health never listed {n} replicas", timeout=60))
     return run(_health(served.url))["replicas"]
+
+
+async def _held_by(url: str, n: int) -> bool:
+    return sum((await _active(url)).values()) == n
 
 
 def test_streams_on_two_replicas_are_each_exact_and_health_sees_both(mimi_on_ray, tiny_mimi_export):
@@ -333,9 +370,9 @@ def test_streams_on_two_replicas_are_each_exact_and_health_sees_both(mimi_on_ray
     xs = [noise(int(rng.integers(1500, 5000)), seed=20 + i)[0] for i in range(4)]
     cs = [rng.integers(0, codec.codebook_size, (4, int(rng.integers(40, 160)))) for _ in range(2)]
 
-    async def duplex(i):
+    async def duplex(i, client=None):
         await asyncio.sleep(0.1 * i)
-        async with await connect(mimi_on_ray.url, "duplex", codebooks=2) as c:
+        async with client or await connect(mimi_on_ray.url, "duplex", codebooks=2) as c:
             return await stream(c, chunks(xs[i], [700, 5, 1500]), interval=0.01)
 
     async def decoder(i):
@@ -349,7 +386,13 @@ def test_streams_on_two_replicas_are_each_exact_and_health_sees_both(mimi_on_ray
         await c.close()  # gone mid-stream, without an end
 
     async def go():
-        return await asyncio.gather(*[duplex(i) for i in range(3)], *[decoder(i) for i in range(2)], leaver())
+        # The first two are open together (each replica then holds one: new streams go to the
+        # replica holding fewest); the rest come and go as they will.
+        first = await connect(mimi_on_ray.url, "duplex", codebooks=2)
+        await until(lambda: _held_by(mimi_on_ray.url, 1), "the first stream never showed on /health")
+        second = await connect(mimi_on_ray.url, "duplex", codebooks=2)
+        return await asyncio.gather(duplex(0, first), duplex(1, second), duplex(2),
+                                    *[decoder(i) for i in range(2)], leaver())
 
     got = run(go())
     for i in range(3):
@@ -391,3 +434,284 @@ def test_a_foreign_host_or_page_is_refused(mimi_on_ray):
             return e.value.status
 
     assert run(page()) == 403
+
+
+async def _paused(client, first: list, rest: list, go: asyncio.Event, result: Result) -> Result:
+    """A whole stream whose `rest` is sent once `go` is set: everything it gave, in `result`."""
+    send = client.send_codes if client.info["stream"] == "decode" else client.send_pcm
+
+    async def sender() -> None:
+        for chunk in first:
+            await send(chunk)
+        await go.wait()
+        for chunk in rest:
+            await send(chunk)
+        await client.end()
+
+    task = asyncio.ensure_future(sender())
+    try:
+        async for piece in client:
+            result.pieces.append(piece)
+        await task
+    finally:
+        task.cancel()
+        await asyncio.wait({task})
+    return result
+
+
+async def _active(url: str) -> dict[int, int]:
+    """pid -> streams held, of each replica /health lists."""
+    return {r["pid"]: r["slots"]["active"] for r in (await _health(url))["replicas"]}
+
+
+def test_a_replica_killed_mid_stream(mimi_on_ray, tiny_mimi_export):
+    """Two duplex streams, one on each replica; the one replica's process is SIGKILLed midway.
+    Its client is told the replica died (not a bare 1006), the other stream goes on bit-exact,
+    a new stream goes to the live replica at once, and Serve replaces the dead one."""
+    url = mimi_on_ray.url
+    _replicas(mimi_on_ray, 2)
+    codec = codecport.load(tiny_mimi_export)
+    xs = [noise(4800, seed=40 + i)[0] for i in range(3)]
+
+    async def go():
+        resume = asyncio.Event()
+        a = await connect(url, "duplex", codebooks=2)
+        await until(lambda: _held_by(url, 1), "the first stream never showed on /health")
+        victim = next(pid for pid, n in (await _active(url)).items() if n == 1)
+        b = await connect(url, "duplex", codebooks=2)
+        await until(lambda: _held_by(url, 2), "the second stream never showed on /health")
+        assert set((await _active(url)).values()) == {1}  # one stream on each replica
+        results = [Result(a.info), Result(b.info)]
+        streams = [asyncio.ensure_future(_paused(c, chunks(x[:2400], [700, 900]), chunks(x[2400:], [800]),
+                                                 resume, r)) for c, x, r in zip((a, b), xs, results)]
+        await until(lambda: results[0].pieces and results[1].pieces, "nothing came before the kill")
+        os.kill(victim, signal.SIGKILL)
+        async with await connect(url, "duplex", codebooks=2, timeout=30) as c:
+            fresh = await stream(c, chunks(xs[2], [1000]), interval=0.01)
+        resume.set()
+        lost, kept = await asyncio.gather(*streams, return_exceptions=True)
+        for c in (a, b):
+            await c.close()
+        return victim, lost, kept, fresh
+
+    victim, lost, kept, fresh = run(go())
+    assert isinstance(lost, ServeError) and lost.code == "closed" and "died" in str(lost), lost
+    for got, x in ((kept, xs[1]), (fresh, xs[2])):
+        codes = ref_encode(codec, x, 2)
+        assert np.array_equal(got.codes()[0], codes)
+        assert np.array_equal(got.audio(), ref_decode(codec, codes))
+    _replicas(mimi_on_ray, 2, gone=victim)  # replaced
+
+
+def _named(sessions, name: bytes) -> set[int]:
+    """The processes of `sessions` running the Ray actor `name` (`ray::NAME...`)."""
+    return {pid for pid, cmd in _processes(sessions).items() if cmd.startswith(b"ray::" + name)}
+
+
+def test_the_proxy_killed_then_replaced(mimi_on_ray, cluster, tiny_mimi_export):
+    """The proxy's process SIGKILLed under a live stream: the client is told its stream is lost,
+    and once Serve has started another proxy on the port, new streams are exact."""
+    _, _, sessions = cluster
+    url = mimi_on_ray.url
+    (proxy,) = _named(sessions, b"ProxyActor")
+    codec = codecport.load(tiny_mimi_export)
+    x = noise(3000, seed=50)[0]
+
+    async def go():
+        result, resume = None, asyncio.Event()
+        async with await connect(url, "duplex", codebooks=2) as c:
+            result = Result(c.info)
+            task = asyncio.ensure_future(_paused(c, chunks(x, [700]), [], resume, result))
+            await until(lambda: result.pieces, "nothing came before the kill")
+            os.kill(proxy, signal.SIGKILL)
+            lost = (await asyncio.gather(task, return_exceptions=True))[0]
+
+        async def served() -> bool:
+            with contextlib.suppress(ServeError):
+                async with await connect(url, "duplex", codebooks=2) as c:
+                    return await stream(c, chunks(x, [1000]))
+            return False
+
+        fresh = None
+
+        async def back() -> bool:
+            nonlocal fresh
+            fresh = await served()
+            return bool(fresh)
+
+        await until(back, "no proxy served after the kill", timeout=90)
+        return lost, fresh
+
+    lost, fresh = run(go())
+    assert isinstance(lost, ServeError) and lost.code == "closed" and "died" in str(lost), lost
+    codes = ref_encode(codec, x, 2)
+    assert np.array_equal(fresh.codes()[0], codes) and np.array_equal(fresh.audio(), ref_decode(codec, codes))
+    assert _named(sessions, b"ProxyActor") - {proxy}
+
+
+@pytest.fixture(scope="module")
+def redeployed(mimi_on_ray, cluster, tiny_mimi_export, tiny_snac_export, tmp_path_factory):
+    """A redeploy while Mimi streams run: `codec-serve --engine ray` with the SNAC folder on the
+    same cluster. Yields (the SNAC driver, the Mimi stream that ended after the redeploy began,
+    the one that never ended, the Mimi driver's exit status and lines)."""
+    address, auth, _ = cluster
+    url = mimi_on_ray.url
+    _replicas(mimi_on_ray, 2)
+    xs = [noise(4000, seed=60 + i)[0] for i in range(2)]
+    started: list[ServeOnRay] = []
+
+    async def go():
+        resume, never = asyncio.Event(), asyncio.Event()
+        clients = [await connect(url, "duplex", codebooks=2) for _ in range(2)]
+        results = [Result(c.info) for c in clients]
+        streams = [asyncio.ensure_future(_paused(clients[0], chunks(xs[0][:2000], [700]),
+                                                 chunks(xs[0][2000:], [700]), resume, results[0])),
+                   asyncio.ensure_future(_paused(clients[1], chunks(xs[1][:2000], [700]), [], never,
+                                                 results[1]))]
+        await until(lambda: results[0].pieces and results[1].pieces, "nothing came before the redeploy")
+        driver = asyncio.ensure_future(asyncio.to_thread(
+            ServeOnRay, tiny_snac_export, tmp_path_factory.mktemp("serve-ray") / "snac.log",
+            *_serve_args(address), env=auth))
+        driver.add_done_callback(lambda t: t.exception() or started.append(t.result()))
+
+        async def draining() -> bool:
+            return any(r["draining"] for r in (await _health(url))["replicas"])
+
+        await until(draining, "no Mimi replica was told it is being stopped", timeout=120)
+        resume.set()  # within the old replica's grace: this one ends on it
+        ended, cut = await asyncio.gather(*streams, return_exceptions=True)
+        for c in clients:
+            await c.close()
+        await driver
+        return ended, cut
+
+    try:
+        ended, cut = run(go())
+        status, said = mimi_on_ray.stop()
+        yield started[0], (ended, xs[0]), cut, status, said
+    finally:
+        for driver in started:
+            driver.stop()
+
+
+def test_a_redeploy_lets_old_streams_finish_and_serves_the_new_model(redeployed, tiny_mimi_export,
+                                                                      tiny_snac_export):
+    """Old streams finish on the old replicas (Mimi, exact) within --grace, those still running
+    then are told shutting_down, new streams get the new model (SNAC decode across both new
+    replicas, exact), and the old driver sees itself replaced and leaves."""
+    snac, (ended, x), cut, status, said = redeployed
+    mimi = codecport.load(tiny_mimi_export)
+    codes = ref_encode(mimi, x, 2)
+    assert not isinstance(ended, BaseException), ended
+    assert np.array_equal(ended.codes()[0], codes) and np.array_equal(ended.audio(), ref_decode(mimi, codes))
+    assert isinstance(cut, ServeError) and cut.code == "shutting_down", cut
+    assert status == 0 and "replaced:" in said and "draining" not in said, said
+    codec = codecport.load(tiny_snac_export)
+    per = [codec.strides[0] // s for s in codec.strides]
+    rng = np.random.default_rng(8)
+    cs = [[rng.integers(0, codec.codebook_size, (1, f * p)) for p in per] for f in (9, 23, 14)]
+
+    async def decoder(i):
+        await asyncio.sleep(0.1 * i)
+        async with await connect(snac.url, "decode", noise=i) as c:
+            return await stream(c, [[a[:, :4 * p] for a, p in zip(cs[i], per)],
+                                    [a[:, 4 * p:] for a, p in zip(cs[i], per)]], interval=0.01)
+
+    async def go():
+        return await asyncio.gather(*[decoder(i) for i in range(3)])
+
+    got = run(go())
+    for i in range(3):
+        assert np.array_equal(got[i].audio(), ref_decode(codec, cs[i], noise=i)), i
+    replicas = _replicas(snac, 2)
+    assert {r["codec"] for r in replicas} == {"snac"}
+
+
+def _snac_halves(codec, n: int, seed: int, frames: int = 40, cut: int = 10) -> list[tuple[list, list]]:
+    """`n` SNAC code streams of `frames` frames, each as (its first `cut` frames, the rest), one
+    message each (every level's columns of those frames)."""
+    per = [codec.strides[0] // s for s in codec.strides]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        levels = [rng.integers(0, codec.codebook_size, (1, frames * p)) for p in per]
+        out.append(([[a[:, :cut * p] for a, p in zip(levels, per)]],
+                    [[a[:, cut * p:] for a, p in zip(levels, per)]]))
+    return out
+
+
+def _joined(halves: tuple[list, list]) -> list[np.ndarray]:
+    first, rest = halves
+    return [np.concatenate([a, b], axis=1) for a, b in zip(first[0], rest[0])]
+
+
+def test_a_node_lost(redeployed, cluster, tiny_snac_export):
+    """The second node's processes all SIGKILLed (its raylet, its replica) under two streams, one
+    on each node's replica: the lost node's client is told its stream is lost, the head's stream
+    goes on exact, and a new stream goes to the head's replica at once."""
+    snac, *_ = redeployed
+    _, _, sessions = cluster
+    codec = codecport.load(tiny_snac_export)
+    streams = _snac_halves(codec, 3, seed=9)
+    replicas = _replicas(snac, 2)
+    second = set(_processes(sessions[1:]))
+    assert len({r["pid"] in second for r in replicas}) == 2, replicas  # one replica a node
+
+    async def go():
+        resume = asyncio.Event()
+        clients, results, tasks, first = [], [], [], None
+        for i in range(2):
+            clients.append(await connect(snac.url, "decode", noise=i))
+            await until(lambda n=i + 1: _held_by(snac.url, n), "a stream never showed on /health")
+            held = await _active(snac.url)
+            first = first or next(pid for pid, n in held.items() if n == 1)
+        assert set(held.values()) == {1}, held  # one stream on each replica
+        for i, c in enumerate(clients):
+            results.append(Result(c.info))
+            tasks.append(asyncio.ensure_future(_paused(c, *streams[i], resume, results[i])))
+        await until(lambda: all(r.pieces for r in results), "nothing came before the node was lost")
+        _kill(sessions[1:])
+        async with await connect(snac.url, "decode", noise=2, timeout=30) as c:
+            fresh = await stream(c, [*streams[2][0], *streams[2][1]])
+        resume.set()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for c in clients:
+            await c.close()
+        return outcomes, fresh, first in second
+
+    outcomes, fresh, first_lost = run(go())
+    gone, kept = (0, 1) if first_lost else (1, 0)
+    lost = outcomes[gone]
+    assert isinstance(lost, ServeError) and lost.code == "closed" and "died" in str(lost), outcomes
+    assert np.array_equal(outcomes[kept].audio(), ref_decode(codec, _joined(streams[kept]), noise=kept))
+    assert np.array_equal(fresh.audio(), ref_decode(codec, _joined(streams[2]), noise=2))
+
+
+def test_sigterm_drains_the_deployment(redeployed, tiny_snac_export):
+    """SIGTERM to the driver: it says it drains; a stream that ends within --grace ends exact, one
+    still running then is told shutting_down; the driver deletes its deployment and exits 0."""
+    snac, *_ = redeployed
+    codec = codecport.load(tiny_snac_export)
+    streams = _snac_halves(codec, 2, seed=11)
+
+    async def go():
+        resume, never = asyncio.Event(), asyncio.Event()
+        clients = [await connect(snac.url, "decode", noise=i) for i in range(2)]
+        results = [Result(c.info) for c in clients]
+        tasks = [asyncio.ensure_future(_paused(c, *streams[i], gate, results[i]))
+                 for i, (c, gate) in enumerate(zip(clients, (resume, never)))]
+        await until(lambda: all(r.pieces for r in results), "nothing came before the SIGTERM")
+        snac.proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(snac.expect, "draining")
+        resume.set()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for c in clients:
+            await c.close()
+        return outcomes
+
+    ended, cut = run(go())
+    assert not isinstance(ended, BaseException), ended
+    assert np.array_equal(ended.audio(), ref_decode(codec, _joined(streams[0]), noise=0))
+    assert isinstance(cut, ServeError) and cut.code == "shutting_down", cut
+    status, said = snac.stop()
+    assert status == 0 and said.rstrip().endswith("stopped"), said

@@ -83,18 +83,21 @@ def _bounds(ctx, param, value: str | None) -> tuple[int, int] | None:
 @click.option("--replica-cpus", type=Finite(min=0.01, max=4096), default=None,
               help="--engine ray: cores a replica holds (Ray's num_cpus; its ORT threads follow) [default: "
                    "the cores over the replicas on a Ray started here, 1 on a cluster].")
+@click.option("--proxies", type=click.Choice(["every", "head"]), default="every",
+              help="--engine ray: Serve's proxy on every node (behind a balancer) or on the head only.")
 @provider_options
 @verbose_option
 @guard
 def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, handshake_timeout, grace,
               max_message, max_backlog, send_buffer, batched, allow_origin, engine, address, replicas,
-              autoscale, replica_cpus, provider, fallback, options, verbose) -> None:
+              autoscale, replica_cpus, proxies, provider, fallback, options, verbose) -> None:
     """Serve live streams of an exported codec over WebSocket: PCM in and codes out (encode),
     codes in and PCM out (decode), or both (duplex), one stream per connection at
     ws://HOST:PORT/stream, with /health and /metrics. SIGTERM drains and exits."""
     setup_logging(verbose)
-    if engine == "local" and (address or autoscale or replicas != 1 or replica_cpus):
-        raise CodecportError("--address, --replicas, --autoscale and --replica-cpus are for --engine ray")
+    if engine == "local" and (address or autoscale or replicas != 1 or replica_cpus or proxies != "every"):
+        raise CodecportError("--address, --replicas, --autoscale, --replica-cpus and --proxies are for "
+                             "--engine ray")
     try:
         from ..serve.server import run
     except ImportError as e:
@@ -123,13 +126,15 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
     if engine == "ray":
         from ..serve.onray import RayPlan, run_on_ray
 
-        plan = RayPlan(address=address, replicas=replicas, autoscale=autoscale, cpus=replica_cpus)
-        def draining() -> None:
-            click.echo(f"draining: no new streams; those in flight get {grace:g} s")
+        plan = RayPlan(address=address, replicas=replicas, autoscale=autoscale, cpus=replica_cpus,
+                       proxies=proxies)
+
+        def tell(line: str) -> None:
+            click.echo(line)
             sys.stdout.flush()
 
         run_on_ray(str(Path(model_dir).resolve()), provider, fallback, dict(options or {}), config, plan,
-                   announce, draining=draining)
+                   announce, tell=tell)
     else:
         run(codec, config, announce)
     click.echo("stopped")

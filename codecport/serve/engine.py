@@ -191,6 +191,18 @@ class Scheduler:
         """Refuse new streams and the queued ones; the streaming ones go on."""
         self.admission.drain()
 
+    async def wind_down(self, grace: float) -> None:
+        """`drain`, let the streams in flight finish for `grace` s, then end the rest with
+        shutting_down (their connections send it and close)."""
+        self.drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self.lives and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for live in self.lives:
+            live.fail(ProtocolError("shutting_down", f"the server stopped; its grace time ({grace:g} s) for "
+                                                     "the streams in flight is over"))
+
     def leave(self, live: Live) -> None:
         """`live` is gone (or done, or failed): its slots go back now, or after the job in flight."""
         self.admission.forget(live)

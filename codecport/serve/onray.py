@@ -24,7 +24,6 @@ from ..runtime.providers import cpu_cores
 from .config import ServeConfig
 
 log = logging.getLogger(__name__)
-APP = "codec-serve"
 # How Serve's proxies pick a replica for a new stream, set in the environment of every node (a
 # Ray started here has the driver's). Without them a proxy fills its own node's replicas up to
 # max_ongoing_requests (which here counts the queue and the busy answers) before it looks at
@@ -43,6 +42,7 @@ class RayPlan:
     replicas: int = 1
     autoscale: tuple[int, int] | None = None
     cpus: float | None = None  # a replica's share of the cores (None: as run_on_ray says)
+    proxies: str = "every"  # Serve's proxy on every node ("every") or the head's only ("head")
 
 
 def free_port(host: str) -> int:
@@ -59,9 +59,16 @@ def deployment_options(config: ServeConfig, plan: RayPlan, cpus: float) -> dict:
     `max_ongoing_requests` is every connection a replica's own scheduler answers (a stream on each
     side, the queue, and a /health or two), so that Serve never holds an upgrade without a reply:
     its own overflow waits with no time limit. The replica says `busy` or `queued` itself."""
+    # Serve kills a stopping replica after its graceful_shutdown_timeout_s; the replica ends its
+    # own streams at --grace (replica.py), and needs a second to learn it is stopping and its
+    # streams' errors their close time to be sent before then.
+    stop_after = config.grace + 1.0 + config.close_timeout + 1.0
     opts = {"max_ongoing_requests": 2 * config.slots + config.queue + 2,
-            "graceful_shutdown_timeout_s": config.grace, "graceful_shutdown_wait_loop_s": 0.5,
+            "graceful_shutdown_timeout_s": stop_after, "graceful_shutdown_wait_loop_s": 0.5,
             "health_check_period_s": 2, "health_check_timeout_s": 10,
+            # A redeploy starts the new replicas before it stops the old ones (Serve's default
+            # stops first: a new stream would wait for the successor).
+            "max_surge_percent": 100,
             "ray_actor_options": {"num_cpus": cpus, "runtime_env": {"env_vars": {
                 "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}}}}
     if plan.autoscale is None:
@@ -76,10 +83,12 @@ def deployment_options(config: ServeConfig, plan: RayPlan, cpus: float) -> dict:
 
 def run_on_ray(folder: str, provider: str, fallback: str | None, options: dict, config: ServeConfig,
                plan: RayPlan, announce: Callable[[str], None] | None = None,
-               stop: threading.Event | None = None, draining: Callable[[], None] | None = None) -> None:
+               stop: threading.Event | None = None, tell: Callable[[str], None] | None = None) -> None:
     """Serve `folder` on Ray until `stop` is set or SIGTERM/SIGINT arrive (main thread), then
     delete the app (its replicas drain for `config.grace` s) and stop what was started here.
-    `announce(url)` once the replicas run; `draining()` when the drain begins."""
+    A deployment already on the cluster is replaced (Serve's rolling update: its replicas drain),
+    and its driver, seeing it replaced, leaves without deleting it. `announce(url)` once the
+    replicas run; `tell(line)` what the driver does next (draining, or replaced)."""
     ray = import_ray(log, "codec-serve --engine ray needs Ray Serve", "ray")
     try:
         from ray import serve
@@ -96,12 +105,14 @@ def run_on_ray(folder: str, provider: str, fallback: str | None, options: dict, 
     logging.getLogger("ray.serve").setLevel(min(level, logging.WARNING))
     with without_core_notes(level > logging.INFO):
         _run(ray, serve, folder, provider, fallback, options, config, plan, address, level, announce,
-             stop or threading.Event(), draining)
+             stop or threading.Event(), tell or log.info)
 
 
 def _run(ray, serve, folder, provider, fallback, options, config, plan, address, level, announce, stop,
-         draining) -> None:
-    from .replica import NAMESPACE, Board, Replica
+         tell) -> None:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from .replica import APP, NAMESPACE, Board, Replica
 
     started = address is None
     for key, value in ROUTING.items():  # a Ray started here passes them on to its proxies
@@ -119,17 +130,23 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     try:
-        port = config.port or free_port(config.host)
-        config = replace(config, port=port)
         most = plan.replicas if plan.autoscale is None else plan.autoscale[1]
         # A replica's share of the cores: --replica-cpus, else the machine's cores over the most
         # replicas on a Ray started here, one core on a cluster. Its ORT threads follow.
         cpus = plan.cpus or (ray.cluster_resources().get("CPU", 1) / most if started else 1.0)
         options = {**options, "threads": options.get("threads", str(max(1, int(cpus))))}
-        serve.start(http_options={"host": config.host, "port": port})
-        board_name = f"{APP}-board-{os.getpid()}"
-        board = ray.remote(num_cpus=0)(Board).options(name=board_name, namespace=NAMESPACE).remote()
-        ray.get(board.fresh.remote())
+        serve.start(http_options={"host": config.host, "port": config.port or free_port(config.host)},
+                     proxy_location="HeadOnly" if plan.proxies == "head" else "EveryNode")
+        config = replace(config, port=_listening(ray, config))
+        board_name, me = f"{APP}-board", f"{socket.gethostname()}:{os.getpid()}"
+        # Detached, so that it outlives a driver whose deployment another one took over; on the
+        # driver's node (the head, as a rule), so that losing another node leaves it; restarted if
+        # its own goes (empty: the replicas' next pushes fill it, the owner claims it again).
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        board = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(Board).options(
+            name=board_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+            scheduling_strategy=here).remote()
+        ray.get(board.claim.remote(me))
         app = Replica.options(**deployment_options(config, plan, cpus)).bind(
             str(folder), provider, fallback, options, config, board_name)
         try:
@@ -137,17 +154,37 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
         except Exception as e:
             raise CodecportError(f"the replicas did not start: {str(e).strip().splitlines()[-1]}") from e
         host = config.host
-        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        url = f"http://{f'[{host}]' if ':' in host else host}:{config.port}"
         if announce is not None:
             announce(url)
         while not stop.wait(1.0):  # a timed wait: the signal handler runs between waits
-            pass
-        log.info("draining: the replicas' streams in flight get %g s", config.grace)
-        if draining is not None:
-            draining()
+            try:
+                owner = ray.get(board.owned_by.remote(), timeout=2)
+            except ray.exceptions.GetTimeoutError:  # the board restarting: a SIGTERM is not held up
+                continue
+            if owner is None:  # the board restarted
+                ray.get(board.claim.remote(me))
+            elif owner != me:
+                tell(f"replaced: the deployment is now codec-serve {owner}'s; this driver leaves it serving")
+                return
+        tell(f"draining: no new streams; those in flight get {config.grace:g} s")
+        ray.get(board.stop_all.remote())
         serve.delete(APP)  # returns once the replicas have drained (or their grace ran out)
         ray.kill(board)
         if started:
             serve.shutdown()
     finally:
         ray.shutdown()
+
+
+def _listening(ray, config: ServeConfig) -> int:
+    """The port of Serve's proxies: the one asked for, or, where Serve was running already (a
+    redeploy), the one it runs on, which must be where --host and --port say."""
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    running = ray.get(controller.get_http_config.remote())
+    if running.host != config.host or config.port not in (0, running.port):
+        raise CodecportError(f"Ray Serve on this cluster listens on {running.host}:{running.port}; pass "
+                             f"--host {running.host} --port {running.port} (or 0), or stop it first")
+    return running.port

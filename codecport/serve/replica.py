@@ -23,6 +23,7 @@ import ray
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from ray import serve
+from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
 from .. import registry
 from .access import host_allowed, hosts, origin_allowed
@@ -36,6 +37,7 @@ from .server import OFFLOAD_BYTES
 
 log = logging.getLogger(__name__)
 NAMESPACE = "codecport"
+APP = DEPLOYMENT = "codec-serve"  # Serve's application and deployment, one per cluster
 PUSH = 0.5  # seconds between a replica's writes on the board
 FRESH = 2.0  # a replica not heard from for this long is gone from /health and /metrics
 
@@ -43,13 +45,52 @@ app = FastAPI()
 
 
 class Board:
-    """Each live replica's last health and metrics (a Ray actor, one per deployment)."""
+    """What the replicas of the deployment share (a detached Ray actor, one per deployment): each
+    live replica's last health and metrics, which of them Serve is stopping, and which driver
+    owns the deployment (the last one that ran it: a redeploy takes it over)."""
 
     def __init__(self):
         self.entries: dict[str, tuple[float, dict]] = {}
+        self.stopping: frozenset[str] = frozenset()
+        self.everyone = False  # the deployment is being deleted
+        self.owner: str | None = None
+        self._polled = 0.0
 
-    def put(self, key: str, entry: dict) -> None:
+    def claim(self, driver: str) -> None:
+        self.owner = driver
+
+    def owned_by(self) -> str | None:
+        return self.owner
+
+    def stop_all(self) -> None:
+        """The driver is deleting the deployment: every replica winds down."""
+        self.everyone = True
+
+    async def put(self, key: str, entry: dict) -> bool:
+        """`entry` for replica `key`; True once Serve is stopping it (a scale-down, a redeploy,
+        the driver's drain), which then winds down within its grace."""
         self.entries[key] = (time.monotonic(), entry)
+        await self._poll()
+        return self.everyone or key in self.stopping
+
+    async def _poll(self) -> None:
+        """Which replicas Serve is stopping, asked of its controller at most once a push period:
+        Serve tells a replica's own code only once its requests have ended (`__del__`), and a
+        stream is a request that would hold it until Serve's force-kill."""
+        if time.monotonic() - self._polled < PUSH / 2:
+            return
+        self._polled = time.monotonic()
+        try:
+            controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+            details = await controller.get_serve_instance_details.remote()
+        except Exception as e:  # a controller restarting: the next push asks again
+            log.debug("Serve's controller did not answer: %s", e)
+            return
+        app = details.get("applications", {}).get(APP, {})
+        # An application being deleted lists no deployments any more (`serve delete` from a shell).
+        self.everyone = self.everyone or app.get("status") == "DELETING"
+        replicas = app.get("deployments", {}).get(DEPLOYMENT, {}).get("replicas", [])
+        self.stopping = frozenset(r["replica_id"] for r in replicas if r.get("state") == "STOPPING")
 
     def drop(self, key: str) -> None:
         self.entries.pop(key, None)
@@ -68,7 +109,7 @@ def slots_policy(ctx) -> tuple[int, dict]:
     return max(1, math.floor(sum(load.values()) + 1e-9) + 1), {}
 
 
-@serve.deployment(name="codec-serve")
+@serve.deployment(name=DEPLOYMENT)
 @serve.ingress(app)
 class Replica:
     """One share of the deployment: `folder` served on `config` (its `port` is the proxy's)."""
@@ -90,16 +131,22 @@ class Replica:
         self.where = {"replica": self.id, "node": ray.get_runtime_context().get_node_id(),
                       "address": ray.util.get_node_ip_address(), "pid": os.getpid()}
         self.board = ray.get_actor(board, namespace=NAMESPACE)
+        self._winding: asyncio.Future | None = None
         self._pusher = asyncio.ensure_future(self._push())
         log.info("replica %s serving %s on pid %d", self.id, folder, os.getpid())
 
     async def _push(self) -> None:
         while True:
             try:
-                await self.board.put.remote(self.id, {**self.where, **self.scheduler.health(),
-                                                      "metrics": self.scheduler.metrics.render()})
+                stopping = await self.board.put.remote(self.id, {**self.where, **self.scheduler.health(),
+                                                                 "metrics": self.scheduler.metrics.render()})
             except Exception as e:  # the board gone (the driver ending): nothing to tell
                 log.debug("the board took no entry: %s", e)
+                stopping = False
+            if stopping and self._winding is None:
+                log.info("replica %s is being stopped: no new streams, those in flight get %g s", self.id,
+                         self.config.grace)
+                self._winding = asyncio.ensure_future(self.scheduler.wind_down(self.config.grace))
             await asyncio.sleep(PUSH)
 
     async def __del__(self):

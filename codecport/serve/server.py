@@ -88,16 +88,10 @@ class Server:
         sched.drain()
         if self.site is not None:
             await self.site.stop()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + cfg.grace
         for conn in [c for c in self._connections if c.greeting]:
             self._spawn(conn.refuse(ProtocolError("shutting_down", "the server is stopping; connect to "
                                                                    "another")))
-        while sched.lives and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-        for live in sched.lives:
-            live.fail(ProtocolError("shutting_down", f"the server stopped; its grace time ({cfg.grace:g} s) "
-                                                     "for the streams in flight is over"))
+        await sched.wind_down(cfg.grace)
         pending = self._tasks | self._handlers
         if pending:
             await asyncio.wait(pending, timeout=3 * cfg.close_timeout + 1)
