@@ -323,7 +323,7 @@ class ServeOnRay:
 
 def _serve_args(address: str) -> list:
     return ["--address", address, "--replicas", 2, "--replica-cpus", 0.5, "--proxies", "head", "--slots", 2,
-            "--queue", 2, "--queue-timeout", 3, "--grace", 5]
+            "--queue", 2, "--queue-timeout", 3, "--grace", 3]
 
 
 @pytest.fixture(scope="module")
@@ -715,3 +715,40 @@ def test_sigterm_drains_the_deployment(redeployed, tiny_snac_export):
     assert isinstance(cut, ServeError) and cut.code == "shutting_down", cut
     status, said = snac.stop()
     assert status == 0 and said.rstrip().endswith("stopped"), said
+
+
+# ---- what is decided without a cluster ---------------------------------------------------------
+def test_autoscaling_asks_for_the_full_replicas_and_one_with_room():
+    from types import SimpleNamespace
+
+    from codecport.serve.replica import slots_policy
+
+    def wanted(**load):
+        return slots_policy(SimpleNamespace(aggregated_metrics={"load": load}))[0]
+
+    assert wanted() == 1  # nothing reported yet: the minimum Serve allows
+    assert wanted(a=0.0, b=0.0) == 1  # idle: one replica with room
+    assert wanted(a=0.5, b=0.5) == 2  # one replica's worth of streams, spread: that and one with room
+    assert wanted(a=1.0, b=1.0) == 3  # both full: a third for the next stream
+    assert wanted(a=1.0, b=1.0, c=0.25) == 3
+
+
+def test_the_application_builder_takes_codec_serves_flags(tmp_path):
+    """`codecport.serve.onray:application` (a RayService's import_path): args as codec-serve's flags,
+    typed as its config says; a name it does not know, or no model, is refused in one line."""
+    from codecport.errors import CodecportError
+    from codecport.serve.onray import application
+
+    app = application({"model": str(tmp_path), "slots": "4", "grace": 3, "batched": "false",
+                       "allow_origin": ["https://app.example"], "autoscale": "1:3", "replica_cpus": 2})
+    deployment = app._bound_deployment
+    _, _, _, options, config, board = deployment.init_args
+    assert (config.slots, config.grace, config.batched, config.allow_origin) == (4, 3.0, False,
+                                                                                ("https://app.example",))
+    assert options == {"threads": "2"} and board == "codec-serve-board"
+    assert deployment._deployment_config.autoscaling_config.max_replicas == 3
+    assert deployment._deployment_config.graceful_shutdown_timeout_s > config.grace
+    assert deployment._deployment_config.max_ongoing_requests == 2 * 4 + 0 + 2
+    for bad, said in (({"slots": 2}, "args.model"), ({"model": "m", "slot": 2}, "unknown application args")):
+        with pytest.raises(CodecportError, match=said):
+            application(bad)

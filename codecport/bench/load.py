@@ -51,6 +51,7 @@ class Stream:
     seed: int = 0  # of its input
     noise: int | None = None  # the seed of its decoder's noise (the ready reply's), if it draws any
     window_step: int = 0  # frames between windows' starts, for output that comes in windows; else 0
+    connect_s: float | None = None  # from the connection's start to the ready reply
 
     def latencies(self, skip: int = 0) -> list[float]:
         """Seconds from sending each frame to the arrival of the audio it made final: for steps,
@@ -92,11 +93,13 @@ async def run_client(url: str, spec, frames: int, seed: int, session, delay: flo
     rng = np.random.default_rng(seed)
     await asyncio.sleep(delay)
     duplex = duplex_of(spec)
+    t0 = time.perf_counter()
     try:
         c = await connect(url, "duplex" if duplex else "decode", session=session)
     except ServeError as e:
         out.error = f"{e.code}: {e}"
         return out
+    out.connect_s = time.perf_counter() - t0
     info = c.info
     out.noise = info.get("noise")  # the seed of a decoder that draws noise, which the server chose
     group = info.get("group_frames", 1)
@@ -192,7 +195,8 @@ def trial(url: str, spec, n: int, seconds: float, seed: int, period: float) -> d
     ttfa = [s.arrivals[0][1] - s.sent[0] for s in streams if s.arrivals and s.sent]
     report = {"streams": n, "frames": sum(len(s.sent) for s in streams), "errors": errors[:3],
               "n_errors": len(errors), "warnings": sum(s.warnings for s in streams),
-              "latency_ms": ms_percentiles(lat), "ttfa_ms": ms_percentiles(ttfa)}
+              "latency_ms": ms_percentiles(lat), "ttfa_ms": ms_percentiles(ttfa),
+              "connect_ms": ms_percentiles([s.connect_s for s in streams if s.connect_s is not None])}
     budget = period * max(1, streams[0].window_step)
     report["budget_ms"] = 1000 * budget
     report["held"] = bool(lat) and not errors and complete and report["latency_ms"]["p99"] < 1000 * budget

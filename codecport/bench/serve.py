@@ -42,6 +42,7 @@ from .. import registry
 from ..export.targets import PRECISIONS
 from ..frontend import Finite, guard, unwinds_on_sigterm
 from ..version import __version__
+from . import procs
 from .load import check_streams, duplex_of, open_folder, soak_run, trial
 from .measure import run_report
 from .prepare import build_folder, export_source_hash, fail, prepare, preset_of, stamped
@@ -54,6 +55,7 @@ class Config:
     slots: int  # 1: one step per stream; else the batched graphs' B
     precision: str
     folder: Path
+    engine: str = "local"  # codec-serve's --engine: "ray" is a private local Ray, one replica
     url: str = ""
     proc: subprocess.Popen | None = None
     held: int = 0  # most streams held in real time
@@ -62,17 +64,23 @@ class Config:
 
     @property
     def name(self) -> str:
-        return f"B={self.slots} {self.precision}"
+        return f"B={self.slots} {self.precision}" + ("" if self.engine == "local" else f" {self.engine}")
 
 
 # ---- the servers -------------------------------------------------------------------------------
-def start_server(folder: Path, pool: int, batched: bool, provider: str) -> subprocess.Popen:
-    """`codec-serve` on a free port of 127.0.0.1, starting (`server_url` waits for it)."""
+def start_server(folder: Path, pool: int, batched: bool, provider: str,
+                 engine: str = "local") -> subprocess.Popen:
+    """`codec-serve` on a free port of 127.0.0.1, starting (`server_url` waits for it), in a
+    session of its own (procs.py finds a Ray server's processes by it). `engine` "ray": one
+    replica on a private local Ray, behind one proxy."""
     cmd = [sys.executable, "-c", "from codecport.cli.serve import serve_cli; serve_cli()", "-m", str(folder),
            "--slots", str(pool), "--port", "0", "--provider", provider, "--max-backlog", str(64 << 20)]
     if not batched:
         cmd.append("--no-batch")
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if engine == "ray":
+        cmd += ["--engine", "ray", "--proxies", "head"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
 
 
 def server_url(proc: subprocess.Popen) -> str:
@@ -93,7 +101,7 @@ def stop_server(proc: subprocess.Popen) -> int:
     try:
         return proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # a Ray server's daemons too
         return -9
 
 
@@ -135,7 +143,7 @@ def ensure_export(spec, preset: str, clip: float, seed: int, slots: int, base: P
 
 def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str, ...], seconds: float,
                 max_streams: int, soak: float, provider: str, seed: int, work: Path,
-                clip: float = 2.0) -> dict:
+                clip: float = 2.0, engines: tuple[str, ...] = ("local",)) -> dict:
     """The whole run in `work`; `clip`: seconds per call of the fixed graphs, the bound's clip."""
     batched = sorted({b for b in slots if b > 1})
     bases = {}
@@ -150,7 +158,7 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
     for b in sorted(set(slots)):
         for p in precisions:
             folder = folders[(b if b > 1 else (batched[0] if batched else 0), p)]
-            configs.append(Config(b, p, folder))
+            configs.extend(Config(b, p, folder, engine) for engine in engines)
     # SIGTERM (a killed bench) unwinds through the `finally` below, which stops the servers: they
     # are this process's children, and would outlive it otherwise.
     if threading.current_thread() is threading.main_thread():  # (only the main thread may)
@@ -164,7 +172,7 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
         # All at once: each opens its graphs and times each at its first calls (12 s for the
         # released Mimi's 32-slot server on this 2-core machine), mostly on one core.
         for cfg in configs:
-            cfg.proc = start_server(cfg.folder, max_streams, cfg.slots > 1, provider)
+            cfg.proc = start_server(cfg.folder, max_streams, cfg.slots > 1, provider, cfg.engine)
         for cfg in configs:
             cfg.url = server_url(cfg.proc)
         click.echo("warming up every server (sessions, the bank's measured costs) ...")
@@ -193,7 +201,8 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
                 _run_trial(cfg, spec, (cfg.held + cfg.failed) // 2, seconds, seed, period)
         bound_round()
         for cfg in configs:
-            report["configs"][cfg.name] = {"slots": cfg.slots, "precision": cfg.precision, "held": cfg.held,
+            report["configs"][cfg.name] = {"slots": cfg.slots, "precision": cfg.precision,
+                                           "engine": cfg.engine, "held": cfg.held,
                                            "capped": cfg.failed is None, "trials": cfg.trials}
         if soak:
             best = max(configs, key=lambda c: (c.precision == "fp32", c.held, c.slots))
@@ -219,9 +228,9 @@ def _period(folder: Path) -> float:
 def _run_trial(cfg: Config, spec, n: int, seconds: float, seed: int, period: float) -> None:
     """One trial at N streams; one that fails runs again before it counts (this machine has slow
     spells of a second or two, which one p99 of a short trial catches)."""
-    r = trial(cfg.url, spec, n, seconds, seed, period)
+    r = _costed(cfg, lambda: trial(cfg.url, spec, n, seconds, seed, period))
     if not r["held"]:
-        again = trial(cfg.url, spec, n, seconds, seed + 1, period)
+        again = _costed(cfg, lambda: trial(cfg.url, spec, n, seconds, seed + 1, period))
         r = {**again, "first_try": r} if again["held"] else {**r, "second_try": again}
     cfg.trials[n] = r
     lat = r["latency_ms"]
@@ -234,25 +243,54 @@ def _run_trial(cfg: Config, spec, n: int, seconds: float, seed: int, period: flo
         cfg.failed = n if cfg.failed is None else min(cfg.failed, n)
 
 
+def _costed(cfg: Config, run) -> dict:
+    """`run()`'s trial report, with the server's CPU per frame sent and its resident memory after,
+    by role (procs.py: one process for a local server; proxy, replica, driver and node on Ray)."""
+    pids = procs.roles(cfg.proc.pid, cfg.engine)
+    before = {role: procs.cpu_seconds(p) for role, p in pids.items()}
+    r = run()
+    frames = max(1, r["frames"])
+    r["cpu_ms_per_frame"] = {role: 1000 * (procs.cpu_seconds(p) - before[role]) / frames
+                             for role, p in pids.items()}
+    r["rss_mb"] = {role: procs.rss_mb(p) for role, p in procs.roles(cfg.proc.pid, cfg.engine).items()}
+    return r
+
+
 def lines(report: dict) -> list[str]:
     """The table: streams held per configuration, latency at that load, ratios in this run."""
     out = [(f"{report['codec']} {report['preset']} on {report['provider']}, {report['cores']} cores, frames "
             f"of {report['period_ms']:.0f} ms, {report['trial_seconds']:g} s a trial"),
            ("| config | streams held | p50 / p95 / p99 frame latency | time to first audio p50 "
-            "| × B=1 | × fixed bound |"),
-           "|---|---|---|---|---|---|"]
+            "| connect p50 | × B=1 | × local | × fixed bound |"),
+           "|---|---|---|---|---|---|---|---|"]
     bounds = {p: float(np.median([b["streams"] for b in v])) for p, v in report["bound"].items()}
-    for name, c in report["configs"].items():
-        if "held" not in c:
-            continue
-        one = report["configs"].get(f"B=1 {c['precision']}", {}).get("held") or float("nan")
+    nan = float("nan")
+    configs = {name: c for name, c in report["configs"].items() if "held" in c}
+    for name, c in configs.items():
+        suffix = "" if c.get("engine", "local") == "local" else f" {c['engine']}"
+        one = configs.get(f"B=1 {c['precision']}{suffix}", {}).get("held") or nan
+        local = configs.get(f"B={c['slots']} {c['precision']}", {}).get("held") or nan
         t = c["trials"].get(c["held"], {})
-        lat, ttfa = t.get("latency_ms", {}), t.get("ttfa_ms", {})
+        lat, ttfa, conn = t.get("latency_ms", {}), t.get("ttfa_ms", {}), t.get("connect_ms", {})
         held = f"{c['held']}{'+' if c['capped'] else ''}"
-        out.append(f"| {name} | {held} | {lat.get('p50', float('nan')):.1f} / "
-                   f"{lat.get('p95', float('nan')):.1f} / "
-                   f"{lat.get('p99', float('nan')):.1f} ms | {ttfa.get('p50', float('nan')):.0f} ms | "
-                   f"{c['held'] / one:.2f} | {c['held'] / bounds[c['precision']]:.0%} |")
+        bound = bounds[c["precision"]]
+        out.append(f"| {name} | {held} | {lat.get('p50', nan):.1f} / {lat.get('p95', nan):.1f} / "
+                   f"{lat.get('p99', nan):.1f} ms | {ttfa.get('p50', nan):.0f} ms | "
+                   f"{conn.get('p50', nan):.1f} ms | {c['held'] / one:.2f} | {c['held'] / local:.2f} | "
+                   f"{c['held'] / bound:.0%} |")
+    out.append("frame latency p50 / p99 and time to first audio p50 at 1 and 4 streams:")
+    for name, c in configs.items():
+        at = [(n, c["trials"][n]) for n in (1, 4) if n in c["trials"]]
+        out.append(f"  {name}: " + "; ".join(
+            f"{n}: {t['latency_ms'].get('p50', nan):.1f} / {t['latency_ms'].get('p99', nan):.1f} ms, "
+            f"{t['ttfa_ms'].get('p50', nan):.0f} ms" for n, t in at))
+    out.append("server cost at each configuration's held load (CPU ms per frame sent; resident MiB after "
+               "the trial), by process role:")
+    for name, c in configs.items():
+        t = c["trials"].get(c["held"]) or c["trials"].get(min(c["trials"], default=0), {})
+        cpu, rss = t.get("cpu_ms_per_frame", {}), t.get("rss_mb", {})
+        out.append(f"  {name} ({t.get('streams', 0)} streams): " + ", ".join(
+            f"{role} {cpu[role]:.2f} ms, {rss.get(role, nan):.0f} MiB" for role in cpu))
     for p, v in report["bound"].items():
         rtfs = ", ".join(f"{b['rtf']:.3f}" for b in v)
         out.append(f"fixed-graph bound ({p}): {bounds[p]:.1f} streams (RTF {rtfs} at the start, middle "
@@ -285,14 +323,17 @@ SERVABLE = [s.name for s in registry.codecs() if s.runtime.streams]
 @click.option("--soak", type=Finite(min=0, max=1440), default=0.0,
               help="Minutes of the soak at the best configuration's held load (0: none).")
 @click.option("--provider", default="cpu", help="The servers' provider.")
+@click.option("--engine", "engines", multiple=True, type=click.Choice(["local", "ray"]), default=["local"],
+              help="codec-serve's engines (repeatable): ray is one replica on a private local Ray behind "
+                   "Serve's proxy, beside the local server on the same folders and clients.")
 @click.option("--seed", type=int, default=0)
 @click.option("--dir", "work", type=click.Path(path_type=Path), default=None,
               help="Keep the exports here and reuse them [default: a temp folder].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @guard
 @unwinds_on_sigterm
-def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak, provider, seed, work,
-              json_out):
+def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak, provider, engines, seed,
+              work, json_out):
     """Real-time streams `codec-serve` holds for CODEC, per --slots and --precision, on loopback."""
     spec = registry.get(codec)
     slots = slots or ((1, 8, 16) if spec.has_step_graphs else (1,))
@@ -304,7 +345,13 @@ def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak
         import torch  # noqa: F401
     except ImportError as e:
         fail(f"codec-bench serve needs the [export] and [serve] extras ({e})", 1)
+    if "ray" in engines:
+        try:
+            import ray.serve  # noqa: F401
+        except ImportError as e:
+            fail(f"codec-bench serve --engine ray needs the [ray] extra ({e})", 1)
     preset = preset_of(spec, preset, None)
     run_report(work, "codec-bench-serve-", lambda w: bench_serve(
-        spec, preset, tuple(slots), tuple(precisions), seconds, max_streams, soak, provider, seed, w, clip),
+        spec, preset, tuple(slots), tuple(precisions), seconds, max_streams, soak, provider, seed, w, clip,
+        tuple(dict.fromkeys(engines))),
         lines, json_out)

@@ -24,6 +24,7 @@ from ..runtime.providers import cpu_cores
 from .config import ServeConfig
 
 log = logging.getLogger(__name__)
+APP = "codec-serve"  # Serve's application (replica.py names its deployment the same)
 # How Serve's proxies pick a replica for a new stream, set in the environment of every node (a
 # Ray started here has the driver's). Without them a proxy fills its own node's replicas up to
 # max_ongoing_requests (which here counts the queue and the busy answers) before it looks at
@@ -112,7 +113,7 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
          tell) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from .replica import APP, NAMESPACE, Board, Replica
+    from .replica import NAMESPACE, Replica, open_board
 
     started = address is None
     for key, value in ROUTING.items():  # a Ray started here passes them on to its proxies
@@ -139,13 +140,9 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
                      proxy_location="HeadOnly" if plan.proxies == "head" else "EveryNode")
         config = replace(config, port=_listening(ray, config))
         board_name, me = f"{APP}-board", f"{socket.gethostname()}:{os.getpid()}"
-        # Detached, so that it outlives a driver whose deployment another one took over; on the
-        # driver's node (the head, as a rule), so that losing another node leaves it; restarted if
-        # its own goes (empty: the replicas' next pushes fill it, the owner claims it again).
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        board = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(Board).options(
-            name=board_name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-            scheduling_strategy=here).remote()
+        # On the driver's node (the head, as a rule), so that losing another node leaves it.
+        board = open_board(board_name, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            ray.get_runtime_context().get_node_id(), soft=True))
         ray.get(board.claim.remote(me))
         app = Replica.options(**deployment_options(config, plan, cpus)).bind(
             str(folder), provider, fallback, options, config, board_name)
@@ -188,3 +185,41 @@ def _listening(ray, config: ServeConfig) -> int:
         raise CodecportError(f"Ray Serve on this cluster listens on {running.host}:{running.port}; pass "
                              f"--host {running.host} --port {running.port} (or 0), or stop it first")
     return running.port
+
+
+def application(args: dict):
+    """Serve's application builder, for a deployment with no codec-serve driver: a RayService on
+    KubeRay (`import_path: codecport.serve.onray:application`, docs/serve.md) or `serve run
+    codecport.serve.onray:application model=DIR`. `args`: `model` (the export folder, present on
+    every node), `provider`, `replicas` or `autoscale` ("MIN:MAX"), `replica_cpus`, and any of
+    ServeConfig's fields (`slots`, `queue`, `grace`, `allow_origin` as a list...; `host` and `port`
+    as Serve's http_options say: the Host requests must name)."""
+    from dataclasses import fields
+
+    from .replica import Replica
+
+    args = dict(args)
+    try:
+        folder = str(args.pop("model"))
+    except KeyError:
+        raise CodecportError("the application needs args.model: the export folder") from None
+    provider = str(args.pop("provider", "cpu"))
+    autoscale = args.pop("autoscale", None)
+    plan = RayPlan(replicas=int(args.pop("replicas", 1)), cpus=float(args.pop("replica_cpus", 1.0)),
+                   autoscale=tuple(int(x) for x in str(autoscale).split(":")) if autoscale else None)
+    types = {f.name: type(f.default) for f in fields(ServeConfig)}
+    unknown = sorted(set(args) - set(types))
+    if unknown:
+        raise CodecportError(f"unknown application args {unknown}; known: model, provider, replicas, "
+                             f"autoscale, replica_cpus, {', '.join(types)}")
+
+    def typed(key: str, value):
+        kind = types[key]
+        if kind is bool:
+            return str(value).lower() in ("1", "true", "yes")
+        return tuple(value) if kind is tuple else kind(value)
+
+    config = ServeConfig(**{k: typed(k, v) for k, v in args.items()})
+    options = {"threads": str(max(1, int(plan.cpus)))}
+    return Replica.options(**deployment_options(config, plan, plan.cpus)).bind(
+        folder, provider, None, options, config, f"{APP}-board")

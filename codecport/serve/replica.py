@@ -32,12 +32,13 @@ from .config import ServeConfig
 from .connection import Connection
 from .engine import Scheduler
 from .metrics import merge
+from .onray import APP
 from .protocol import error_message
 from .server import OFFLOAD_BYTES
 
 log = logging.getLogger(__name__)
 NAMESPACE = "codecport"
-APP = DEPLOYMENT = "codec-serve"  # Serve's application and deployment, one per cluster
+DEPLOYMENT = APP  # one application of one deployment a cluster
 PUSH = 0.5  # seconds between a replica's writes on the board
 FRESH = 2.0  # a replica not heard from for this long is gone from /health and /metrics
 
@@ -100,6 +101,14 @@ class Board:
         return [entry for t, entry in self.entries.values() if now - t < FRESH]
 
 
+def open_board(name: str, **options):
+    """The board called `name`, started here if none runs: detached, so that it outlives a driver
+    whose deployment another took over (or runs with no driver at all, under a RayService), and
+    restarted if its node goes (empty then: the replicas' next pushes fill it)."""
+    return ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(Board).options(
+        name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, **options).remote()
+
+
 def slots_policy(ctx) -> tuple[int, dict]:
     """Autoscaling on slots in use (`--autoscale`): the replicas whose slots are all taken, and one
     with room, so that a new stream finds a slot while another replica starts. Each replica
@@ -115,7 +124,7 @@ class Replica:
     """One share of the deployment: `folder` served on `config` (its `port` is the proxy's)."""
 
     async def __init__(self, folder: str, provider: str, fallback: str | None, options: dict,
-                       config: ServeConfig, board: str):
+                       config: ServeConfig, board_name: str):
         path = Path(folder)
         spec = registry.codec_of_folder(path)
         self.codec = spec.runtime(path, provider, fallback, options)
@@ -130,7 +139,7 @@ class Replica:
         self.id = context.replica_id.unique_id
         self.where = {"replica": self.id, "node": ray.get_runtime_context().get_node_id(),
                       "address": ray.util.get_node_ip_address(), "pid": os.getpid()}
-        self.board = ray.get_actor(board, namespace=NAMESPACE)
+        self.board = open_board(board_name)
         self._winding: asyncio.Future | None = None
         self._pusher = asyncio.ensure_future(self._push())
         log.info("replica %s serving %s on pid %d", self.id, folder, os.getpid())
