@@ -34,7 +34,7 @@ from .engine import Scheduler
 from .metrics import merge
 from .onray import APP
 from .protocol import error_message
-from .server import OFFLOAD_BYTES
+from .server import converted
 
 log = logging.getLogger(__name__)
 NAMESPACE = "codecport"
@@ -169,9 +169,7 @@ class Replica:
         return {"load": self.scheduler.holding / self.scheduler.size}
 
     async def convert(self, fn, data: bytes):
-        if len(data) <= OFFLOAD_BYTES:
-            return fn(data)
-        return await asyncio.get_running_loop().run_in_executor(self._convert, fn, data)
+        return await converted(self._convert, fn, data)
 
     def _refusal(self, headers, stream: bool) -> str | None:
         """Why a request is refused (access.py, as the local server), or None."""

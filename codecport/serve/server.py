@@ -36,6 +36,14 @@ log = logging.getLogger(__name__)
 # Smaller ones stay on the loop, where a hand-off would cost more than the work.
 OFFLOAD_BYTES = 64 << 10
 
+
+async def converted(executor, fn: Callable, data: bytes):
+    """`fn(data)`: on `executor` (a conversion thread) for a message past `OFFLOAD_BYTES`, else
+    here. The one rule of both transports (the Ray replica's too)."""
+    if len(data) <= OFFLOAD_BYTES:
+        return fn(data)
+    return await asyncio.get_running_loop().run_in_executor(executor, fn, data)
+
 __all__ = ["ServeConfig", "Server", "run", "serve"]
 
 
@@ -111,10 +119,7 @@ class Server:
         return task
 
     async def convert(self, fn: Callable, data: bytes):
-        """`fn(data)`, on a conversion thread for a message past `OFFLOAD_BYTES`."""
-        if len(data) <= OFFLOAD_BYTES:
-            return fn(data)
-        return await asyncio.get_running_loop().run_in_executor(self._convert, fn, data)
+        return await converted(self._convert, fn, data)
 
     # ---- who may connect ----------------------------------------------------------------------
     @web.middleware
