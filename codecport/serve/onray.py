@@ -24,7 +24,6 @@ from ..runtime.providers import cpu_cores
 from .config import ServeConfig
 
 log = logging.getLogger(__name__)
-APP = "codec-serve"  # Serve's application (replica.py names its deployment the same)
 # How Serve's proxies pick a replica for a new stream, set in the environment of every node (a
 # Ray started here has the driver's). Without them a proxy fills its own node's replicas up to
 # max_ongoing_requests (which here counts the queue and the busy answers) before it looks at
@@ -113,7 +112,7 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
          tell) -> None:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from .replica import NAMESPACE, Replica, open_board
+    from .replica import APP, NAMESPACE, Replica, open_board
 
     started = address is None
     for key, value in ROUTING.items():  # a Ray started here passes them on to its proxies
@@ -196,7 +195,7 @@ def application(args: dict):
     as Serve's http_options say: the Host requests must name)."""
     from dataclasses import fields
 
-    from .replica import Replica
+    from .replica import APP, Replica
 
     args = dict(args)
     try:

@@ -32,13 +32,12 @@ from .config import ServeConfig
 from .connection import Connection
 from .engine import Scheduler
 from .metrics import merge
-from .onray import APP
 from .protocol import error_message
 from .server import converted
 
 log = logging.getLogger(__name__)
 NAMESPACE = "codecport"
-DEPLOYMENT = APP  # one application of one deployment a cluster
+APP = DEPLOYMENT = "codec-serve"  # Serve's application and its one deployment, one per cluster
 PUSH = 0.5  # seconds between a replica's writes on the board
 FRESH = 2.0  # a replica not heard from for this long is gone from /health and /metrics
 
