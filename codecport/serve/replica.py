@@ -52,26 +52,27 @@ class Board:
     def __init__(self):
         self.entries: dict[str, tuple[float, dict]] = {}
         self.stopping: frozenset[str] = frozenset()
-        self.everyone = False  # the deployment is being deleted
+        self.deleting = False  # Serve is deleting the application (as of the last poll)
+        self.stop_asked = False  # the owner is deleting it (told before Serve's first poll shows it)
         self.owner: str | None = None
         self._polled = 0.0
 
     def claim(self, driver: str) -> None:
-        self.owner = driver
+        self.owner, self.stop_asked = driver, False
 
     def owned_by(self) -> str | None:
         return self.owner
 
     def stop_all(self) -> None:
         """The driver is deleting the deployment: every replica winds down."""
-        self.everyone = True
+        self.stop_asked = True
 
     async def put(self, key: str, entry: dict) -> bool:
         """`entry` for replica `key`; True once Serve is stopping it (a scale-down, a redeploy,
         the driver's drain), which then winds down within its grace."""
         self.entries[key] = (time.monotonic(), entry)
         await self._poll()
-        return self.everyone or key in self.stopping
+        return self.stop_asked or self.deleting or key in self.stopping
 
     async def _poll(self) -> None:
         """Which replicas Serve is stopping, asked of its controller at most once a push period:
@@ -88,7 +89,7 @@ class Board:
             return
         app = details.get("applications", {}).get(APP, {})
         # An application being deleted lists no deployments any more (`serve delete` from a shell).
-        self.everyone = self.everyone or app.get("status") == "DELETING"
+        self.deleting = app.get("status") == "DELETING"
         replicas = app.get("deployments", {}).get(DEPLOYMENT, {}).get("replicas", [])
         self.stopping = frozenset(r["replica_id"] for r in replicas if r.get("state") == "STOPPING")
 

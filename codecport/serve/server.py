@@ -44,6 +44,7 @@ async def converted(executor, fn: Callable, data: bytes):
         return fn(data)
     return await asyncio.get_running_loop().run_in_executor(executor, fn, data)
 
+
 __all__ = ["ServeConfig", "Server", "run", "serve"]
 
 
