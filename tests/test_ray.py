@@ -50,8 +50,7 @@ from tokenize_support import (
 )
 
 import codecport
-from codecport.serve import ServeError, connect, stream
-from codecport.serve.client import Result
+from codecport.serve import Result, ServeError, connect, stream
 
 WINDOWED = "snac"  # the two-node cluster's codec: its long clips go through batched windows
 RAY = str(BIN / "ray")
@@ -438,25 +437,14 @@ def test_a_foreign_host_or_page_is_refused(mimi_on_ray):
 
 async def _paused(client, first: list, rest: list, go: asyncio.Event, result: Result) -> Result:
     """A whole stream whose `rest` is sent once `go` is set: everything it gave, in `result`."""
-    send = client.send_codes if client.info["stream"] == "decode" else client.send_pcm
-
-    async def sender() -> None:
+    async def chunks():
         for chunk in first:
-            await send(chunk)
+            yield chunk
         await go.wait()
         for chunk in rest:
-            await send(chunk)
-        await client.end()
+            yield chunk
 
-    task = asyncio.ensure_future(sender())
-    try:
-        async for piece in client:
-            result.pieces.append(piece)
-        await task
-    finally:
-        task.cancel()
-        await asyncio.wait({task})
-    return result
+    return await stream(client, chunks(), result=result)
 
 
 async def _active(url: str) -> dict[int, int]:
@@ -715,6 +703,8 @@ def test_sigterm_drains_the_deployment(redeployed, tiny_snac_export):
     assert isinstance(cut, ServeError) and cut.code == "shutting_down", cut
     status, said = snac.stop()
     assert status == 0 and said.rstrip().endswith("stopped"), said
+
+
 
 
 # ---- what is decided without a cluster ---------------------------------------------------------

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -281,18 +281,30 @@ class Result:
         return np.concatenate(got) if got else np.zeros(0, np.float32)
 
 
-async def stream(client: StreamClient, chunks: Iterable, *, interval: float | None = None) -> Result:
+async def stream(client: StreamClient, chunks: Iterable | AsyncIterable, *, interval: float | None = None,
+                 result: Result | None = None) -> Result:
     """Send `chunks` (PCM arrays, or codes as `send_codes` takes them) then end, while receiving
-    everything; `interval`: seconds between chunks (real-time pacing), None as fast as it goes."""
-    result = Result(client.info)
+    everything; `interval`: seconds between chunks (real-time pacing), None as fast as it goes.
+    `chunks` may be an async iterable (a model's output as it comes). `result`: the Result to
+    fill as pieces arrive (to watch a stream in flight); a new one by default."""
+    result = result if result is not None else Result(client.info)
     send = client.send_codes if client.info["stream"] == "decode" else client.send_pcm
 
+    async def each():
+        if isinstance(chunks, AsyncIterable):
+            async for chunk in chunks:
+                yield chunk
+        else:
+            for chunk in chunks:
+                yield chunk
+
     async def sender() -> None:
-        start = time.perf_counter()
-        for i, chunk in enumerate(chunks):
+        start, i = time.perf_counter(), 0
+        async for chunk in each():
             if interval:
                 await asyncio.sleep(max(0.0, start + i * interval - time.perf_counter()))
             result.sent.append(await send(chunk))
+            i += 1
         await client.end()
 
     task = asyncio.ensure_future(sender())

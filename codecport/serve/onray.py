@@ -10,6 +10,7 @@ Ray Serve facts: shared/reference/ray-serve.md.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -139,9 +140,13 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
                      proxy_location="HeadOnly" if plan.proxies == "head" else "EveryNode")
         config = replace(config, port=_listening(ray, config))
         board_name, me = f"{APP}-board", f"{socket.gethostname()}:{os.getpid()}"
-        # On the driver's node (the head, as a rule), so that losing another node leaves it.
-        board = open_board(board_name, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            ray.get_runtime_context().get_node_id(), soft=True))
+        # On the head node (whose loss ends the cluster anyway), so that losing another leaves it:
+        # a hard placement (a soft one put it on the other node of the tests' two now and then,
+        # and a board lost with its node forgets which replicas must stop).
+        head = next((n["NodeID"] for n in ray.nodes() if n.get("Alive")
+                     and "node:__internal_head__" in n.get("Resources", {})),
+                    ray.get_runtime_context().get_node_id())
+        board = open_board(board_name, scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False))
         ray.get(board.claim.remote(me))
         app = Replica.options(**deployment_options(config, plan, cpus)).bind(
             str(folder), provider, fallback, options, config, board_name)
@@ -164,7 +169,8 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
                 tell(f"replaced: the deployment is now codec-serve {owner}'s; this driver leaves it serving")
                 return
         tell(f"draining: no new streams; those in flight get {config.grace:g} s")
-        ray.get(board.stop_all.remote())
+        with contextlib.suppress(ray.exceptions.GetTimeoutError):  # a board restarting: Serve's
+            ray.get(board.stop_all.remote(), timeout=5)  # DELETING tells the replicas instead
         serve.delete(APP)  # returns once the replicas have drained (or their grace ran out)
         ray.kill(board)
         if started:

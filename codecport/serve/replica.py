@@ -40,6 +40,7 @@ NAMESPACE = "codecport"
 APP = DEPLOYMENT = "codec-serve"  # Serve's application and its one deployment, one per cluster
 PUSH = 0.5  # seconds between a replica's writes on the board
 FRESH = 2.0  # a replica not heard from for this long is gone from /health and /metrics
+ASK = 2.0  # seconds the board waits for Serve's controller to say which replicas it stops
 
 app = FastAPI()
 
@@ -56,6 +57,7 @@ class Board:
         self.stop_asked = False  # the owner is deleting it (told before Serve's first poll shows it)
         self.owner: str | None = None
         self._polled = 0.0
+        self._polling: asyncio.Future | None = None
 
     def claim(self, driver: str) -> None:
         self.owner, self.stop_asked = driver, False
@@ -71,22 +73,25 @@ class Board:
         """`entry` for replica `key`; True once Serve is stopping it (a scale-down, a redeploy,
         the driver's drain), which then winds down within its grace."""
         self.entries[key] = (time.monotonic(), entry)
-        await self._poll()
+        if self._polling is None and time.monotonic() - self._polled >= PUSH / 2:
+            # Asked in the background: a controller slow to answer (a node just lost) must not
+            # hold the replicas' pushes, nor a stop the owner asked for.
+            self._polling = asyncio.ensure_future(self._poll())
         return self.stop_asked or self.deleting or key in self.stopping
 
     async def _poll(self) -> None:
         """Which replicas Serve is stopping, asked of its controller at most once a push period:
         Serve tells a replica's own code only once its requests have ended (`__del__`), and a
         stream is a request that would hold it until Serve's force-kill."""
-        if time.monotonic() - self._polled < PUSH / 2:
-            return
         self._polled = time.monotonic()
         try:
             controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-            details = await controller.get_serve_instance_details.remote()
-        except Exception as e:  # a controller restarting: the next push asks again
+            details = await asyncio.wait_for(controller.get_serve_instance_details.remote(), ASK)
+        except Exception as e:  # a controller restarting, or slow: the next push asks again
             log.debug("Serve's controller did not answer: %s", e)
             return
+        finally:
+            self._polling = None
         app = details.get("applications", {}).get(APP, {})
         # An application being deleted lists no deployments any more (`serve delete` from a shell).
         self.deleting = app.get("status") == "DELETING"
