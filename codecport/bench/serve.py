@@ -205,7 +205,9 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
                                            "engine": cfg.engine, "held": cfg.held,
                                            "capped": cfg.failed is None, "trials": cfg.trials}
         if soak:
-            best = max(configs, key=lambda c: (c.precision == "fp32", c.held, c.slots))
+            # The local server's: the soak samples the RSS of the server's one process.
+            best = max([c for c in configs if c.engine == "local"] or configs,
+                       key=lambda c: (c.precision == "fp32", c.held, c.slots))
             load = max(1, best.held)
             click.echo(f"soak: {best.name} at {load} streams for {soak:g} min ...")
             result = asyncio.run(soak_run(best.url, best.proc.pid, spec, load, soak, seed + 10_000, period))
