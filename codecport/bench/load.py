@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import registry
+from .procs import rss_mb
 
 STAGGER = True  # clients start spread over one frame period: staggered traffic, not lockstep
 KEEP = 12  # well-behaved soak streams checked against single streams afterwards
@@ -25,13 +26,6 @@ def open_folder(folder: Path, provider: str = "cpu"):
 def ms_percentiles(seconds: list[float]) -> dict:
     """p50/p95/p99 in milliseconds (none of an empty list)."""
     return {f"p{p}": 1000 * float(np.percentile(seconds, p)) for p in (50, 95, 99)} if seconds else {}
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 # ---- one client --------------------------------------------------------------------------------
@@ -215,7 +209,7 @@ async def soak_run(url: str, pid: int, spec, n: int, minutes: float, seed: int, 
     rng = np.random.default_rng(seed)
     kept: list[Stream] = []
     counts = {"good": 0, "disconnect": 0, "garbage": 0, "slow": 0}
-    rss = [rss_mb(pid)]
+    rss = [rss_mb([pid])]
     bad_ends = []
 
     async def lane(k: int):
@@ -243,13 +237,13 @@ async def soak_run(url: str, pid: int, spec, n: int, minutes: float, seed: int, 
     async def sample_rss():
         while time.monotonic() < deadline:
             await asyncio.sleep(min(30.0, 6 * minutes))
-            rss.append(rss_mb(pid))
+            rss.append(rss_mb([pid]))
 
     await asyncio.gather(sample_rss(), *(lane(k) for k in range(n)))
     await asyncio.sleep(1.0)
     async with aiohttp.ClientSession() as session, session.get(url + "/health") as r:
         health = await r.json()
-    rss.append(rss_mb(pid))
+    rss.append(rss_mb([pid]))
     return {"streams": n, "minutes": minutes, "clients": counts, "good_failed": bad_ends[:5],
             "n_good_failed": len(bad_ends), "health_after": health, "rss_mb": rss,
             "rss_drift_mb": rss[-1] - rss[1] if len(rss) > 2 else float("nan"), "checked": kept}

@@ -54,13 +54,13 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def rss_mb(pids: list[int]) -> float:
-    """Resident memory of `pids` together, in MiB."""
-    total = 0.0
+    """Resident memory of `pids` together, in MiB (NaN if none could be read)."""
+    total, read = 0.0, False
     for pid in pids:
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) / 1024
+                    total, read = total + int(line.split()[1]) / 1024, True
         except OSError:
             continue
-    return total
+    return total if read else float("nan")

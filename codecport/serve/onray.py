@@ -54,6 +54,12 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def replica_options(options: dict, cpus: float) -> dict:
+    """A replica's provider options: its ONNX Runtime threads follow its share of the cores
+    unless `threads` is given."""
+    return {**options, "threads": options.get("threads", str(max(1, int(cpus))))}
+
+
 def deployment_options(config: ServeConfig, plan: RayPlan, cpus: float) -> dict:
     """Serve's options for the replicas of `config` on `plan`, each with `cpus` cores.
 
@@ -135,7 +141,7 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
         # A replica's share of the cores: --replica-cpus, else the machine's cores over the most
         # replicas on a Ray started here, one core on a cluster. Its ORT threads follow.
         cpus = plan.cpus or (ray.cluster_resources().get("CPU", 1) / most if started else 1.0)
-        options = {**options, "threads": options.get("threads", str(max(1, int(cpus))))}
+        options = replica_options(options, cpus)
         serve.start(http_options={"host": config.host, "port": config.port or free_port(config.host)},
                      proxy_location="HeadOnly" if plan.proxies == "head" else "EveryNode")
         config = replace(config, port=_listening(ray, config))
@@ -225,6 +231,6 @@ def application(args: dict):
         return tuple(value) if kind is tuple else kind(value)
 
     config = ServeConfig(**{k: typed(k, v) for k, v in args.items()})
-    options = {"threads": str(max(1, int(plan.cpus)))}
+    options = replica_options({}, plan.cpus)
     return Replica.options(**deployment_options(config, plan, plan.cpus)).bind(
         folder, provider, None, options, config, f"{APP}-board")
