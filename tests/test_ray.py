@@ -94,9 +94,10 @@ def _ray_daemons(sessions) -> set[int]:
     return {pid for pid, cmd in _processes(sessions).items() if b"raylet" in cmd or b"gcs_server" in cmd}
 
 
-def _actors(sessions) -> set[int]:
-    """The processes of Ray Data's map actors (`ray::MapWorker(...)`) of `sessions` running now."""
-    return {pid for pid, cmd in _processes(sessions).items() if b"MapWorker" in cmd}
+def _actors(sessions, name: bytes = b"MapWorker") -> set[int]:
+    """The processes of `sessions` running now that run the Ray actor `name` (`ray::NAME...`; by
+    default Ray Data's map actors)."""
+    return {pid for pid, cmd in _processes(sessions).items() if name in cmd}
 
 
 def _start(args, env=None) -> subprocess.Popen:
@@ -320,19 +321,20 @@ class ServeOnRay:
         return self.proc.returncode, "".join(self.said)
 
 
-def _serve_args(address: str) -> list:
-    return ["--address", address, "--replicas", 2, "--replica-cpus", 0.5, "--proxies", "head", "--slots", 2,
+def _serve_args(address: str, cpus: float) -> list:
+    return ["--address", address, "--replicas", 2, "--replica-cpus", cpus, "--proxies", "head", "--slots", 2,
             "--queue", 2, "--queue-timeout", 3, "--grace", 3]
 
 
 @pytest.fixture(scope="module")
 def mimi_on_ray(cluster, tiny_mimi_export, tmp_path_factory):
-    """Tiny Mimi on two replicas of the two-node cluster (half a CPU each: one a node, and room
-    for a redeploy's), 2 slots a side each, a queue of 2 waiting at most 3 s, behind one proxy
-    (the head's: which proxy a stream went through is then known)."""
+    """Tiny Mimi on two replicas of the two-node cluster (0.4 of a CPU each: one a node, and room
+    beside each for one of a redeploy's, of 0.6, which then go one a node too), 2 slots a side
+    each, a queue of 2 waiting at most 3 s, behind one proxy (the head's: which proxy a stream
+    went through is then known)."""
     address, auth, _ = cluster
     served = ServeOnRay(tiny_mimi_export, tmp_path_factory.mktemp("serve-ray") / "mimi.log",
-                        *_serve_args(address), env=auth)
+                        *_serve_args(address, 0.4), env=auth)
     yield served
     served.stop()
 
@@ -491,17 +493,12 @@ def test_a_replica_killed_mid_stream(mimi_on_ray, tiny_mimi_export):
     _replicas(mimi_on_ray, 2, gone=victim)  # replaced
 
 
-def _named(sessions, name: bytes) -> set[int]:
-    """The processes of `sessions` running the Ray actor `name` (`ray::NAME...`)."""
-    return {pid for pid, cmd in _processes(sessions).items() if cmd.startswith(b"ray::" + name)}
-
-
 def test_the_proxy_killed_then_replaced(mimi_on_ray, cluster, tiny_mimi_export):
     """The proxy's process SIGKILLed under a live stream: the client is told its stream is lost,
     and once Serve has started another proxy on the port, new streams are exact."""
     _, _, sessions = cluster
     url = mimi_on_ray.url
-    (proxy,) = _named(sessions, b"ProxyActor")
+    (proxy,) = _actors(sessions, b"ProxyActor")
     codec = codecport.load(tiny_mimi_export)
     x = noise(3000, seed=50)[0]
 
@@ -534,7 +531,7 @@ def test_the_proxy_killed_then_replaced(mimi_on_ray, cluster, tiny_mimi_export):
     assert isinstance(lost, ServeError) and lost.code == "closed" and "died" in str(lost), lost
     codes = ref_encode(codec, x, 2)
     assert np.array_equal(fresh.codes()[0], codes) and np.array_equal(fresh.audio(), ref_decode(codec, codes))
-    assert _named(sessions, b"ProxyActor") - {proxy}
+    assert _actors(sessions, b"ProxyActor") - {proxy}
 
 
 @pytest.fixture(scope="module")
@@ -559,7 +556,7 @@ def redeployed(mimi_on_ray, cluster, tiny_mimi_export, tiny_snac_export, tmp_pat
         await until(lambda: results[0].pieces and results[1].pieces, "nothing came before the redeploy")
         driver = asyncio.ensure_future(asyncio.to_thread(
             ServeOnRay, tiny_snac_export, tmp_path_factory.mktemp("serve-ray") / "snac.log",
-            *_serve_args(address), env=auth))
+            *_serve_args(address, 0.6), env=auth))
         driver.add_done_callback(lambda t: t.exception() or started.append(t.result()))
 
         async def draining() -> bool:
