@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -135,6 +136,51 @@ def test_a_broken_plugin_is_left_out_and_said(tmp_path):
     listed = subprocess.run([str(BIN / "codec-export"), "--help"], env=env, capture_output=True, text=True,
                             timeout=120)
     assert listed.returncode == 0 and "mimi" in listed.stdout and "broken" not in listed.stdout
+
+
+def _broken_toy(tmp_path: Path, role: str) -> dict:
+    """The toy plugin installed beside this run, its `role` module needing a package that is not
+    there (its spec imports): the environment of a process that sees it."""
+    import shutil
+
+    shutil.copytree(PLUGIN, tmp_path / "plugin")
+    module = tmp_path / "plugin" / "toycodec" / f"{role}.py"
+    module.write_text(module.read_text() + "\nimport no_such_dependency  # what its author forgot\n")
+    return {**os.environ, "PYTHONPATH": str(tmp_path / "plugin")}
+
+
+@pytest.mark.parametrize("role", ["config", "runtime", "facts"])
+def test_a_plugin_whose_other_module_does_not_import_is_left_out(tmp_path, role):
+    """The front ends build their help from every codec's config, runtime and facts: a plugin
+    whose spec imports but one of those does not is left out of each, said in one line that names
+    it and what to do, and every command still lists the built-in codecs."""
+    env = _broken_toy(tmp_path, role)
+    # Where each lists the codecs: codec-run's --codebooks help by label, the others' commands.
+    for tool, args, built_in, plugin in [("codec-run", ("encode", "--help"), r"\bMimi \d", r"\bToy\b"),
+                                         ("codec-export", ("--help",), r"^  mimi ", r"^  toy "),
+                                         ("codec-bench", ("--help",), r"^  mimi ", r"^  toy ")]:
+        proc = subprocess.run([str(BIN / tool), *args], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        said = [line for line in proc.stderr.splitlines() if "toy" in line]
+        assert len(said) == 1 and f"toycodec.{role}" in said[0] and "no_such_dependency" in said[0] \
+            and "reinstall toycodec" in said[0], proc.stderr
+        assert re.search(built_in, proc.stdout, re.M), proc.stdout
+        assert not re.search(plugin, proc.stdout, re.M), proc.stdout
+
+
+def test_a_broken_plugin_costs_a_built_in_decode_nothing(tmp_path, smoke_exports):
+    """codec-run decode of a built-in codec's folder, with a plugin whose runtime does not import
+    installed: it decodes, the plugin said once."""
+    folder = smoke_exports["mimi"]
+    codec = registry.codec_of_folder(folder).runtime(folder, sessions=False)
+    codes = np.random.default_rng(0).integers(0, codec.codebook_size, (1, codec.n_codebooks, 6))
+    np.save(tmp_path / "codes.npy", codes)
+    proc = subprocess.run([str(BIN / "codec-run"), "decode", tmp_path / "codes.npy", "-m", folder, "-o",
+                           tmp_path / "out.wav"], env=_broken_toy(tmp_path, "runtime"), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sum("left out codec 'toy'" in line for line in proc.stderr.splitlines()) == 1, proc.stderr
+    assert sf.info(tmp_path / "out.wav").frames == 6 * codec.frame_size
 
 
 def test_register_adds_a_codec_in_one_program(monkeypatch):

@@ -71,6 +71,12 @@ def _config(d: Path, **changes):
     (d / "config.json").write_text(json.dumps(conf))
 
 
+def _drop(d: Path, section: str, key: str):
+    conf = json.loads((d / "config.json").read_text())
+    del conf[section][key]
+    (d / "config.json").write_text(json.dumps(conf))
+
+
 class _Evil:
     def __reduce__(self):
         return (print, ("unpickled",))
@@ -80,6 +86,11 @@ class _Evil:
     (lambda d: _config(d, model_type="qwen3_tts_tokenizer_25hz"), "not qwen3_tts_tokenizer_12hz"),
     (lambda d: _config(d, decoder_config__hidden_act="gelu"), "hidden_act='gelu' is not supported"),
     (lambda d: _config(d, decoder_config__num_quantizers=3), "the decoder takes 3 codebooks"),
+    # No heads: said as such, not as a ZeroDivisionError (head_dim's default divides by them) nor
+    # as the key-value heads' fault (compared with them).
+    (lambda d: (_config(d, decoder_config__num_attention_heads=0, decoder_config__num_key_value_heads=0),
+                _drop(d, "decoder_config", "head_dim")), "num_attention_heads=0 is outside [1, 256]"),
+    (lambda d: _config(d, decoder_config__num_attention_heads=0), "num_attention_heads=0 is outside"),
     (lambda d: (d / "config.json").unlink(), "no config.json"),
     (lambda d: (d / "config.json").write_text("{"), "unreadable config"),
     (lambda d: (d / "model.safetensors").write_bytes(b"\0" * 100), "model.safetensors"),

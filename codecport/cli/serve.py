@@ -95,6 +95,10 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
     codes in and PCM out (decode), or both (duplex), one stream per connection at
     ws://HOST:PORT/stream, with /health and /metrics. SIGTERM drains and exits."""
     setup_logging(verbose)
+    if autoscale is not None and click.get_current_context().get_parameter_source("replicas") not in (
+            None, click.core.ParameterSource.DEFAULT):
+        raise click.UsageError("--replicas and --autoscale exclude each other: choose a fixed number of "
+                               "replicas or a MIN:MAX range")
     if engine == "local" and (address or autoscale or replicas != 1 or replica_cpus or proxies != "every"):
         raise CodecportError("--address, --replicas, --autoscale, --replica-cpus and --proxies are for "
                              "--engine ray")
@@ -103,7 +107,22 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
     except ImportError as e:
         raise CodecportError(f"codec-serve needs aiohttp ({e}); pip install 'codecport[serve]'") from None
     spec = registry.codec_of_folder(model_dir)
-    codec = spec.runtime(model_dir, provider, fallback, options)
+    # Every graph of the folder read and checked now, without a session, as `codec-run info` checks
+    # them: a damaged one is refused here, not in each stream after "listening" (a stream opens
+    # its step graph only as it starts, where the pool runs the slot graphs).
+    codec = spec.runtime(model_dir, sessions=False)
+    codec.read_graphs(list(codec.files.values()))
+    if engine == "ray":
+        # The replicas open their own sessions: the driver holds none (with --provider cuda, a
+        # CUDA context for nothing); it resolves the provider and checks the options they take.
+        from ..runtime.providers import intra_op_threads, parallel_windows, resolve_provider
+
+        provider_name = resolve_provider(provider, fallback)
+        parallel_windows(provider_name, options)
+        intra_op_threads(options)
+    else:
+        codec = spec.runtime(model_dir, provider, fallback, options)
+        provider_name = codec.provider
     if not codec.streams:
         raise CodecportError(f"{model_dir}: {codec.no_stream('encoder or decoder')}; codec-serve serves "
                              "streams: use codec-run for whole files")
@@ -116,7 +135,7 @@ def serve_cli(model_dir, slots, host, port, queue, queue_timeout, idle_timeout, 
         where = "" if engine == "local" else (
             f", on Ray: {replicas} replica{'s' if replicas > 1 else ''}" if autoscale is None
             else f", on Ray: {autoscale[0]} to {autoscale[1]} replicas")
-        click.echo(f"serving {spec.label} {codec.preset} ({model_dir}) on {codec.provider}: "
+        click.echo(f"serving {spec.label} {codec.preset} ({model_dir}) on {provider_name}: "
                    f"{slots} slot{'s' if slots > 1 else ''} a side{' a replica' if where else ''} "
                    f"({', '.join(codec.streams)})" + (f", a queue of {queue}" if queue else "") + where)
         ws = url.replace("http", "ws", 1)

@@ -6,7 +6,9 @@ is loaded (its name, default preset, the options of `codec-export CODEC`...). Th
 are the packages of codecport/codecs/, found by listing that folder; a codec in another package
 is found through the `codecport.codecs` entry point group its distribution declares (a
 `CodecSpec`), or added in a program with `register()`. Finding them imports their `spec` modules
-and their codes formats only (no onnxruntime, no torch): `codec-run --help` stays light.
+and their codes formats, and of a plugin the modules every front end lists it from (its config,
+runtime and facts: no onnxruntime, no torch): `codec-run --help` stays light, and a plugin one of
+whose modules does not import is left out, said once, before it can break a command.
 """
 
 from __future__ import annotations
@@ -86,11 +88,37 @@ def _find() -> None:
                 spec = entry.load()
                 if not isinstance(spec, CodecSpec):
                     raise TypeError(f"it names a {type(spec).__name__}, not a CodecSpec")
+                _check_listed(spec)
                 _add(spec)
             except Exception as e:  # whatever the plugin raises
-                log.warning("left out codec %r of the %s entry points (%s): %s", entry.name, ENTRY_POINTS,
-                            entry.value, e)
+                dist = getattr(entry.dist, "name", None)
+                fix = f"reinstall {dist} with what it needs, or uninstall it" if dist else \
+                    "fix or uninstall the package that declares it"
+                log.warning("left out codec %r of the %s entry points (%s): %s; %s", entry.name, ENTRY_POINTS,
+                            entry.value, _one_line(e), fix)
         _state = "found"
+
+
+def _check_listed(spec: CodecSpec) -> None:
+    """Import what the front ends read of every codec to list it, before any model is loaded
+    (codec-export's presets and releases, codec-run's codebooks, codec-bench's contenders): a
+    plugin whose module does not import is then left out of every listing instead of taking each
+    command down. Its model, weights and export modules (torch) wait until the codec is used; its
+    facts, the bench's, are imported here only to be checked. The error names the module."""
+    for role, names in (("config", ("PRESETS", "RELEASES")), ("runtime", (spec.runtime_class,)),
+                        ("facts", ("FACTS",))):
+        try:
+            module = spec.module(role)
+        except Exception as e:
+            raise ImportError(f"its {role} module {spec.path(role)} does not import "
+                              f"({type(e).__name__}: {_one_line(e)})") from e
+        missing = [name for name in names if not hasattr(module, name)]
+        if missing:
+            raise ImportError(f"its {role} module {spec.path(role)} has no {missing[0]}")
+
+
+def _one_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def codecs() -> list[CodecSpec]:

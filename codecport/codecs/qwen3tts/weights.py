@@ -17,6 +17,7 @@ import torch
 from ...errors import CheckpointError, ConfigError
 from ...models.checkpoint import load_state, load_torch, read_json, read_safetensors
 from ...models.hub import hf_file, resolve, sha256_file
+from ...models.limits import check_int
 from ..mimi.weights import config_from_transformers, from_transformers
 from .config import FULL_CONTEXT, PRESETS, RELEASES, Qwen3Config
 from .model import Qwen3Model
@@ -44,6 +45,12 @@ def read_config(conf: dict, source: str) -> Qwen3Config:
     encoder = dataclasses.replace(config_from_transformers({**enc, "model_type": "mimi"}, source),
                                   context=FULL_CONTEXT)
     heads = dec.get("num_attention_heads", 16)
+    try:
+        # Before anything is derived from it: head_dim's default divides by it, and the key-value
+        # heads are compared with it (a 0 there would blame them).
+        check_int("decoder_config.num_attention_heads", heads, 1, 256)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
     for key, want in {**_DECODER, "num_key_value_heads": heads}.items():
         if key in dec and dec[key] != want:
             raise CheckpointError(f"{source}: decoder_config {key}={dec[key]!r} is not supported "
@@ -59,7 +66,7 @@ def read_config(conf: dict, source: str) -> Qwen3Config:
             rms_eps=float(dec.get("rms_norm_eps", 1e-5)), decoder_dim=dec.get("decoder_dim", 1536),
             upsample_rates=tuple(dec.get("upsample_rates", (8, 5, 4, 3))),
             upsampling_ratios=tuple(dec.get("upsampling_ratios", (2, 2))))
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
         raise ConfigError(f"{source}: config.json is not Qwen3-TTS tokenizer's ({e})") from e
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
