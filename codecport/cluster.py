@@ -4,6 +4,7 @@ it for minutes, and its C++ core worker's notes kept off the user's terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -35,18 +36,44 @@ def import_ray(log: logging.Logger, needs: str, extra: str):
     return ray
 
 
-def check_reachable(address: str) -> None:
-    """A `host:port` (or `ray://host:port`) that no one answers on is refused at once: ray.init
-    retries it for minutes, printing its C++ logs meanwhile."""
+# The opening of an HTTP/2 connection (RFC 9113 section 3.4: the preface, then an empty SETTINGS
+# frame): Ray's GCS and its client server speak gRPC, which answers with a SETTINGS frame of its own.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS = 4
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """A `host:port` (or `ray://host:port`) that no one answers on, or that answers as something
+    other than Ray (a dashboard's port given by mistake), is refused within `timeout` s: ray.init
+    retries it for minutes, or hangs, printing its C++ logs meanwhile."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit() or not host:
         return  # "auto" and the like: Ray's to resolve
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     except (OSError, OverflowError) as e:
         raise CodecportError(f"cannot reach the Ray cluster at {address} "
                              f"({getattr(e, 'strerror', None) or e}); "
                              "is its head node running? check --address / RAY_ADDRESS") from None
+    head = b""
+    with conn, contextlib.suppress(OSError):  # a timeout, a reset: what came so far is the answer
+        conn.sendall(_H2_PREFACE)
+        while len(head) < 9 and (chunk := conn.recv(9 - len(head))):
+            head += chunk
+    if len(head) < 9 or head[3] != _SETTINGS:
+        said = (f"it answered {head[:12]!r}" if head else f"it said nothing in {timeout:g} s")
+        raise CodecportError(f"{address} answers, but not as a Ray cluster ({said}); give the head node's "
+                             "GCS address (ray start --head prints it; port 6379 by default), not its "
+                             "dashboard's (8265) or another service's: check --address / RAY_ADDRESS")
+
+
+def head_node() -> str | None:
+    """The id of the cluster's head node (Ray's own resource marks it), or None if none is alive.
+    A blocking call to Ray's GCS."""
+    import ray
+
+    return next((n["NodeID"] for n in ray.nodes() if n.get("Alive")
+                 and "node:__internal_head__" in n.get("Resources", {})), None)
 
 
 # A line of Ray's C++ log, e.g. "[2026-12-01 16:51:25,203 E 1107 1107] core_worker.cc:2465: ...".

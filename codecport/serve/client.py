@@ -29,7 +29,7 @@ from .protocol import PCM_FORMATS, TAG_AUDIO, TAG_CODES, CodeLayout, ProtocolErr
 
 class ServeError(ProtocolError):
     """The server refused or ended the stream: `code` (busy, bad_request, bad_input, too_large,
-    behind, timeout, shutting_down, internal; "closed" when it closed without a word or the
+    too_fast, behind, timeout, shutting_down, internal; "closed" when it closed without a word or the
     connection broke, "unreachable" when no codec-serve stream answered at the URL) and its
     message. A `CodecportError`, as every codecport error."""
 

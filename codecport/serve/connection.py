@@ -16,16 +16,26 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
-from aiohttp import WSCloseCode, WSMsgType
-
 from .config import ServeConfig
 from .engine import Scheduler
 from .live import Close, Live
 from .protocol import CLOSE_CODES, ProtocolError, bad, parse_json, parse_request, ready_message
-from .ws import Socket, receive_by
+from .sockets import Kind, Message, Socket, receive_by, refuse
 
 log = logging.getLogger(__name__)
-GONE = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR)
+# A message past this many bytes is made into input on the conversion threads (PCM checked and
+# resampled, codes split by level), not on the event loop: up to --max-message there (1 MiB, a
+# second of soxr's VHQ work at 48 kHz in), which would hold every other connection meanwhile.
+# Smaller ones stay on the loop, where a hand-off would cost more than the work.
+OFFLOAD_BYTES = 64 << 10
+
+
+async def converted(executor, fn: Callable, data: bytes):
+    """`fn(data)`: on `executor` (a conversion thread) for a message past `OFFLOAD_BYTES`, else
+    here. The one rule of both transports (the local server's and the Ray replica's)."""
+    if len(data) <= OFFLOAD_BYTES:
+        return fn(data)
+    return await asyncio.get_running_loop().run_in_executor(executor, fn, data)
 
 
 async def _cancelled(*tasks: asyncio.Future) -> None:
@@ -67,22 +77,22 @@ class Connection:
             self.greeting = False
             if live is not None:
                 sched.leave(live)
+            if self.ws.failure is not None:  # the socket refused the client itself (and said why)
+                sched.metrics.errors[self.ws.failure] += 1
 
     async def refuse(self, error: ProtocolError, counted: bool = False) -> None:
         """The JSON error, then the close (ws.Socket.refuse). `counted`: the stream counted it."""
         if not counted:
             self.scheduler.metrics.errors[error.code] += 1
         log.info("%s a stream: %s: %s", "ended" if counted else "refused", error.code, error)
-        await self.ws.refuse(error.to_json(), CLOSE_CODES.get(error.code, 1008), self.config.close_timeout)
+        await refuse(self.ws, error.to_json(), CLOSE_CODES.get(error.code, 1008), self.config.close_timeout)
 
-    def _note(self, msg) -> None:
-        """A connection that ended on an error (a message too large: the client was told)."""
-        if msg.type is WSMsgType.ERROR:
-            code = getattr(msg.data, "code", None)
-            self.scheduler.metrics.errors["too_large" if code == WSCloseCode.MESSAGE_TOO_BIG
-                                          else "bad_request"] += 1
-            unmasked = self.ws.guard is not None and self.ws.guard.unmasked
-            log.info("a stream ended on %s", "an unmasked frame" if unmasked else msg.data)
+    @staticmethod
+    def _note(msg: Message) -> None:
+        """A connection that ended on an error of the socket's (a message too large: the client
+        was told, and the socket's `failure` is counted at the end)."""
+        if msg.kind is Kind.ERROR:
+            log.info("a stream ended on %s", msg.why)
 
     # ---- the handshake ------------------------------------------------------------------------
     async def _open(self) -> Live | None:
@@ -97,10 +107,10 @@ class Connection:
                                            "the JSON request (docs/serve.md)") from None
         finally:
             self.greeting = False  # from here a drain reaches it through the scheduler
-        if msg.type is WSMsgType.BINARY:
+        if msg.kind is Kind.BINARY:
             raise bad("binary data before the handshake; the first message is the JSON request "
                       "(docs/serve.md)")
-        if msg.type is not WSMsgType.TEXT:
+        if msg.kind is not Kind.TEXT:
             self._note(msg)
             return None
         if sched.draining:
@@ -142,7 +152,7 @@ class Connection:
                         await task
         if watch in done and watch.exception() is None:
             msg = watch.result()
-            if msg.type in GONE:
+            if msg.kind in (Kind.CLOSED, Kind.ERROR):
                 self._note(msg)
                 return False
             raise bad("a message before the ready reply; wait for it before sending")
@@ -204,7 +214,7 @@ class Connection:
                 raise ProtocolError("timeout", f"no input for {idle:g} s; a stream that sends nothing "
                                                "gives its slots back "
                                                "(send {\"op\": \"end\"} when done)") from None
-            if msg.type is WSMsgType.BINARY:
+            if msg.kind is Kind.BINARY:
                 if msg.data:  # an empty message is no input
                     heard = loop.time()
                 if live.request.op == "decode":
@@ -212,7 +222,7 @@ class Connection:
                 else:
                     live.intake.check(len(msg.data))
                     live.put_pcm(await self.convert(live.intake.pcm, msg.data))
-            elif msg.type is WSMsgType.TEXT:
+            elif msg.kind is Kind.TEXT:
                 heard = loop.time()
                 op = parse_json(msg.data)["op"]
                 if op != "end":

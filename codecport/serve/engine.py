@@ -36,6 +36,10 @@ from .metrics import Metrics
 from .protocol import ProtocolError, Request
 
 log = logging.getLogger(__name__)
+# A job in flight this long, and this many times the slowest one before it, is stuck: a step is
+# milliseconds, a window codec's window seconds at most, so an ONNX Runtime call that has not
+# returned by then (a hung driver, a wedged device) never will, and the server says so.
+STUCK_S, STUCK_X = 10.0, 50
 
 
 def _first_line(e: Exception) -> str:
@@ -129,6 +133,8 @@ class Scheduler:
         self._stepping = self._stopping = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="codec-serve-step")
         self._task: asyncio.Task | None = None
+        self._job_since: float | None = None  # when the job in flight began (monotonic)
+        self.slowest = 0.0  # seconds of the slowest job so far
 
     # ---- facts -------------------------------------------------------------------------------
     @property
@@ -157,15 +163,24 @@ class Scheduler:
         job in flight (until then a newcomer would be told busy, so they still count)."""
         return len(set(self._holders) | {self._owner[s] for s in self._closing if s in self._owner})
 
+    def stuck(self) -> float | None:
+        """Seconds the job in flight has run, once that is past what any job may take (`STUCK_S`,
+        `STUCK_X`); None while the engine steps as it should."""
+        if self._job_since is None:
+            return None
+        running = time.monotonic() - self._job_since
+        return running if running > max(STUCK_S, STUCK_X * self.slowest) else None
+
     def health(self) -> dict:
         """What /health says of this scheduler (docs/serve.md)."""
-        codec = self.codec
-        return {"ok": not self.draining, "codec": codec.name, "preset": codec.preset,
+        codec, stuck = self.codec, self.stuck()
+        return {"ok": not self.draining and stuck is None, "codec": codec.name, "preset": codec.preset,
                 "slots": {"total": self.size, "active": self.holding},
                 "pools": {side: {"total": self.size, "active": self.active(side),
                                  "batch": min(pool.batch, self.size)}
                           for side, pool in self.pools.items()},
-                "queued": len(self.waiting), "connections": self.connections, "draining": self.draining}
+                "queued": len(self.waiting), "connections": self.connections, "draining": self.draining,
+                **({} if stuck is None else {"stuck_s": round(stuck, 1)})}
 
     def gauges(self) -> dict:
         sides = list(self.pools)
@@ -203,6 +218,12 @@ class Scheduler:
             live.fail(ProtocolError("shutting_down", f"the server stopped; its grace time ({grace:g} s) for "
                                                      "the streams in flight is over"))
 
+    def fail_all(self, error: ProtocolError) -> None:
+        """End every stream holding or opening slots with `error` (and take no new ones)."""
+        self.drain()
+        for live in self.lives + self.admission.opening:
+            live.fail(error)
+
     def leave(self, live: Live) -> None:
         """`live` is gone (or done, or failed): its slots go back now, or after the job in flight."""
         self.admission.forget(live)
@@ -224,21 +245,20 @@ class Scheduler:
             self.admission.release(slot.pool.side)
         self._closing = []
         for live in self.admission.granted():
+            slots = {}
             try:
-                slots = {}
-                try:
-                    for side in live.request.sides:
-                        slot = self.pools[side].open(**self._settings(live.request, side))
-                        if slot is None:  # cannot happen while `held` counts every open slot
-                            raise ProtocolError("internal", f"the {side} pool had no free slot")
-                        slots[side] = slot
-                except CodecportError:
-                    for slot in slots.values():
-                        slot.close()
-                    raise
-            except CodecportError as e:
-                self.admission.refuse(live, e if isinstance(e, ProtocolError) else ProtocolError("internal",
-                                                                                                 str(e)))
+                for side in live.request.sides:
+                    slot = self.pools[side].open(**self._settings(live.request, side))
+                    if slot is None:  # cannot happen while `held` counts every open slot
+                        raise ProtocolError("internal", f"the {side} pool had no free slot")
+                    slots[side] = slot
+            except Exception as e:  # noqa: BLE001 (any failure: its sides go back, it is told why)
+                for slot in slots.values():
+                    slot.close()
+                if not isinstance(e, CodecportError):  # a MemoryError, ONNX Runtime's: not the client's
+                    log.error("opening a stream's slots failed: %s", e, exc_info=e)
+                self.admission.refuse(live, e if isinstance(e, ProtocolError) else ProtocolError(
+                    "internal", f"its slots could not be opened: {_first_line(e)}"))
                 continue
             self._holders[live] = slots
             self._owner.update(dict.fromkeys(slots.values(), live))
@@ -294,12 +314,13 @@ class Scheduler:
                 continue
             # Until the outputs are delivered no slot changes hands: a stream that leaves meanwhile
             # is closed by the _settle after, so no piece can reach the stream that gets its slot.
-            self._stepping = True
+            self._stepping, self._job_since = True, time.monotonic()
             try:
                 await asyncio.get_running_loop().run_in_executor(self._executor, job.run)
+                self.slowest = max(self.slowest, time.monotonic() - self._job_since)
                 self._deliver(job)
             finally:
-                self._stepping = False
+                self._stepping, self._job_since = False, None
             stepped = stepped or bool(job.stepped)
         self._settle()
         if stepped:

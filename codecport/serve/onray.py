@@ -16,22 +16,20 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from ..cluster import check_reachable, import_ray, without_core_notes
+from ..cluster import check_reachable, head_node, import_ray, without_core_notes
 from ..errors import CodecportError
 from ..runtime.providers import cpu_cores
 from .config import ServeConfig
 
 log = logging.getLogger(__name__)
-# How Serve's proxies pick a replica for a new stream, set in the environment of every node (a
-# Ray started here has the driver's). Without them a proxy fills its own node's replicas up to
-# max_ongoing_requests (which here counts the queue and the busy answers) before it looks at
-# another node, and ranks replicas by counts cached for 10 s, each proxy its own: two proxies
-# sent three streams to one replica of two. With them, each new stream asks the replicas their
-# load (a probe of a millisecond or so, once a stream) and goes to the one holding fewest.
-ROUTING = {"RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0", "RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S": "0"}
+# codecport's gate in Serve's proxies (gate.py): set in the environment of Serve's controller,
+# whose proxies inherit it, where this driver starts Serve; a cluster whose Serve runs already
+# needs it in every node's environment (docs/serve.md). Without it a stream's input and output
+# are not bounded in the proxy, and the driver says so.
+GATE = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "codecport.serve.gate:middlewares"}
 
 
 @dataclass(frozen=True)
@@ -44,14 +42,22 @@ class RayPlan:
     autoscale: tuple[int, int] | None = None
     cpus: float | None = None  # a replica's share of the cores (None: as run_on_ray says)
     proxies: str = "every"  # Serve's proxy on every node ("every") or the head's only ("head")
+    downscale: float = 30.0  # seconds of less need before autoscaling removes a replica
 
 
-def free_port(host: str) -> int:
-    """A port free on `host` now (Serve's proxy takes a fixed port: `--port 0` is chosen here)."""
+@contextlib.contextmanager
+def held_port(host: str, port: int) -> Iterator[int]:
+    """`port` on `host`, or a free one for 0, held bound (SO_REUSEPORT, not listening) until the
+    block ends: Serve's proxies take a fixed port and bind it the same way, so the port picked
+    here is still free when they bind it, whoever else looks for one meanwhile."""
+    if port:
+        yield port
+        return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         s.bind((host, 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def replica_options(options: dict, cpus: float) -> dict:
@@ -65,7 +71,12 @@ def deployment_options(config: ServeConfig, plan: RayPlan, cpus: float) -> dict:
 
     `max_ongoing_requests` is every connection a replica's own scheduler answers (a stream on each
     side, the queue, and a /health or two), so that Serve never holds an upgrade without a reply:
-    its own overflow waits with no time limit. The replica says `busy` or `queued` itself."""
+    its own overflow waits with no time limit. The replica says `busy` or `queued` itself; which
+    replica a stream goes to is the router's (routing.py: the one holding fewest, of all)."""
+    from ray.serve.config import RequestRouterConfig
+
+    from .routing import ROUTER
+
     # Serve kills a stopping replica after its graceful_shutdown_timeout_s; the replica ends its
     # own streams at --grace (replica.py), and needs a second to learn it is stopping and its
     # streams' errors their close time to be sent before then.
@@ -76,6 +87,7 @@ def deployment_options(config: ServeConfig, plan: RayPlan, cpus: float) -> dict:
             # A redeploy starts the new replicas before it stops the old ones (Serve's default
             # stops first: a new stream would wait for the successor).
             "max_surge_percent": 100,
+            "request_router_config": RequestRouterConfig(request_router_class=ROUTER),
             "ray_actor_options": {"num_cpus": cpus, "runtime_env": {"env_vars": {
                 "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}}}}
     if plan.autoscale is None:
@@ -83,7 +95,7 @@ def deployment_options(config: ServeConfig, plan: RayPlan, cpus: float) -> dict:
     else:
         lo, hi = plan.autoscale
         opts["autoscaling_config"] = {"min_replicas": lo, "max_replicas": hi, "initial_replicas": lo,
-                                      "upscale_delay_s": 1, "downscale_delay_s": 30,
+                                      "upscale_delay_s": 1, "downscale_delay_s": plan.downscale,
                                       "policy": {"policy_function": "codecport.serve.replica:slots_policy"}}
     return opts
 
@@ -117,13 +129,13 @@ def run_on_ray(folder: str, provider: str, fallback: str | None, options: dict, 
 
 def _run(ray, serve, folder, provider, fallback, options, config, plan, address, level, announce, stop,
          tell) -> None:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+    from . import controller
     from .replica import APP, NAMESPACE, Replica, open_board
 
     started = address is None
-    for key, value in ROUTING.items():  # a Ray started here passes them on to its proxies
-        os.environ.setdefault(key, value)
+    if started:  # a Ray started here passes them on to its proxies
+        for key, value in GATE.items():
+            os.environ.setdefault(key, value)
     try:
         if started:
             ray.init(address="local", num_cpus=cpu_cores(), include_dashboard=False, logging_level=level,
@@ -133,29 +145,27 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
     except (ConnectionError, ValueError, RuntimeError) as e:
         raise CodecportError(f"cannot start or reach the Ray cluster {address or '(local)'}: "
                              f"{str(e).splitlines()[0]}; check --address / RAY_ADDRESS") from e
+    saved = {}
     if threading.current_thread() is threading.main_thread():  # after ray.init, which sets its own
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            saved[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
         most = plan.replicas if plan.autoscale is None else plan.autoscale[1]
         # A replica's share of the cores: --replica-cpus, else the machine's cores over the most
         # replicas on a Ray started here, one core on a cluster. Its ORT threads follow.
         cpus = plan.cpus or (ray.cluster_resources().get("CPU", 1) / most if started else 1.0)
         options = replica_options(options, cpus)
-        serve.start(http_options={"host": config.host, "port": config.port or free_port(config.host)},
-                     proxy_location="HeadOnly" if plan.proxies == "head" else "EveryNode")
-        config = replace(config, port=_listening(ray, config))
-        board_name, me = f"{APP}-board", f"{socket.gethostname()}:{os.getpid()}"
-        # On the head node (whose loss ends the cluster anyway), so that losing another leaves it:
-        # a hard placement (a soft one put it on the other node of the tests' two now and then,
-        # and a board lost with its node forgets which replicas must stop).
-        head = next((n["NodeID"] for n in ray.nodes() if n.get("Alive")
-                     and "node:__internal_head__" in n.get("Resources", {})),
-                    ray.get_runtime_context().get_node_id())
-        board = open_board(board_name, scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False))
-        ray.get(board.claim.remote(me))
+        with held_port(config.host, config.port) as port:
+            serve.start(http_options={"host": config.host, "port": port},
+                        proxy_location="HeadOnly" if plan.proxies == "head" else "EveryNode",
+                        controller_options={"runtime_env": {"env_vars": GATE}})
+            config = replace(config, port=_listening(ray, controller, config))
+        me = f"{socket.gethostname()}:{os.getpid()}"
+        # On the head node (whose loss ends the cluster anyway), so that losing another leaves it.
+        board = open_board(head_node())
+        ray.get(board.claim.remote(me), timeout=30)
         app = Replica.options(**deployment_options(config, plan, cpus)).bind(
-            str(folder), provider, fallback, options, config, board_name)
+            str(folder), provider, fallback, options, config)
         try:
             serve.run(app, name=APP, route_prefix="/")
         except Exception as e:
@@ -164,38 +174,76 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
         url = f"http://{f'[{host}]' if ':' in host else host}:{config.port}"
         if announce is not None:
             announce(url)
-        while not stop.wait(1.0):  # a timed wait: the signal handler runs between waits
-            try:
-                owner = ray.get(board.owned_by.remote(), timeout=2)
-            except ray.exceptions.GetTimeoutError:  # the board restarting: a SIGTERM is not held up
-                continue
-            if owner is None:  # the board restarted
-                ray.get(board.claim.remote(me))
-            elif owner != me:
-                tell(f"replaced: the deployment is now codec-serve {owner}'s; this driver leaves it serving")
-                return
+        if not _gated(url, config):
+            tell("warning: Serve's proxy here runs without codecport's gate, so a client's input and output "
+                 f"are not bounded in the proxy: set {next(iter(GATE))}={GATE[next(iter(GATE))]} in every "
+                 "node's environment before Ray starts (docs/serve.md)")
+        if not _serve_until_stopped(ray, board, me, stop, tell):
+            return
+        try:  # the deployment is deleted only by its owner: a redeploy may have taken it over
+            mine = ray.get(board.stop_all.remote(me), timeout=5)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            mine = True  # a board restarting: Serve's DELETING tells the replicas instead
+        if not mine:
+            tell("replaced: the deployment is now another codec-serve's; this driver leaves it serving")
+            return
         tell(f"draining: no new streams; those in flight get {config.grace:g} s")
-        with contextlib.suppress(ray.exceptions.GetTimeoutError):  # a board restarting: Serve's
-            ray.get(board.stop_all.remote(), timeout=5)  # DELETING tells the replicas instead
         serve.delete(APP)  # returns once the replicas have drained (or their grace ran out)
-        ray.kill(board)
+        with contextlib.suppress(Exception):
+            ray.kill(board)
         if started:
             serve.shutdown()
     finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
         ray.shutdown()
 
 
-def _listening(ray, config: ServeConfig) -> int:
+def _owner(ray, board) -> str | None:
+    """Who owns the deployment now; None if the board did not say in time (restarting)."""
+    try:
+        return ray.get(board.owned_by.remote(), timeout=2)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+        return None
+
+
+def _serve_until_stopped(ray, board, me: str, stop: threading.Event, tell) -> bool:
+    """Until `stop` (True) or another driver takes the deployment over (False, said)."""
+    while not stop.wait(1.0):  # a timed wait: the signal handler runs between waits
+        owner = _owner(ray, board)
+        if owner is None:  # the board restarting, or restarted empty
+            with contextlib.suppress(ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+                ray.get(board.claim.remote(me), timeout=2)
+        elif owner != me:
+            tell(f"replaced: the deployment is now codec-serve {owner}'s; this driver leaves it serving")
+            return False
+    return True
+
+
+def _gated(url: str, config: ServeConfig) -> bool:
+    """Whether a request through Serve's proxy at `url` passed codecport's gate (/health says)."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as r:  # noqa: S310 (our own URL)
+            return bool(json.loads(r.read()).get("gate"))
+    except Exception as e:  # noqa: BLE001 (503 while a replica starts: its body says too)
+        body = getattr(e, "read", lambda: b"{}")()
+        with contextlib.suppress(ValueError):
+            return bool(json.loads(body or b"{}").get("gate"))
+        return False
+
+
+def _listening(ray, controller, config: ServeConfig) -> int:
     """The port of Serve's proxies: the one asked for, or, where Serve was running already (a
     redeploy), the one it runs on, which must be where --host and --port say."""
-    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
-
-    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-    running = ray.get(controller.get_http_config.remote())
-    if running.host != config.host or config.port not in (0, running.port):
-        raise CodecportError(f"Ray Serve on this cluster listens on {running.host}:{running.port}; pass "
-                             f"--host {running.host} --port {running.port} (or 0), or stop it first")
-    return running.port
+    details = controller.parse(ray.get(controller.handle().get_serve_instance_details.remote(), timeout=30))
+    host, running = controller.listening(details)
+    if host != config.host or config.port not in (0, running):
+        raise CodecportError(f"Ray Serve on this cluster listens on {host}:{running}; pass "
+                             f"--host {host} --port {running} (or 0), or stop it first")
+    return running
 
 
 def application(args: dict):
@@ -207,7 +255,7 @@ def application(args: dict):
     as Serve's http_options say: the Host requests must name)."""
     from dataclasses import fields
 
-    from .replica import APP, Replica
+    from .replica import Replica
 
     args = dict(args)
     try:
@@ -233,4 +281,4 @@ def application(args: dict):
     config = ServeConfig(**{k: typed(k, v) for k, v in args.items()})
     options = replica_options({}, plan.cpus)
     return Replica.options(**deployment_options(config, plan, plan.cpus)).bind(
-        folder, provider, None, options, config, f"{APP}-board")
+        folder, provider, None, options, config)

@@ -32,7 +32,7 @@ RATES = (1_000, 1_000_000)  # input sample rates taken, Hz (as codec-run encode 
 
 # The close code each refusal ends the WebSocket with (RFC 6455 section 7.4.1).
 CLOSE_CODES = {"bad_request": 1008, "bad_input": 1008, "too_large": 1009, "busy": 1013,
-               "timeout": 1008, "behind": 1008, "shutting_down": 1001, "internal": 1011}
+               "timeout": 1008, "behind": 1008, "too_fast": 1008, "shutting_down": 1001, "internal": 1011}
 
 
 class ProtocolError(CodecportError):

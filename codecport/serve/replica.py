@@ -1,17 +1,19 @@
 """`codec-serve --engine ray`'s replica: one Ray Serve replica holding what one local `codec-serve`
 holds (a Scheduler with its slot pools, the codec's sessions), reached through Serve's proxy.
 
-The stream's code is the local server's (connection.py over asgi.AsgiSocket); what differs is
-only what a replica cannot see alone. Each replica writes its health and metrics on the `Board`
-(a Ray actor the driver starts) twice a second, and `/health` and `/metrics`, which Serve routes
-to any one replica, read the whole deployment there: a replica that died stops writing and drops
-off within `FRESH` seconds. Ray Serve facts used here: shared/reference/ray-serve.md.
+The stream's code is the local server's (connection.py over asgi.AsgiSocket, bounded end to end
+by codecport's gate in the proxy: gate.py); what differs is only what a replica cannot see alone.
+Each replica writes its health and metrics on the `Board` (a small detached Ray actor on the head
+node) twice a second, and `/health` and `/metrics`, which Serve routes to any one replica, read
+the whole deployment there: a replica that died stops writing and drops off within `FRESH`
+seconds. Every call to the board has a time limit. Ray Serve facts: shared/reference/ray-serve.md.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request,
 # WebSocket) as types, and would take a string for a query parameter.
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import math
 import os
@@ -23,32 +25,38 @@ import ray
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from ray import serve
-from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
 from .. import registry
+from ..cluster import head_node
+from . import controller, gate
 from .access import host_allowed, hosts, origin_allowed
 from .asgi import AsgiSocket
 from .config import ServeConfig
-from .connection import Connection
+from .connection import Connection, converted
 from .engine import Scheduler
 from .metrics import merge
-from .protocol import error_message
-from .server import converted
+from .protocol import ProtocolError, error_message
 
 log = logging.getLogger(__name__)
 NAMESPACE = "codecport"
 APP = DEPLOYMENT = "codec-serve"  # Serve's application and its one deployment, one per cluster
-PUSH = 0.5  # seconds between a replica's writes on the board
+BOARD = f"{APP}-board"
+PUSH = 0.5  # seconds between a replica's writes on the board (and the board's polls of Serve)
 FRESH = 2.0  # a replica not heard from for this long is gone from /health and /metrics
 ASK = 2.0  # seconds the board waits for Serve's controller to say which replicas it stops
+CALL = 2.0  # seconds any call to the board may take (a board restarting holds nothing up)
+GONE_POLLS = 3  # the board leaves once this many polls in a row find the application gone
+SEND_WINDOW = 4 << 20  # output unacknowledged behind a gate with --send-buffer 0 (autotuning's most)
 
 app = FastAPI()
 
 
 class Board:
-    """What the replicas of the deployment share (a detached Ray actor, one per deployment): each
-    live replica's last health and metrics, which of them Serve is stopping, and which driver
-    owns the deployment (the last one that ran it: a redeploy takes it over)."""
+    """What the replicas of the deployment share (a detached Ray actor, one per cluster, on the
+    head node): each live replica's last health and metrics, which of them Serve is stopping,
+    and which driver owns the deployment (the last one that ran it: a redeploy takes it over).
+    It asks Serve's controller twice a second once a replica has written, and leaves once the
+    application is gone (deleted with no driver to remove it: a RayService's)."""
 
     def __init__(self):
         self.entries: dict[str, tuple[float, dict]] = {}
@@ -56,8 +64,9 @@ class Board:
         self.deleting = False  # Serve is deleting the application (as of the last poll)
         self.stop_asked = False  # the owner is deleting it (told before Serve's first poll shows it)
         self.owner: str | None = None
-        self._polled = 0.0
-        self._polling: asyncio.Future | None = None
+        self.blind: str | None = None  # why the polls cannot see Serve's stops, while they cannot
+        self._poller: asyncio.Task | None = None
+        self._controller = None
 
     def claim(self, driver: str) -> None:
         self.owner, self.stop_asked = driver, False
@@ -65,38 +74,51 @@ class Board:
     def owned_by(self) -> str | None:
         return self.owner
 
-    def stop_all(self) -> None:
-        """The driver is deleting the deployment: every replica winds down."""
+    def stop_all(self, driver: str) -> bool:
+        """The deployment's owner `driver` is deleting it: every replica winds down. False (and
+        nothing done) if another driver owns it now."""
+        if self.owner not in (driver, None):
+            return False
         self.stop_asked = True
+        return True
 
     async def put(self, key: str, entry: dict) -> bool:
         """`entry` for replica `key`; True once Serve is stopping it (a scale-down, a redeploy,
         the driver's drain), which then winds down within its grace."""
         self.entries[key] = (time.monotonic(), entry)
-        if self._polling is None and time.monotonic() - self._polled >= PUSH / 2:
-            # Asked in the background: a controller slow to answer (a node just lost) must not
-            # hold the replicas' pushes, nor a stop the owner asked for.
-            self._polling = asyncio.ensure_future(self._poll())
+        if self._poller is None:
+            self._poller = asyncio.ensure_future(self._poll())
         return self.stop_asked or self.deleting or key in self.stopping
 
     async def _poll(self) -> None:
-        """Which replicas Serve is stopping, asked of its controller at most once a push period:
-        Serve tells a replica's own code only once its requests have ended (`__del__`), and a
-        stream is a request that would hold it until Serve's force-kill."""
-        self._polled = time.monotonic()
-        try:
-            controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-            details = await asyncio.wait_for(controller.get_serve_instance_details.remote(), ASK)
-        except Exception as e:  # a controller restarting, or slow: the next push asks again
-            log.debug("Serve's controller did not answer: %s", e)
-            return
-        finally:
-            self._polling = None
-        app = details.get("applications", {}).get(APP, {})
-        # An application being deleted lists no deployments any more (`serve delete` from a shell).
-        self.deleting = app.get("status") == "DELETING"
-        replicas = app.get("deployments", {}).get(DEPLOYMENT, {}).get("replicas", [])
-        self.stopping = frozenset(r["replica_id"] for r in replicas if r.get("state") == "STOPPING")
+        """Which replicas Serve is stopping, asked of its controller every push period: Serve
+        tells a replica's own code only once its requests have ended (`__del__`), and a stream is
+        a request that would hold it until Serve's force-kill. Asked in a task of its own, so that
+        a controller slow to answer (a node just lost) holds up no replica's push."""
+        seen, absent, failures = False, 0, 0
+        while True:
+            try:
+                if self._controller is None:
+                    self._controller = await asyncio.to_thread(controller.handle)
+                raw = await asyncio.wait_for(self._controller.get_serve_instance_details.remote(), ASK)
+                stops = controller.stops(controller.parse(raw), APP, DEPLOYMENT)
+            except controller.ShapeError as e:
+                if self.blind is None:
+                    log.error("replicas being stopped will not be told to wind down: %s", e)
+                self.blind = str(e)
+            except Exception as e:  # noqa: BLE001 (a controller restarting, or slow: asked again)
+                failures += 1
+                self._controller = None if failures % 4 == 0 else self._controller
+                (log.warning if failures % 20 == 0 else log.debug)(
+                    "Serve's controller did not answer (%d times in a row): %s", failures, e)
+            else:
+                failures, self.blind = 0, None
+                self.deleting, self.stopping = stops.deleting, stops.replicas
+                seen, absent = seen or stops.present, 0 if stops.present else absent + 1
+                if seen and absent >= GONE_POLLS:
+                    log.info("the application %s is gone: the board leaves", APP)
+                    ray.actor.exit_actor()
+            await asyncio.sleep(PUSH)
 
     def drop(self, key: str) -> None:
         self.entries.pop(key, None)
@@ -106,12 +128,17 @@ class Board:
         return [entry for t, entry in self.entries.values() if now - t < FRESH]
 
 
-def open_board(name: str, **options):
-    """The board called `name`, started here if none runs: detached, so that it outlives a driver
-    whose deployment another took over (or runs with no driver at all, under a RayService), and
-    restarted if its node goes (empty then: the replicas' next pushes fill it)."""
+def open_board(head: str | None = None):
+    """The deployment's board, started here if none runs: detached, so that it outlives a driver
+    whose deployment another took over (or runs with no driver at all, under a RayService), on
+    the head node `head` (hard: a board lost with another node forgets which replicas must stop,
+    and the head's loss ends the cluster anyway), and restarted there if it fails (empty then:
+    the replicas' next pushes fill it)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    placed = {} if head is None else {"scheduling_strategy": NodeAffinitySchedulingStrategy(head, soft=False)}
     return ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(Board).options(
-        name=name, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, **options).remote()
+        name=BOARD, namespace=NAMESPACE, lifetime="detached", get_if_exists=True, **placed).remote()
 
 
 def slots_policy(ctx) -> tuple[int, dict]:
@@ -123,13 +150,26 @@ def slots_policy(ctx) -> tuple[int, dict]:
     return max(1, math.floor(sum(load.values()) + 1e-9) + 1), {}
 
 
+def _loopback(request) -> bool:
+    client = getattr(request, "client", None)
+    try:
+        return client is not None and ipaddress.ip_address(client.host).is_loopback
+    except ValueError:
+        return False
+
+
 @serve.deployment(name=DEPLOYMENT)
 @serve.ingress(app)
 class Replica:
     """One share of the deployment: `folder` served on `config` (its `port` is the proxy's)."""
 
     async def __init__(self, folder: str, provider: str, fallback: str | None, options: dict,
-                       config: ServeConfig, board_name: str):
+                       config: ServeConfig):
+        # Serve's controller must answer in the shape this codecport reads, or no replica would
+        # ever be told it is being stopped: a replica of a Ray that changed it does not start.
+        details = await asyncio.wait_for(
+            (await asyncio.to_thread(controller.handle)).get_serve_instance_details.remote(), 30)
+        controller.parse(details)
         path = Path(folder)
         spec = registry.codec_of_folder(path)
         self.codec = spec.runtime(path, provider, fallback, options)
@@ -144,17 +184,18 @@ class Replica:
         self.id = context.replica_id.unique_id
         self.where = {"replica": self.id, "node": ray.get_runtime_context().get_node_id(),
                       "address": ray.util.get_node_ip_address(), "pid": os.getpid()}
-        self.board = open_board(board_name)
+        self.board = open_board(await asyncio.to_thread(head_node))
         self._winding: asyncio.Future | None = None
+        self._ungated = False  # a stream came through a proxy without the gate (said once)
         self._pusher = asyncio.ensure_future(self._push())
         log.info("replica %s serving %s on pid %d", self.id, folder, os.getpid())
 
     async def _push(self) -> None:
         while True:
             try:
-                stopping = await self.board.put.remote(self.id, {**self.where, **self.scheduler.health(),
-                                                                 "metrics": self.scheduler.metrics.render()})
-            except Exception as e:  # the board gone (the driver ending): nothing to tell
+                entry = {**self.where, **self.scheduler.health(), "metrics": self.scheduler.metrics.render()}
+                stopping = await asyncio.wait_for(self.board.put.remote(self.id, entry), CALL)
+            except Exception as e:  # noqa: BLE001 (the board gone or restarting: pushed again)
                 log.debug("the board took no entry: %s", e)
                 stopping = False
             if stopping and self._winding is None:
@@ -163,11 +204,26 @@ class Replica:
                 self._winding = asyncio.ensure_future(self.scheduler.wind_down(self.config.grace))
             await asyncio.sleep(PUSH)
 
+    async def check_health(self) -> None:
+        """Serve's health check: a step that never returns (a hung ONNX Runtime call) ends the
+        streams with a word and fails the check, so that Serve replaces this replica."""
+        stuck = self.scheduler.stuck()
+        if stuck is None:
+            return
+        if not self.scheduler.draining:
+            log.error("replica %s: the codec's step has not returned for %.0f s; failing its health check",
+                      self.id, stuck)
+            self.scheduler.fail_all(ProtocolError("internal", (
+                f"the server's codec step has not returned for {stuck:.0f} s; this replica is being "
+                "replaced: connect again and resend from the start")))
+        raise RuntimeError(f"the codec's step has not returned for {stuck:.0f} s")
+
     async def __del__(self):
         self._pusher.cancel()
         with contextlib.suppress(Exception):
-            await self.board.drop.remote(self.id)
-        await self.scheduler.stop()
+            await asyncio.wait_for(self.board.drop.remote(self.id), CALL)
+        if self.scheduler.stuck() is None:  # a stuck step never ends: Serve's kill takes it
+            await self.scheduler.stop()
         self._convert.shutdown(wait=False)
 
     def record_autoscaling_stats(self) -> dict:
@@ -194,10 +250,20 @@ class Replica:
             self.scheduler.metrics.errors["bad_request"] += 1
             await ws.close(code=1008)  # before the accept: the client gets HTTP 403
             return
-        sock = AsgiSocket(ws, max_message=self.config.max_message)
-        await sock.start()
+        cfg = self.config
+        # The raw ASGI callables under Starlette's WebSocket: the socket speaks to the gate in
+        # messages of its own, which Starlette's checks would refuse.
+        sock = AsgiSocket(ws.scope, ws._receive, ws._send, max_message=cfg.max_message,
+                          input_bound=4 * cfg.max_message, window_out=cfg.send_buffer or SEND_WINDOW)
+        if not sock.gated and not self._ungated:
+            self._ungated = True
+            log.warning("a stream came through a Serve proxy without codecport's gate: its input and output "
+                        "are not bounded there (set RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH="
+                        "codecport.serve.gate:middlewares on every node: docs/serve.md)")
+        if not await sock.start():
+            return
         try:
-            await Connection(sock, self.config, self.scheduler, self.codec, self.convert).serve()
+            await Connection(sock, cfg, self.scheduler, self.codec, self.convert).serve()
         finally:
             await sock.stop()
 
@@ -208,27 +274,43 @@ class Replica:
             return None
         return Response(error_message("bad_request", why), status_code=421, media_type="application/json")
 
-    async def _board(self) -> list[dict]:
-        return sorted(await self.board.fresh.remote(), key=lambda e: (e["node"], e["pid"]))
+    async def _board(self) -> list[dict] | None:
+        """Every live replica's entry, or None if the board did not answer in time."""
+        try:
+            entries = await asyncio.wait_for(self.board.fresh.remote(), CALL)
+        except Exception as e:  # noqa: BLE001 (restarting, or its node slow: this replica answers alone)
+            log.info("the board did not answer: %s", e)
+            return None
+        return sorted(entries, key=lambda e: (e["node"], e["pid"]))
 
     @app.get("/health")
     async def health(self, request: Request):
         if (refused := self._refused(request)) is not None:
             return refused
         entries = await self._board()
+        alone = entries is None
+        if alone:
+            entries = [{**self.where, **self.scheduler.health()}]
         replicas = [{k: v for k, v in e.items() if k != "metrics"} for e in entries]
         ok = bool(replicas) and any(r["ok"] for r in replicas)
         body = {"ok": ok, "codec": self.codec.name, "preset": self.codec.preset, "engine": "ray",
                 "slots": {"total": sum(r["slots"]["total"] for r in replicas),
                           "active": sum(r["slots"]["active"] for r in replicas)},
                 "queued": sum(r["queued"] for r in replicas),
-                "connections": sum(r["connections"] for r in replicas), "replicas": replicas}
+                "connections": sum(r["connections"] for r in replicas), "replicas": len(replicas),
+                "gate": any(k.lower() == gate.HEADER for k, _ in request.scope.get("headers", []))}
+        if alone:
+            body["partial"] = "the deployment's board did not answer: this replica alone"
+        if _loopback(request):  # where each replica runs is the cluster's map: for the machine itself
+            body["detail"] = replicas
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics(self, request: Request):
         if (refused := self._refused(request)) is not None:
             return refused
-        text = merge({e["replica"]: e["metrics"] for e in await self._board()})
+        entries = await self._board()
+        if entries is None:
+            entries = [{"replica": self.id, "metrics": self.scheduler.metrics.render()}]
+        text = merge({e["replica"]: e["metrics"] for e in entries})
         return PlainTextResponse(text, headers={"X-Content-Type-Options": "nosniff"})
-

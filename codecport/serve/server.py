@@ -24,27 +24,12 @@ from aiohttp import web
 from ..errors import CodecportError
 from .access import host_allowed, hosts, origin_allowed
 from .config import ServeConfig
-from .connection import Connection
+from .connection import Connection, converted
 from .engine import Scheduler
 from .protocol import ProtocolError, error_message
 from .ws import Socket
 
 log = logging.getLogger(__name__)
-# A message past this many bytes is made into input on the conversion threads (PCM checked and
-# resampled, codes split by level), not on the event loop: up to --max-message there (1 MiB, a
-# second of soxr's VHQ work at 48 kHz in), which would hold every other connection meanwhile.
-# Smaller ones stay on the loop, where a hand-off would cost more than the work.
-OFFLOAD_BYTES = 64 << 10
-
-
-async def converted(executor, fn: Callable, data: bytes):
-    """`fn(data)`: on `executor` (a conversion thread) for a message past `OFFLOAD_BYTES`, else
-    here. The one rule of both transports (the Ray replica's too)."""
-    if len(data) <= OFFLOAD_BYTES:
-        return fn(data)
-    return await asyncio.get_running_loop().run_in_executor(executor, fn, data)
-
-
 __all__ = ["ServeConfig", "Server", "run", "serve"]
 
 
@@ -148,7 +133,8 @@ class Server:
         return self.scheduler.health()
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response(self.health(), status=503 if self.scheduler.draining else 200)
+        health = self.health()
+        return web.json_response(health, status=200 if health["ok"] else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.scheduler.metrics.render(), content_type="text/plain",

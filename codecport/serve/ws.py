@@ -1,18 +1,17 @@
-"""The WebSocket side of `codec-serve`'s connections: what aiohttp does on its own that a
-stream's client must still be told of, what RFC 6455 asks of a server that aiohttp does not do,
-a refusal that reaches a client that keeps sending, and a receive whose deadline control frames
-do not move."""
+"""aiohttp's WebSocket as `codec-serve`'s local connections use it (sockets.Socket): what aiohttp
+does on its own that a stream's client must still be told of, what RFC 6455 asks of a server that
+aiohttp does not do, and aiohttp's messages in the transport-neutral form (sockets.Message)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import inspect
 import logging
 
-from aiohttp import WSCloseCode, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from .protocol import error_message
+from .sockets import CLOSED, Kind, Message
 
 log = logging.getLogger(__name__)
 # A frame header aiohttp's reader refuses (FIN, a reserved bit set, binary, masked, empty): what
@@ -113,6 +112,7 @@ class Socket(web.WebSocketResponse):
         super().__init__(max_msg_size=max_message, **kwargs)
         self.max_message = max_message
         self.told = False  # an error message has gone out already (ours): nothing more to say
+        self.failure: str | None = None  # too_large or bad_request, when aiohttp failed the client
         self.guard: FrameGuard | None = None
         self.transport = None  # the connection's, once prepared
         self.hooked = False  # aiohttp called `_post_start`, where the guard goes in
@@ -145,6 +145,20 @@ class Socket(web.WebSocketResponse):
         if tail:
             proto.data_received(tail)
 
+    async def receive(self, timeout: float | None = None) -> Message:  # type: ignore[override]
+        msg = await super().receive(timeout)
+        if msg.type is WSMsgType.BINARY:
+            return Message(Kind.BINARY, msg.data)
+        if msg.type is WSMsgType.TEXT:
+            return Message(Kind.TEXT, msg.data)
+        if msg.type is WSMsgType.ERROR:
+            code = getattr(msg.data, "code", None)
+            too_big = code == WSCloseCode.MESSAGE_TOO_BIG
+            self.failure = self.failure or ("too_large" if too_big else "bad_request")
+            why = "an unmasked frame" if self.guard is not None and self.guard.unmasked else str(msg.data)
+            return Message(Kind.ERROR, code=code, why=why)
+        return CLOSED if msg.type is not WSMsgType.CLOSE else Message(Kind.CLOSED, code=msg.data)
+
     def gone(self) -> bool:
         """The connection is closing or closed (a client that left while its socket was not read)."""
         return self.transport is None or self.transport.is_closing()
@@ -159,7 +173,7 @@ class Socket(web.WebSocketResponse):
         if self.guard is not None:
             self.guard.discard = True
 
-    async def close(self, *, code: int = WSCloseCode.OK, **kwargs) -> bool:
+    async def close(self, *, code: int = WSCloseCode.OK, drain: bool = True, **kwargs) -> bool:
         if code in _FRAMING and not self.closed and not self.told:
             if code == WSCloseCode.MESSAGE_TOO_BIG:
                 message = (f"a message holds at most {self.max_message} bytes (--max-message); send "
@@ -174,30 +188,9 @@ class Socket(web.WebSocketResponse):
             with contextlib.suppress(Exception):
                 await self.send_str(error_message("too_large" if code == WSCloseCode.MESSAGE_TOO_BIG
                                                   else "bad_request", message))
+        if _CLOSE_DRAINS:  # an aiohttp whose close() takes no `drain` drains it
+            kwargs["drain"] = drain
         return await super().close(code=code, **kwargs)
-
-    async def refuse(self, text: str, code: int, timeout: float) -> None:
-        """Send the error `text`, then close with `code`, and wait for the client's close, each
-        in `timeout` s at most; then the connection is cut. Meanwhile the client's data is read
-        and dropped (a client that sends as it reads is never stuck while it is sent the error),
-        and the socket goes only after the client has read the close or given up: closed with
-        the client's input unread, the kernel would reset it, and the client lose the error.
-        Call it from the task that reads the socket, or with none reading."""
-        self.discard_input()
-        if self.closed:
-            return
-        self.told = True
-        try:
-            await asyncio.wait_for(self.send_str(text), timeout)
-            # No drain of the close frame: it goes out behind the error while close() reads the
-            # client's frames until its close (`timeout` at most, aiohttp's own bound). An aiohttp
-            # whose close() takes no `drain` drains it.
-            extra = {"drain": False} if _CLOSE_DRAINS else {}
-            await asyncio.wait_for(self.close(code=code, **extra), 2 * timeout)
-        except (asyncio.TimeoutError, ConnectionError, RuntimeError):
-            log.info("a client took no error in %g s; cut off", timeout)
-            if self.transport is not None:
-                self.transport.abort()
 
 
 def _aiohttp_version() -> str:
@@ -209,15 +202,3 @@ def _aiohttp_version() -> str:
 # The closes aiohttp makes on a client's broken message, before the handler hears of it.
 _FRAMING = {WSCloseCode.MESSAGE_TOO_BIG, WSCloseCode.PROTOCOL_ERROR, WSCloseCode.INVALID_TEXT,
             WSCloseCode.UNSUPPORTED_DATA}
-
-
-async def receive_by(ws: web.WebSocketResponse, deadline: float | None):
-    """The next message, or TimeoutError at `deadline` (loop time; None: no deadline). aiohttp's
-    own timeout starts again at each ping and pong it answers, so a client that only pinged would
-    never time out."""
-    if deadline is None:
-        return await ws.receive()
-    left = deadline - asyncio.get_running_loop().time()
-    if left <= 0:
-        raise asyncio.TimeoutError
-    return await asyncio.wait_for(ws.receive(), left)

@@ -1,0 +1,69 @@
+"""What `codec-serve --engine ray` asks of Ray Serve's controller that Serve's public API does not
+give: which replicas of the deployment Serve is stopping (`serve.status()` counts them by state,
+but does not name them), and where Serve's proxies listen. The one place that reaches into
+Serve's private API (its controller's name, namespace and `get_serve_instance_details`); the
+answer is read through Serve's public schema (`ray.serve.schema.ServeInstanceDetails`), so a Ray
+whose answer changed shape fails here, saying so, rather than leaving replicas that are never
+told to stop. codecport pins the Ray it was tested with ([ray] extra: 2.60).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..errors import CodecportError
+
+log = logging.getLogger(__name__)
+
+
+class ShapeError(CodecportError):
+    """Serve's controller answered in a shape this codecport does not know."""
+
+
+def handle():
+    """Serve's controller actor (a blocking call to Ray's GCS: off an event loop)."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    return ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+
+
+def parse(raw) -> object:
+    """`ServeInstanceDetails` of the controller's answer; ShapeError if the schema does not hold."""
+    import ray
+    from ray.serve.schema import ServeInstanceDetails
+
+    try:
+        return ServeInstanceDetails(**raw)
+    except Exception as e:  # noqa: BLE001 (pydantic's, or a TypeError of a changed answer)
+        raise ShapeError(f"Ray Serve {ray.__version__}'s controller answered in a shape codecport does not "
+                         f"know ({str(e).splitlines()[0]}); use the Ray codecport was tested with "
+                         "(pip install 'codecport[ray]')") from None
+
+
+@dataclass(frozen=True)
+class Stops:
+    """What Serve is stopping of a deployment: the whole application (`deleting`), or replicas."""
+
+    deleting: bool
+    replicas: frozenset[str]
+    present: bool  # the application exists
+
+
+def stops(details, app: str, deployment: str) -> Stops:
+    """`Stops` of `deployment` of `app` in parsed `details`."""
+    application = details.applications.get(app)
+    if application is None:
+        return Stops(False, frozenset(), False)
+    status = getattr(application.status, "value", application.status)
+    found = application.deployments.get(deployment)
+    replicas = [] if found is None else found.replicas
+    # An application being deleted lists no deployments any more (`serve delete` from a shell).
+    return Stops(status == "DELETING", frozenset(r.replica_id for r in replicas
+                                                 if getattr(r.state, "value", r.state) == "STOPPING"), True)
+
+
+def listening(details) -> tuple[str, int]:
+    """(host, port) of Serve's proxies in parsed `details`."""
+    return details.http_options.host, details.http_options.port
