@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import queue
 import re
@@ -26,6 +27,7 @@ import secrets
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -36,7 +38,7 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 from conftest import noise
-from serve_support import chunks, frame_chunks, in_thread, ref_decode, ref_encode, run, until
+from serve_support import RawSocket, chunks, frame_chunks, in_thread, ref_decode, ref_encode, run, until
 from tokenize_support import (
     BIN,
     add_bad_files,
@@ -54,13 +56,12 @@ from codecport.serve import Result, ServeError, connect, stream
 
 WINDOWED = "snac"  # the two-node cluster's codec: its long clips go through batched windows
 RAY = str(BIN / "ray")
-# No usage report, no dashboard; the nodes' logs stay in Ray's own temp folder. Serve's proxies
-# route each new stream to the replica holding fewest, on any node, as they find it then (not
-# their own node's first, nor from a count up to 10 s old): the nodes' environment that
-# docs/serve.md gives users (onray.ROUTING).
-# A killed proxy is found and replaced in seconds (Serve's default health check is every 10 s).
-ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_PROXY_PREFER_LOCAL_NODE_ROUTING": "0",
-       "RAY_SERVE_QUEUE_LENGTH_CACHE_TIMEOUT_S": "0", "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S": "1"}
+PLUGIN = Path(__file__).parent / "plugin"  # the toy codec (a plugin), which the last deployment serves
+# No usage report, no dashboard; the nodes' logs stay in Ray's own temp folder. A killed proxy is
+# found and replaced in seconds (Serve's default health check is every 10 s). Every process of
+# the cluster finds the toy codec, as a plugin installed on every node would be.
+ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_SERVE_PROXY_HEALTH_CHECK_PERIOD_S": "1",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(PLUGIN), os.environ.get("PYTHONPATH")]))}
 
 pytestmark = pytest.mark.ray
 
@@ -182,32 +183,52 @@ def _kill(sessions) -> None:
         time.sleep(0.1)
 
 
+def _node(address: str | None, port: int, env: dict) -> int:
+    """A Ray node of one CPU on 127.0.0.1 (the head if `address` is None), started in a session of
+    its own: the session's id (its processes')."""
+    common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
+    where = ["--head", "--port", str(port), "--include-dashboard", "false"] if address is None else \
+        ["--address", address]
+    start = subprocess.Popen([RAY, "start", *where, *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env, start_new_session=True)
+    stdout, stderr = start.communicate(timeout=120)
+    assert start.returncode == 0, stdout + stderr
+    return start.pid
+
+
+def _cpus_registered(address: str, env: dict, cpus: int = 2) -> None:
+    deadline = time.monotonic() + 60
+    while True:  # the nodes registered: the cluster has their CPUs (at once, as a rule)
+        status = subprocess.run([RAY, "status", "--address", address], check=False,
+                                capture_output=True, text=True, timeout=60, env=env).stdout
+        if f"/{cpus}.0 CPU" in status:
+            return
+        assert time.monotonic() < deadline, status
+        time.sleep(1)
+
+
 @pytest.fixture(scope="module")
-def cluster():
+def wedge(tmp_path_factory) -> Path:
+    """The file whose presence holds every step of the toy codec's decoder (a hung ONNX Runtime
+    call, as a replica sees one): TOYCODEC_WEDGE in the cluster's environment names it."""
+    return tmp_path_factory.mktemp("wedge") / "wedged"
+
+
+@pytest.fixture(scope="module")
+def cluster(wedge):
     """Two Ray nodes on 127.0.0.1, one CPU each: (address, env, the nodes' sessions, head's first),
     stopped at the end, pass or fail."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
     # The nodes and the jobs share a token (Ray's token auth, which `ray start` turns on).
-    auth = {**ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    auth = {**ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+            "TOYCODEC_WEDGE": str(wedge)}
     env = {**os.environ, **auth}
-    common = ["--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]
     sessions: list[int] = []  # a node's processes stay in the session of its `ray start` (head first)
     try:
-        for node in (["--head", "--port", str(port), "--include-dashboard", "false"], ["--address", address]):
-            start = subprocess.Popen([RAY, "start", *node, *common], stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-            sessions.append(start.pid)
-            stdout, stderr = start.communicate(timeout=120)
-            assert start.returncode == 0, stdout + stderr
-        deadline = time.monotonic() + 60
-        while True:  # both nodes registered: the cluster has two CPUs (at once, as a rule)
-            status = subprocess.run([RAY, "status", "--address", address], check=False,
-                                    capture_output=True, text=True, timeout=60, env=env).stdout
-            if "/2.0 CPU" in status:
-                break
-            assert time.monotonic() < deadline, status
-            time.sleep(1)
+        sessions.append(_node(None, port, env))
+        sessions.append(_node(address, port, env))
+        _cpus_registered(address, env)
         assert len(_ray_daemons(sessions)) == 3, _processes(sessions)  # a GCS and two raylets
         yield address, auth, sessions
     finally:  # what `ray stop --force` does, to these nodes only
@@ -322,8 +343,11 @@ class ServeOnRay:
 
 
 def _serve_args(address: str, cpus: float) -> list:
+    # A slow reader shows after a few hundred kilobytes: 128 KiB of backlog, 32 KiB unacknowledged
+    # in the proxy (the streams that read keep neither anywhere near).
     return ["--address", address, "--replicas", 2, "--replica-cpus", cpus, "--proxies", "head", "--slots", 2,
-            "--queue", 2, "--queue-timeout", 3, "--grace", 3]
+            "--queue", 2, "--queue-timeout", 3, "--grace", 3, "--max-backlog", 1 << 17,
+            "--send-buffer", 1 << 15]
 
 
 @pytest.fixture(scope="module")
@@ -348,11 +372,11 @@ def _replicas(served: ServeOnRay, n: int, gone: int | None = None) -> list[dict]
     """/health's replicas, once it lists `n`, and not the process `gone` (a replacement takes
     seconds to start; a dead replica is listed until its last report is 2 s old)."""
     async def listed():
-        replicas = (await _health(served.url))["replicas"]
+        replicas = (await _health(served.url))["detail"]
         return len(replicas) == n and gone not in {r["pid"] for r in replicas}
 
     run(until(listed, f"/health never listed {n} replicas", timeout=60))
-    return run(_health(served.url))["replicas"]
+    return run(_health(served.url))["detail"]
 
 
 async def _held_by(url: str, n: int) -> bool:
@@ -409,19 +433,22 @@ def test_streams_on_two_replicas_are_each_exact_and_health_sees_both(mimi_on_ray
 
 
 def test_a_stream_no_replica_can_take_is_queued_then_told_busy(mimi_on_ray):
-    """Four duplex streams fill both replicas' slots; a fifth is queued, then told busy after the
-    queue's 3 s: never an upgrade that Serve holds without an answer."""
+    """Four duplex streams fill both replicas' slots; a fifth is told it is queued, then busy after
+    the queue's 3 s: never an upgrade that Serve holds without an answer."""
     async def go():
         held = [await connect(mimi_on_ray.url, "duplex") for _ in range(4)]
         try:
-            with pytest.raises(ServeError) as e:
-                await connect(mimi_on_ray.url, "duplex", timeout=30)
-            return e.value
+            fifth = await asyncio.to_thread(RawSocket, mimi_on_ray.url, {"op": "duplex"})
+            t0 = time.monotonic()
+            _, text = await asyncio.to_thread(fifth.recv)
+            return fifth.info, json.loads(text), time.monotonic() - t0
         finally:
             for c in held:
                 await c.close()
 
-    assert run(go()).code == "busy"
+    queued, refused, waited = run(go())
+    assert queued["op"] == "queued" and queued["position"] == 1 and queued["timeout"] == 3, queued
+    assert refused["code"] == "busy" and "3 s" in refused["message"] and waited > 2, (refused, waited)
 
 
 def test_a_foreign_host_or_page_is_refused(mimi_on_ray):
@@ -435,6 +462,108 @@ def test_a_foreign_host_or_page_is_refused(mimi_on_ray):
             return e.value.status
 
     assert run(page()) == 403
+
+
+async def _metric(url: str, name: str) -> float:
+    """The sum over the replicas of a counter of /metrics (`codec_serve_NAME{...}`)."""
+    async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
+        text = await r.text()
+    found = re.findall(rf"^codec_serve_{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    return sum(float(v) for v in found)
+
+
+def _serving_pids(served: ServeOnRay, sessions) -> list[int]:
+    """The head's proxy and every replica: what a stream's bytes pass through."""
+    return [*_actors(sessions, b"ProxyActor"), *(r["pid"] for r in _replicas(served, 2))]
+
+
+def test_a_flooding_client_is_slowed_and_the_proxy_and_replicas_hold_little(mimi_on_ray, cluster,
+                                                                               tiny_mimi_export):
+    """A client that sends PCM as fast as loopback takes it for 6 s, reading what comes back: the
+    gate in Serve's proxy passes it on no faster than the replica's stream takes it, so TCP slows
+    the client (without it the proxy reads gigabytes a minute into its queue, and the replica
+    into its own), the proxy and the replicas grow by tens of megabytes at most, and a stream
+    afterwards is exact. (codec-bench serve --flood measures the same on both engines.)"""
+    _, _, sessions = cluster
+    from codecport.bench.procs import rss_mb
+
+    pids = _serving_pids(mimi_on_ray, sessions)
+    base = rss_mb(pids)
+    chunk = noise(16384, seed=70)[0].astype("<f4").tobytes()  # 64 KiB a message
+
+    async def flood() -> tuple[int, float]:
+        sent, peak = 0, base
+        async with aiohttp.ClientSession() as s, s.ws_connect(mimi_on_ray.url + "/stream", compress=0) as ws:
+            await ws.send_str(json.dumps({"op": "duplex", "codebooks": 2}))
+            assert json.loads((await ws.receive()).data)["op"] == "ready"
+
+            async def drain():
+                async for _ in ws:
+                    pass
+            reader = asyncio.ensure_future(drain())
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 6
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    await asyncio.wait_for(ws.send_bytes(chunk), left)
+                except asyncio.TimeoutError:
+                    break
+                sent += len(chunk)
+                if sent % (16 * len(chunk)) == 0:
+                    peak = max(peak, rss_mb(pids))
+            peak = max(peak, rss_mb(pids))
+            reader.cancel()
+        return sent, peak
+
+    sent, peak = run(flood())
+    assert sent < 64 << 20, f"{sent >> 20} MiB went in in 6 s: nothing slowed the client"
+    assert peak - base < 150, f"the proxy and replicas grew from {base:.0f} to {peak:.0f} MiB"
+    codec = codecport.load(tiny_mimi_export)
+    x = noise(3000, seed=71)[0]
+
+    async def good():
+        async with await connect(mimi_on_ray.url, "duplex", codebooks=2) as c:
+            return await stream(c, chunks(x, [1000]))
+
+    got = run(good())
+    codes = ref_encode(codec, x, 2)
+    assert np.array_equal(got.codes()[0], codes) and np.array_equal(got.audio(), ref_decode(codec, codes))
+
+
+def test_a_message_past_max_message_is_refused_in_the_proxy(mimi_on_ray, cluster):
+    """A 15 MiB message (Serve's uvicorn takes up to 16) against --max-message 1 MiB: the client is
+    told too_large and closed with 1009 by the gate, in the proxy; the replicas never hold the
+    message (their memory stays where it was), and they count the refusal."""
+    _, _, sessions = cluster
+    from codecport.bench.procs import rss_mb
+
+    replicas = [r["pid"] for r in _replicas(mimi_on_ray, 2)]
+    before, counted = rss_mb(replicas), run(_metric(mimi_on_ray.url, 'errors_total'))
+    big = noise(15 << 18, seed=72)[0].astype("<f4").tobytes()
+    client = RawSocket(mimi_on_ray.url, {"op": "encode"})
+    client.send(big)
+    _, texts, close = client.rest()
+    grown = rss_mb(replicas) - before
+    assert close == 1009 and texts[-1]["code"] == "too_large" and "1048576" in texts[-1]["message"], texts
+    assert grown < 8, f"the replicas grew by {grown:.0f} MiB: the message reached them"
+    run(until(lambda: _metric_above(mimi_on_ray.url, "errors_total", counted), "the refusal was not counted"))
+
+
+async def _metric_above(url: str, name: str, value: float) -> bool:
+    return await _metric(url, name) > value
+
+
+def test_a_slow_reader_is_dropped_behind_as_on_the_local_server(mimi_on_ray):
+    """A decode stream whose client reads nothing (a 4 KiB receive buffer): once the output the
+    gate has not seen taken passes --send-buffer, the replica's sends wait, its backlog passes
+    --max-backlog, and the client is dropped with `behind`, as the local server drops it."""
+    codes = np.random.default_rng(73).integers(0, 2048, (4, 20000))
+    dropped = RawSocket(mimi_on_ray.url, {"op": "decode"})
+    for i in range(0, codes.shape[1], 2000):
+        dropped.send(codes[:, i:i + 2000].astype("<i4").tobytes())
+    run(until(lambda: _metric_above(mimi_on_ray.url, "drops_total", 0), "the slow reader was never dropped"))
+    _, texts, close = dropped.rest()
+    assert close == 1008 and texts[-1]["code"] == "behind" and "read faster" in texts[-1]["message"], texts
 
 
 async def _paused(client, first: list, rest: list, go: asyncio.Event, result: Result) -> Result:
@@ -451,7 +580,7 @@ async def _paused(client, first: list, rest: list, go: asyncio.Event, result: Re
 
 async def _active(url: str) -> dict[int, int]:
     """pid -> streams held, of each replica /health lists."""
-    return {r["pid"]: r["slots"]["active"] for r in (await _health(url))["replicas"]}
+    return {r["pid"]: r["slots"]["active"] for r in (await _health(url))["detail"]}
 
 
 def test_a_replica_killed_mid_stream(mimi_on_ray, tiny_mimi_export):
@@ -560,7 +689,7 @@ def redeployed(mimi_on_ray, cluster, tiny_mimi_export, tiny_snac_export, tmp_pat
         driver.add_done_callback(lambda t: t.exception() or started.append(t.result()))
 
         async def draining() -> bool:
-            return any(r["draining"] for r in (await _health(url))["replicas"])
+            return any(r["draining"] for r in (await _health(url))["detail"])
 
         await until(draining, "no Mimi replica was told it is being stopped", timeout=120)
         resume.set()  # within the old replica's grace: this one ends on it
@@ -704,6 +833,150 @@ def test_sigterm_drains_the_deployment(redeployed, tiny_snac_export):
 
 
 
+# ---- autoscaling, routing by slots, a wedged replica: the toy codec ------------------------------
+@pytest.fixture(scope="module")
+def toy_export(tmp_path_factory) -> Path:
+    """The toy codec (tests/plugin: a decoder of 2 codebooks of 64, 80 samples a frame at 8 kHz,
+    one frame a step) exported with random weights, by a codec-export that finds the plugin."""
+    work = tmp_path_factory.mktemp("toy")
+    proc = subprocess.run([str(BIN / "codec-export"), "toy", "--random-init", "--seed", "3", "--len", "4000",
+                           "-o", "model"], cwd=work, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ENV["PYTHONPATH"]})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return work / "model"
+
+
+def _toy_reference(folder: Path, codes: list[np.ndarray]) -> list[np.ndarray]:
+    """What the toy runtime's own decoder stream gives for each of `codes`, computed in a process
+    that sees the plugin (this one must not: test_external_codec checks it does not)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(Path(tmp) / "in.npz", **{f"c{i:03d}": c for i, c in enumerate(codes)})
+        script = ("import sys, numpy as np, codecport\nc = codecport.load(sys.argv[1])\n"
+                  "z = np.load(sys.argv[2])\n"
+                  "np.savez(sys.argv[3], **{k: c.decoder_stream().push(z[k]) for k in z.files})")
+        subprocess.run([str(BIN / "python"), "-c", script, str(folder), f"{tmp}/in.npz", f"{tmp}/out.npz"],
+                       check=True, timeout=120, env={**os.environ, "PYTHONPATH": ENV["PYTHONPATH"]})
+        out = np.load(f"{tmp}/out.npz")
+        return [out[f"c{i:03d}"] for i in range(len(codes))]
+
+
+@pytest.fixture(scope="module")
+def toy_on_ray(cluster, toy_export, tmp_path_factory):
+    """The second node started again (the node-loss test took it), and the toy codec autoscaled
+    from 1 to 3 replicas of 0.3 of a CPU (up after 1 s of need, down after 3 s of less), one slot
+    each and a queue of one, behind the head's proxy."""
+    address, auth, sessions = cluster
+    env = {**os.environ, **auth}
+    if len(_ray_daemons(sessions)) < 3:
+        sessions.append(_node(address, 0, env))
+        _cpus_registered(address, env)
+    served = ServeOnRay(toy_export, tmp_path_factory.mktemp("serve-ray") / "toy.log", "--address", address,
+                        "--autoscale", "1:3:3", "--replica-cpus", 0.3, "--proxies", "head", "--slots", 1,
+                        "--queue", 1, "--queue-timeout", 20, "--grace", 3, env=auth)
+    yield served
+    served.stop()
+
+
+async def _serving(url: str, n: int) -> bool:
+    """/health lists `n` replicas, each one Serve routes streams to."""
+    health = await _health(url)
+    return health["replicas"] == n and health["serving"] == n
+
+
+def test_autoscaling_grows_routes_by_slots_and_shrinks_cutting_no_stream(toy_on_ray, toy_export):
+    """Streams arrive one by one on a deployment of 1 to 3 replicas of one slot: each is served at
+    once, and the replicas grow to 3 (each replica's slots in use ask for one more, up to MAX).
+    Then three streams at once, three rounds: each goes to a replica with its slot free (one a
+    replica, none queued, none refused: the router asks every replica, where Serve's picks two at
+    random), each exact. Then the deployment idles with one stream held midway: the replicas
+    shrink; the one holding the stream, if Serve stops it, lets it finish within --grace (exact);
+    once it ends the deployment is back at one replica."""
+    url = toy_on_ray.url
+    rng = np.random.default_rng(80)
+    cs = [rng.integers(0, 64, (2, int(rng.integers(20, 50)))) for _ in range(13)]
+
+    async def go():
+        held, rounds = [], []
+        for n in (1, 2, 3):
+            await until(lambda n=n: _serving(url, n), f"autoscaling never reached {n} replicas", timeout=120)
+            held.append(await connect(url, "decode", timeout=60))
+            await until(lambda n=n: _held_by(url, n), f"stream {n} never showed on /health")
+        grown = sorted((await _active(url)).values())
+        first = await asyncio.gather(*(stream(c, frame_chunks(cs[i], [7, 100])) for i, c in enumerate(held)))
+        for c in held:
+            await c.close()
+        for r in range(3):
+            await until(lambda: _held_by(url, 0), "the streams' slots never came back")
+            clients = await asyncio.gather(*(connect(url, "decode") for _ in range(3)))
+            await until(lambda: _held_by(url, 3), "a round's streams never showed on /health")
+            spread = sorted((await _active(url)).values())
+            got = await asyncio.gather(*(stream(c, frame_chunks(cs[3 + 3 * r + i], [5, 100]))
+                                         for i, c in enumerate(clients)))
+            rounds.append((spread, [c.queued for c in clients], got))
+            for c in clients:
+                await c.close()
+        resume = asyncio.Event()
+        async with await connect(url, "decode") as c:
+            kept = Result(c.info)
+            task = asyncio.ensure_future(_paused(c, [cs[12][:, :10]], [cs[12][:, 10:]], resume, kept))
+            await until(lambda: kept.pieces, "nothing came before the idle time")
+
+            async def fewer() -> bool:
+                health = await _health(url)
+                return health["serving"] < 3 or any(r["draining"] for r in health["detail"])
+
+            await until(fewer, "the replicas never shrank", timeout=60)
+            resume.set()
+            await task
+        await until(lambda: _serving(url, 1), "the replicas never came back to one", timeout=90)
+        return grown, first, rounds, kept
+
+    grown, first, rounds, kept = run(go())
+    want = _toy_reference(toy_export, cs)
+    assert grown == [1, 1, 1], grown
+    for i, got in enumerate(first):
+        assert np.array_equal(got.audio(), want[i]), i
+    for r, (spread, queued, got) in enumerate(rounds):
+        assert spread == [1, 1, 1] and queued == [[], [], []], (r, spread, queued)
+        for i in range(3):
+            assert np.array_equal(got[i].audio(), want[3 + 3 * r + i]), (r, i)
+    assert kept.done is not None and np.array_equal(kept.audio(), want[12])
+
+
+def test_a_wedged_replica_tells_its_clients_and_is_replaced(toy_on_ray, wedge):
+    """A step that never returns (the wedge file holds the toy decoder's steps): past the bound
+    on a step (engine.STUCK_S), the replica ends its stream with an error that says so, fails
+    Serve's health check, and Serve replaces it; the deployment serves again."""
+    url = toy_on_ray.url
+    codes = np.random.default_rng(81).integers(0, 64, (2, 30))
+
+    async def go():
+        wedge.touch()
+        try:
+            async with await connect(url, "decode") as c:
+                await until(lambda: _held_by(url, 1), "the stream never showed on /health")
+                victim = next(pid for pid, n in (await _active(url)).items() if n == 1)
+                await c.send_codes(codes)
+                with pytest.raises(ServeError) as told:
+                    while await c.receive(timeout=60) is not None:
+                        pass
+        finally:
+            wedge.unlink()
+        return victim, told.value
+
+    victim, told = run(go())
+    assert told.code == "internal" and "has not returned" in str(told) and "connect again" in str(told), told
+    _replicas_without(toy_on_ray, victim)
+
+
+def _replicas_without(served: ServeOnRay, gone: int) -> None:
+    async def replaced():
+        detail = (await _health(served.url))["detail"]
+        return gone not in {r["pid"] for r in detail} and len(detail) >= 1 and all(r["ok"] for r in detail)
+
+    run(until(replaced, f"replica {gone} was never replaced", timeout=90))
+
+
 # ---- what is decided without a cluster ---------------------------------------------------------
 def test_autoscaling_asks_for_the_full_replicas_and_one_with_room():
     from types import SimpleNamespace
@@ -720,22 +993,38 @@ def test_autoscaling_asks_for_the_full_replicas_and_one_with_room():
     assert wanted(a=1.0, b=1.0, c=0.25) == 3
 
 
-def test_the_application_builder_takes_codec_serves_flags(tmp_path):
-    """`codecport.serve.onray:application` (a RayService's import_path): args as codec-serve's flags,
-    typed as its config says; a name it does not know, or no model, is refused in one line."""
+def test_the_application_builder_parses_its_args_as_the_command_line(tmp_path):
+    """`codecport.serve.onray:application` (a RayService's import_path) takes codec-serve's flags by
+    their names through the command line's own parser: typed, normalised and checked as the CLI
+    checks them (one origin as a string is one origin; a slot count of 0, a page that is not an
+    origin, an unknown name or no model are refused in one line)."""
     from codecport.errors import CodecportError
+    from codecport.serve.flags import parse_args
     from codecport.serve.onray import application
 
-    app = application({"model": str(tmp_path), "slots": "4", "grace": 3, "batched": "false",
-                       "allow_origin": ["https://app.example"], "autoscale": "1:3", "replica_cpus": 2})
-    deployment = app._bound_deployment
-    _, _, _, options, config, board = deployment.init_args
+    config, plan = parse_args({"slots": "4", "grace": 3, "batched": "false", "replica_cpus": 2,
+                               "allow_origin": "https://App.example:443", "autoscale": "1:3:45"})
     assert (config.slots, config.grace, config.batched, config.allow_origin) == (4, 3.0, False,
                                                                                 ("https://app.example",))
-    assert options == {"threads": "2"} and board == "codec-serve-board"
-    assert deployment._deployment_config.autoscaling_config.max_replicas == 3
-    assert deployment._deployment_config.graceful_shutdown_timeout_s > config.grace
-    assert deployment._deployment_config.max_ongoing_requests == 2 * 4 + 0 + 2
-    for bad, said in (({"slots": 2}, "args.model"), ({"model": "m", "slot": 2}, "unknown application args")):
+    assert (plan.autoscale, plan.downscale, plan.cpus) == ((1, 3), 45.0, 2.0)
+    config, _ = parse_args({"allow_origin": ["http://localhost:5173", "https://a.example"]})
+    assert config.allow_origin == ("http://localhost:5173", "https://a.example")
+    for bad, said in (({"slots": 0}, "--slots"), ({"allow_origin": "evil"}, "evil"),
+                      ({"autoscale": "4:1"}, "MIN:MAX"), ({"replicas": 2, "autoscale": "1:3"}, "exclude"),
+                      ({"slot": 2}, "unknown application arg 'slot'"), ({"address": "h:1"}, "address")):
         with pytest.raises(CodecportError, match=said):
-            application(bad)
+            parse_args(bad)
+    with pytest.raises(CodecportError, match="args.model"):
+        application({"slots": 2})
+    with pytest.raises(CodecportError, match="--slots"):
+        application({"model": str(tmp_path), "slots": -1})
+
+
+def test_an_answer_of_serves_controller_in_another_shape_is_refused_saying_so():
+    """Which replicas Serve stops is read from its controller's private answer through Serve's
+    public schema: an answer of another shape (another Ray) is refused with a message that says
+    what to do, never read as "nothing is stopping"."""
+    from codecport.serve import controller
+
+    with pytest.raises(controller.ShapeError, match="does not know.*pip install 'codecport\\[ray\\]'"):
+        controller.parse({"applications": {"codec-serve": {"deployments": ["not", "a", "mapping"]}}})

@@ -127,3 +127,84 @@ def test_a_slot_opened_again_takes_up_its_stream_again(mimi_codec, monkeypatch):
         slot.close()
         assert np.array_equal(np.concatenate(out, axis=1), ref_encode(mimi_codec, x, k)), i
     assert new == [1, 0, 0, 1, 0, 1]
+
+
+def test_any_failure_opening_a_streams_slots_refuses_it_and_gives_them_back(mimi_codec, monkeypatch):
+    """A slot that fails to open with something other than a CodecportError (an ONNX Runtime
+    error, a MemoryError) refuses that stream with `internal`, counts no slot as held, and the
+    streams granted with it still open: a duplex stream whose decoder slot fails leaves both
+    sides free, and the next stream is served exactly."""
+    from codecport.runtime import slots as slots_module
+    from codecport.serve import ServeError, connect, stream
+
+    real, fail = slots_module.SlotPool.open, {"decoder": 1}
+
+    def open_or_fail(pool, **settings):
+        if fail.get(pool.side):
+            fail[pool.side] -= 1
+            raise MemoryError("injected: no memory for a decoder state")
+        return real(pool, **settings)
+
+    monkeypatch.setattr(slots_module.SlotPool, "open", open_or_fail)
+    x = noise(4800, seed=9)[0]
+
+    async def go():
+        async with in_process(mimi_codec, slots=1) as (server, url):
+            with pytest.raises(ServeError) as refused:
+                await connect(url, "duplex", codebooks=2)
+            held = dict(server.scheduler.admission.held)
+            async with await connect(url, "duplex", codebooks=2) as c:  # the one slot of each side
+                got = await stream(c, [x[:2000], x[2000:]])
+            return refused.value, held, got, server.scheduler.metrics.errors["internal"]
+
+    refused, held, got, internal = run(go())
+    assert refused.code == "internal" and "no memory for a decoder state" in str(refused), refused
+    assert held == {"encoder": 0, "decoder": 0} and internal == 1
+    codes = ref_encode(mimi_codec, x, 2)
+    assert np.array_equal(got.codes()[0], codes)
+
+
+def test_a_step_that_never_returns_turns_health_unhealthy(mimi_codec, monkeypatch):
+    """A job in flight past every plausible step time (a hung ONNX Runtime call) is seen: the
+    scheduler says how long it has been stuck, and /health answers 503 with ok false (a Ray
+    replica fails its health check on the same fact and is replaced: tests/test_ray.py)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from codecport.serve import connect, engine
+
+    release = threading.Event()
+    monkeypatch.setattr(engine, "STUCK_S", 0.3)
+    real = engine.Job.run
+
+    def hang(job):
+        release.wait(30)
+        return real(job)
+
+    async def go():
+        async with in_process(mimi_codec, slots=1) as (server, url):
+            def health():
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=10) as r:
+                        return r.status, json.loads(r.read())
+                except urllib.error.HTTPError as e:
+                    return e.code, json.loads(e.read())
+
+            before = await asyncio.to_thread(health)
+            monkeypatch.setattr(engine.Job, "run", hang)
+            c = await connect(url, "encode")
+            await c.send_pcm(noise(2400, seed=2)[0])
+            await until_stuck(server)
+            during = await asyncio.to_thread(health)
+            release.set()
+            await c.close()
+            return before, during
+
+    async def until_stuck(server):
+        while server.scheduler.stuck() is None:
+            await asyncio.sleep(0.05)
+
+    before, during = run(go())
+    assert before[0] == 200 and before[1]["ok"] and "stuck_s" not in before[1]
+    assert during[0] == 503 and not during[1]["ok"] and during[1]["stuck_s"] >= 0.3, during

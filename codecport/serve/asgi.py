@@ -90,6 +90,8 @@ class AsgiSocket:
                     continue
                 if kind == "websocket.disconnect":
                     self._left, self.close_code = True, msg.get("code", 1005)
+                    if self.gated and self.close_code == 1009:  # the gate refused a message too large
+                        self.failure = self.failure or "too_large"
                     self._push(Message(Kind.CLOSED, code=self.close_code))
                     return
                 if kind != "websocket.receive":
@@ -180,9 +182,10 @@ class AsgiSocket:
         await self._out({"type": "websocket.send", "bytes": data}, len(data))
 
     async def _out(self, message: dict, n: int) -> None:
-        if self.gated:
+        if self.gated and not self.told:
             # Behind a gate: no more than a send buffer's worth unacknowledged, as the kernel's
-            # send buffer holds the local server's writes.
+            # send buffer holds the local server's writes. A refusal's error does not wait: it is
+            # small and the last, and the client it drops for being slow gets it once it reads.
             while self._unacked > self.window_out and not self.gone():
                 self._acked.clear()
                 await self._acked.wait()

@@ -49,6 +49,7 @@ class Stops:
     deleting: bool
     replicas: frozenset[str]
     present: bool  # the application exists
+    running: frozenset[str] = frozenset()  # the replicas Serve routes to
 
 
 def stops(details, app: str, deployment: str) -> Stops:
@@ -60,8 +61,9 @@ def stops(details, app: str, deployment: str) -> Stops:
     found = application.deployments.get(deployment)
     replicas = [] if found is None else found.replicas
     # An application being deleted lists no deployments any more (`serve delete` from a shell).
-    return Stops(status == "DELETING", frozenset(r.replica_id for r in replicas
-                                                 if getattr(r.state, "value", r.state) == "STOPPING"), True)
+    state = {r.replica_id: getattr(r.state, "value", r.state) for r in replicas}
+    return Stops(status == "DELETING", frozenset(k for k, v in state.items() if v == "STOPPING"), True,
+                 frozenset(k for k, v in state.items() if v == "RUNNING"))
 
 
 def listening(details) -> tuple[str, int]:

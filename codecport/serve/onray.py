@@ -17,12 +17,13 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..cluster import check_reachable, head_node, import_ray, without_core_notes
 from ..errors import CodecportError
 from ..runtime.providers import cpu_cores
 from .config import ServeConfig
+from .flags import RayPlan, parse_args
 
 log = logging.getLogger(__name__)
 # codecport's gate in Serve's proxies (gate.py): set in the environment of Serve's controller,
@@ -30,19 +31,6 @@ log = logging.getLogger(__name__)
 # needs it in every node's environment (docs/serve.md). Without it a stream's input and output
 # are not bounded in the proxy, and the driver says so.
 GATE = {"RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "codecport.serve.gate:middlewares"}
-
-
-@dataclass(frozen=True)
-class RayPlan:
-    """Where and how many: `address` (None: a private local Ray), `replicas` (fixed), or
-    `autoscale` (MIN, MAX), and `cpus` each."""
-
-    address: str | None = None
-    replicas: int = 1
-    autoscale: tuple[int, int] | None = None
-    cpus: float | None = None  # a replica's share of the cores (None: as run_on_ray says)
-    proxies: str = "every"  # Serve's proxy on every node ("every") or the head's only ("head")
-    downscale: float = 30.0  # seconds of less need before autoscaling removes a replica
 
 
 @contextlib.contextmanager
@@ -94,8 +82,12 @@ def deployment_options(config: ServeConfig, plan: RayPlan, cpus: float) -> dict:
         opts["num_replicas"] = plan.replicas
     else:
         lo, hi = plan.autoscale
+        # The policy sees each replica's most in use over the last 2 s (Serve's default is the
+        # mean over 30 s: a stream's arrival would take 30 s to ask for a replica).
         opts["autoscaling_config"] = {"min_replicas": lo, "max_replicas": hi, "initial_replicas": lo,
                                       "upscale_delay_s": 1, "downscale_delay_s": plan.downscale,
+                                      "metrics_interval_s": 1, "look_back_period_s": 2,
+                                      "aggregation_function": "max",
                                       "policy": {"policy_function": "codecport.serve.replica:slots_policy"}}
     return opts
 
@@ -250,11 +242,10 @@ def application(args: dict):
     """Serve's application builder, for a deployment with no codec-serve driver: a RayService on
     KubeRay (`import_path: codecport.serve.onray:application`, docs/serve.md) or `serve run
     codecport.serve.onray:application model=DIR`. `args`: `model` (the export folder, present on
-    every node), `provider`, `replicas` or `autoscale` ("MIN:MAX"), `replica_cpus`, and any of
-    ServeConfig's fields (`slots`, `queue`, `grace`, `allow_origin` as a list...; `host` and `port`
-    as Serve's http_options say: the Host requests must name)."""
-    from dataclasses import fields
-
+    every node), `provider`, and codec-serve's flags by their names (`slots`, `queue`, `grace`,
+    `replicas` or `autoscale`, `replica_cpus`, `allow_origin` as a list...; `host` and `port` as
+    Serve's http_options say: the Host requests must name), parsed as the command line parses
+    them (flags.py)."""
     from .replica import Replica
 
     args = dict(args)
@@ -263,22 +254,7 @@ def application(args: dict):
     except KeyError:
         raise CodecportError("the application needs args.model: the export folder") from None
     provider = str(args.pop("provider", "cpu"))
-    autoscale = args.pop("autoscale", None)
-    plan = RayPlan(replicas=int(args.pop("replicas", 1)), cpus=float(args.pop("replica_cpus", 1.0)),
-                   autoscale=tuple(int(x) for x in str(autoscale).split(":")) if autoscale else None)
-    types = {f.name: type(f.default) for f in fields(ServeConfig)}
-    unknown = sorted(set(args) - set(types))
-    if unknown:
-        raise CodecportError(f"unknown application args {unknown}; known: model, provider, replicas, "
-                             f"autoscale, replica_cpus, {', '.join(types)}")
-
-    def typed(key: str, value):
-        kind = types[key]
-        if kind is bool:
-            return str(value).lower() in ("1", "true", "yes")
-        return tuple(value) if kind is tuple else kind(value)
-
-    config = ServeConfig(**{k: typed(k, v) for k, v in args.items()})
-    options = replica_options({}, plan.cpus)
-    return Replica.options(**deployment_options(config, plan, plan.cpus)).bind(
-        folder, provider, None, options, config)
+    config, plan = parse_args(args)
+    cpus = plan.cpus or 1.0
+    return Replica.options(**deployment_options(config, plan, cpus)).bind(
+        folder, provider, None, replica_options({}, cpus), config)

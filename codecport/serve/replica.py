@@ -61,6 +61,7 @@ class Board:
     def __init__(self):
         self.entries: dict[str, tuple[float, dict]] = {}
         self.stopping: frozenset[str] = frozenset()
+        self.running: frozenset[str] = frozenset()  # the replicas Serve routes to (as of the last poll)
         self.deleting = False  # Serve is deleting the application (as of the last poll)
         self.stop_asked = False  # the owner is deleting it (told before Serve's first poll shows it)
         self.owner: str | None = None
@@ -113,7 +114,7 @@ class Board:
                     "Serve's controller did not answer (%d times in a row): %s", failures, e)
             else:
                 failures, self.blind = 0, None
-                self.deleting, self.stopping = stops.deleting, stops.replicas
+                self.deleting, self.stopping, self.running = stops.deleting, stops.replicas, stops.running
                 seen, absent = seen or stops.present, 0 if stops.present else absent + 1
                 if seen and absent >= GONE_POLLS:
                     log.info("the application %s is gone: the board leaves", APP)
@@ -124,8 +125,10 @@ class Board:
         self.entries.pop(key, None)
 
     def fresh(self) -> list[dict]:
+        """The live replicas' entries, each saying whether Serve routes to it yet (`serving`)."""
         now = time.monotonic()
-        return [entry for t, entry in self.entries.values() if now - t < FRESH]
+        return [{**entry, "serving": key in self.running} for key, (t, entry) in self.entries.items()
+                if now - t < FRESH]
 
 
 def open_board(head: str | None = None):
@@ -298,6 +301,7 @@ class Replica:
                           "active": sum(r["slots"]["active"] for r in replicas)},
                 "queued": sum(r["queued"] for r in replicas),
                 "connections": sum(r["connections"] for r in replicas), "replicas": len(replicas),
+                "serving": sum(bool(r.get("serving")) for r in replicas),
                 "gate": any(k.lower() == gate.HEADER for k, _ in request.scope.get("headers", []))}
         if alone:
             body["partial"] = "the deployment's board did not answer: this replica alone"

@@ -4,7 +4,10 @@ apart, so a longer clip is several calls, exactly), and a decoder stream on the 
 from __future__ import annotations
 
 import math
+import os
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -77,6 +80,14 @@ class ToyCodec(Codec):
         return ToyDecoderStream(self, io_binding)
 
 
+def _wait_while_wedged() -> None:
+    """A step that does not return while the file TOYCODEC_WEDGE names exists: what a hung ONNX
+    Runtime call looks like to a server (tests/test_ray.py wedges a replica with it)."""
+    flag = os.environ.get("TOYCODEC_WEDGE")
+    while flag and Path(flag).exists():
+        time.sleep(0.05)
+
+
 class ToyDecoderStream(Stepped, DecoderStream):
     """Code frames in, their audio out at once: a frame's audio needs nothing after it."""
 
@@ -110,6 +121,7 @@ class ToyDecoderStream(Stepped, DecoderStream):
         return self._codes.shape[1] > 0
 
     def next_step(self):
+        _wait_while_wedged()
         x, self._codes = self._codes[:, :1], self._codes[:, 1:]
         return x[None], {}
 
