@@ -18,6 +18,9 @@ The bound: the streams the fixed full-clip graphs (`--len` s a call) could susta
 work (1 / their real-time factor: encode + decode of a clip, or its decode), measured between
 the ramps.
 
+`--abuse SECONDS`: instead of the ramp, what a flooding client and a slow reader cost each
+configuration's processes (abuse.py), the engines side by side.
+
 `--soak MINUTES`: the best configuration at its held load for that long, with random disconnects,
 garbage frames and slow readers mixed in: the others' output is checked against single streams,
 the server's RSS is sampled, and every slot must be free at the end.
@@ -42,7 +45,7 @@ from .. import registry
 from ..export.targets import PRECISIONS
 from ..frontend import Finite, guard, unwinds_on_sigterm
 from ..version import __version__
-from . import procs
+from . import abuse, procs
 from .load import check_streams, duplex_of, open_folder, soak_run, trial
 from .measure import run_report
 from .prepare import build_folder, export_source_hash, fail, prepare, preset_of, stamped
@@ -143,7 +146,7 @@ def ensure_export(spec, preset: str, clip: float, seed: int, slots: int, base: P
 
 def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str, ...], seconds: float,
                 max_streams: int, soak: float, provider: str, seed: int, work: Path,
-                clip: float = 2.0, engines: tuple[str, ...] = ("local",)) -> dict:
+                clip: float = 2.0, engines: tuple[str, ...] = ("local",), abuse_seconds: float = 0.0) -> dict:
     """The whole run in `work`; `clip`: seconds per call of the fixed graphs, the bound's clip."""
     batched = sorted({b for b in slots if b > 1})
     bases = {}
@@ -178,6 +181,10 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
         click.echo("warming up every server (sessions, the bank's measured costs) ...")
         for cfg in configs:
             trial(cfg.url, spec, min(4, max_streams), min(WARMUP_SECONDS, seconds), seed, period)
+
+        if abuse_seconds:
+            report["abuse"] = _abuse(configs, abuse_seconds, period)
+            return report
 
         def bound_round():
             for p in precisions:
@@ -221,6 +228,22 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
     return report
 
 
+def _abuse(configs: list[Config], seconds: float, period: float) -> dict:
+    """A flooding client, then a slow reader, on each configuration's server in turn."""
+    from ..serve.protocol import CodeLayout
+
+    codec = open_folder(configs[0].folder)
+    layout = CodeLayout.of(codec, codec.codebooks(None))
+    out = {}
+    for cfg in configs:
+        click.echo(f"  {cfg.name}: a flooding client for {seconds:g} s, then a slow reader ...")
+        out[cfg.name] = {
+            "flood": asyncio.run(abuse.flood(cfg.url, codec.streams, seconds, cfg.proc.pid, cfg.engine)),
+            "slow_reader": abuse.slow_reader(cfg.url, codec.streams, seconds, cfg.proc.pid, cfg.engine,
+                                             layout, 1 / period)}
+    return out
+
+
 def _period(folder: Path) -> float:
     """Seconds of a (coarse) code frame: a client's rhythm."""
     codec = open_folder(folder)
@@ -259,7 +282,11 @@ def _costed(cfg: Config, run) -> dict:
 
 
 def lines(report: dict) -> list[str]:
-    """The table: streams held per configuration, latency at that load, ratios in this run."""
+    """The table: streams held per configuration, latency at that load, ratios in this run (or,
+    for --abuse, what the flooding client and the slow reader cost each)."""
+    if "abuse" in report:
+        return [f"{report['codec']} {report['preset']} on {report['provider']}, {report['cores']} cores",
+                *_abuse_lines(report["abuse"])]
     out = [(f"{report['codec']} {report['preset']} on {report['provider']}, {report['cores']} cores, frames "
             f"of {report['period_ms']:.0f} ms, {report['trial_seconds']:g} s a trial"),
            ("| config | streams held | p50 / p95 / p99 frame latency | time to first audio p50 "
@@ -306,6 +333,22 @@ def lines(report: dict) -> list[str]:
     return out
 
 
+def _abuse_lines(abused: dict) -> list[str]:
+    out = []
+    for name, a in abused.items():
+        f, r = a["flood"], a["slow_reader"]
+
+        def grown(d: dict) -> str:
+            return ", ".join(f"{role} +{mb:.0f}" for role, mb in d.items() if role != "node")
+
+        out.append(f"{name}: flood ({f['op']}, {f['seconds']:g} s): {f['sent_mib']:.1f} MiB went in, "
+                   f"{f['ended']}; peak RSS MB {grown(f['rss_grown_mb'])}")
+        out.append(f"{name}: slow reader: {r['ended']} after {r['seconds']:g} s, "
+                   f"{r['output_kib_sent']:.0f} KiB "
+                   f"sent to it; peak RSS MB {grown(r['rss_grown_mb'])}")
+    return out
+
+
 SERVABLE = [s.name for s in registry.codecs() if s.runtime.streams]
 
 
@@ -324,6 +367,9 @@ SERVABLE = [s.name for s in registry.codecs() if s.runtime.streams]
 @click.option("--max-streams", type=click.IntRange(1, 1024), default=64, help="The ramp's ceiling.")
 @click.option("--soak", type=Finite(min=0, max=1440), default=0.0,
               help="Minutes of the soak at the best configuration's held load (0: none).")
+@click.option("--abuse", "abuse_seconds", type=Finite(min=0, max=600), default=0.0,
+              help="Instead of the ramp: a flooding client, then a slow reader, for up to this many seconds "
+                   "each, on every configuration (the engines side by side), with each process's memory.")
 @click.option("--provider", default="cpu", help="The servers' provider.")
 @click.option("--engine", "engines", multiple=True, type=click.Choice(["local", "ray"]), default=["local"],
               help="codec-serve's engines (repeatable): ray is one replica on a private local Ray behind "
@@ -334,8 +380,8 @@ SERVABLE = [s.name for s in registry.codecs() if s.runtime.streams]
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report.")
 @guard
 @unwinds_on_sigterm
-def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak, provider, engines, seed,
-              work, json_out):
+def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak, abuse_seconds, provider,
+              engines, seed, work, json_out):
     """Real-time streams `codec-serve` holds for CODEC, per --slots and --precision, on loopback."""
     spec = registry.get(codec)
     slots = slots or ((1, 8, 16) if spec.has_step_graphs else (1,))
@@ -355,5 +401,5 @@ def serve_cmd(codec, preset, slots, precisions, seconds, clip, max_streams, soak
     preset = preset_of(spec, preset, None)
     run_report(work, "codec-bench-serve-", lambda w: bench_serve(
         spec, preset, tuple(slots), tuple(precisions), seconds, max_streams, soak, provider, seed, w, clip,
-        tuple(dict.fromkeys(engines))),
+        tuple(dict.fromkeys(engines)), abuse_seconds),
         lines, json_out)

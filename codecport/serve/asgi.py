@@ -39,8 +39,10 @@ class AsgiSocket:
     at most `max_message` bytes a message from the client, `input_bound` bytes of them read and
     not taken (without a gate), `window_out` bytes of output unacknowledged (behind a gate)."""
 
-    def __init__(self, scope, receive, send, *, max_message: int, input_bound: int, window_out: int):
+    def __init__(self, scope, receive, send, *, max_message: int, input_bound: int, window_out: int,
+                 send_buffer: int = 0):
         self._receive, self._send = receive, send
+        self.send_buffer = send_buffer  # the client socket's SO_SNDBUF the gate sets (0: the system's)
         self.max_message, self.input_bound, self.window_out = max_message, input_bound, window_out
         self.gated = any(k.lower() == gate.HEADER for k, _ in scope.get("headers", []))
         self.window = 2 * (max_message + gate.OVERHEAD)  # what the gate lets be in flight
@@ -68,7 +70,7 @@ class AsgiSocket:
         accept: dict = {"type": "websocket.accept"}
         if self.gated:
             accept[gate.BOUNDS] = {"max_message": self.max_message, "window": self.window,
-                                   "window_out": self.window_out}
+                                   "window_out": self.window_out, "send_buffer": self.send_buffer}
         await self._send(accept)
         self._reader = asyncio.ensure_future(self._read())
         return True

@@ -14,6 +14,8 @@ does not hold back (ray/serve/_private/proxy.py, http_util.py): nothing bounds e
 - Output, by acknowledgement. It tells the replica (`SENT`, among the client's messages) the
   bytes of output uvicorn has taken for the client, so that the replica's connection sees a slow
   reader as the local server sees a full send buffer: its backlog grows, and `behind` drops it.
+  It gives the client's socket the kernel send buffer `--send-buffer` says, as the local server
+  does (autotuned, it would hide megabytes of a slow reader's output from everyone).
 
 The replica learns that its stream passes a gate from the request header `HEADER` (set here, and
 stripped from what a client sends), and tells the gate its bounds in its accept (`BOUNDS`); a
@@ -28,13 +30,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 
 from .protocol import error_message
 
 log = logging.getLogger(__name__)
 PATH = "/stream"
 HEADER = b"x-codecport-gate"
-BOUNDS = "codecport.bounds"  # the accept's key: {"max_message", "window", "window_out"}
+BOUNDS = "codecport.bounds"  # the accept's key: {"max_message", "window", "window_out", "send_buffer"}
 CREDIT = "codecport.credit"  # replica -> gate: {"bytes": cost of input its stream took}
 SENT = "codecport.sent"  # gate -> replica: {"bytes": output uvicorn took for the client}
 # What one message costs beyond its data, counted with it on both sides: Serve's queues hold each
@@ -69,7 +73,7 @@ class Gate:
         scope = {**scope, "headers": [*headers, (HEADER, b"1")]}
         if scope["type"] != "websocket" or scope.get("path") != PATH:
             return await self.app(scope, receive, send)
-        flow = Flow(receive, send)
+        flow = Flow(receive, send, scope)
         try:
             await self.app(scope, flow.receive, flow.send)
         finally:
@@ -84,8 +88,8 @@ def _data(message: dict):
 class Flow:
     """One stream's input and output through the gate (see the module's docstring)."""
 
-    def __init__(self, receive, send):
-        self._receive, self._send = receive, send
+    def __init__(self, receive, send, scope: dict | None = None):
+        self._receive, self._send, self.scope = receive, send, scope or {}
         self.bounds: dict | None = None  # the replica's, from its accept: until then, all passes
         self.inflight = 0  # cost of input passed on and not yet credited
         self.acks = 0  # bytes of output uvicorn took, not yet told to the replica
@@ -156,6 +160,8 @@ class Flow:
         if kind == "websocket.accept" and BOUNDS in message:
             self.bounds = message[BOUNDS]
             message = {k: v for k, v in message.items() if k != BOUNDS}
+            if self.bounds.get("send_buffer"):
+                send_buffer(self.scope.get("client"), self.scope.get("server"), self.bounds["send_buffer"])
         if self.closed:
             return  # the gate closed the client's socket: the replica's last words go nowhere
         await self._send(message)
@@ -163,3 +169,29 @@ class Flow:
             self.acks += len(_data(message) or b"")
             if self._acks_due():
                 self._changed.set()
+
+
+def send_buffer(client, server, size: int) -> bool:
+    """Set SO_SNDBUF of this process's TCP socket from `server` to `client` ((host, port) each, as
+    an ASGI scope gives them; uvicorn hands the middleware no transport): found among the
+    process's file descriptors (Linux /proc), set through a duplicate of it. False where it
+    cannot be found."""
+    if not client or not server or not os.path.isdir("/proc/self/fd"):
+        return False
+    want = (str(client[0]), int(client[1])), (str(server[0]), int(server[1]))
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            dup = socket.socket(fileno=os.dup(int(name)))
+        except (OSError, ValueError):
+            continue
+        with dup:
+            try:
+                if dup.type == socket.SOCK_STREAM and (dup.getpeername()[:2], dup.getsockname()[:2]) == want:
+                    dup.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+                    return True
+            except OSError:
+                continue
+    log.info("the client socket of %s was not found: its send buffer is the system's", client)
+    return False

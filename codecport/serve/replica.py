@@ -257,7 +257,8 @@ class Replica:
         # The raw ASGI callables under Starlette's WebSocket: the socket speaks to the gate in
         # messages of its own, which Starlette's checks would refuse.
         sock = AsgiSocket(ws.scope, ws._receive, ws._send, max_message=cfg.max_message,
-                          input_bound=4 * cfg.max_message, window_out=cfg.send_buffer or SEND_WINDOW)
+                          input_bound=4 * cfg.max_message, window_out=cfg.send_buffer or SEND_WINDOW,
+                          send_buffer=cfg.send_buffer)
         if not sock.gated and not self._ungated:
             self._ungated = True
             log.warning("a stream came through a Serve proxy without codecport's gate: its input and output "
