@@ -553,11 +553,12 @@ async def _metric_above(url: str, name: str, value: float) -> bool:
     return await _metric(url, name) > value
 
 
-def test_a_slow_reader_is_dropped_behind_as_on_the_local_server(mimi_on_ray):
+def test_a_slow_reader_is_dropped_behind_as_on_the_local_server(mimi_on_ray, tiny_mimi_export):
     """A decode stream whose client reads nothing (a 4 KiB receive buffer): once the output the
     gate has not seen taken passes --send-buffer, the replica's sends wait, its backlog passes
     --max-backlog, and the client is dropped with `behind`, as the local server drops it."""
-    codes = np.random.default_rng(73).integers(0, 2048, (4, 20000))
+    size = codecport.load(tiny_mimi_export).codebook_size
+    codes = np.random.default_rng(73).integers(0, size, (4, 20000))
     dropped = RawSocket(mimi_on_ray.url, {"op": "decode"})
     for i in range(0, codes.shape[1], 2000):
         dropped.send(codes[:, i:i + 2000].astype("<i4").tobytes())

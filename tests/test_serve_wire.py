@@ -91,6 +91,19 @@ def test_a_foreign_page_or_host_is_refused(mimi):
     assert _get(mimi.url, "/health", f"localhost:{port}")[0] == 200
 
 
+def test_a_malformed_request_is_a_client_mistake_not_a_server_error(mimi):
+    """Two Host headers (one naming another site): aiohttp answers 400 before any handler; the
+    server's log holds no ERROR and no traceback for it (a client's mistake, told at INFO)."""
+    port = _port(mimi.url)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: evil.example\r\n\r\n".encode())
+        status = s.recv(200).split(b"\r\n", 1)[0]
+    assert b" 400 " in status, status
+    assert _get(mimi.url, "/health", f"127.0.0.1:{port}")[0] == 200  # the next request is served
+    log = mimi.log.read_text()
+    assert "Traceback" not in log and "ERROR" not in log, log
+
+
 def test_the_client_says_why_a_page_was_refused(mimi):
     async def go(origin: str):
         async with aiohttp.ClientSession(headers={"Origin": origin}) as session:

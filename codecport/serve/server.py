@@ -20,6 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ..errors import CodecportError
 from .access import host_allowed, hosts, origin_allowed
@@ -33,12 +34,29 @@ log = logging.getLogger(__name__)
 __all__ = ["ServeConfig", "Server", "run", "serve"]
 
 
+class _ClientMistakes(logging.Filter):
+    """aiohttp logs a client's malformed request (two Host headers, a broken request line) as an
+    ERROR with its traceback, after answering it 400: a client's mistake is not the server's
+    error, so it is told at INFO, in one line, and the ERROR dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError) and 400 <= (error.code or 0) < 500:
+            log.info("refused a malformed request: %s", " ".join(str(error.message).split()))
+            return False
+        return True
+
+
+_MISTAKES = _ClientMistakes()
+
+
 class Server:
     """The app of one codec on `config`: `await start()` (returns the URL), `await drain()`,
     `await close()`. `serve()` runs the three around the signals."""
 
     def __init__(self, codec, config: ServeConfig):
         self.codec, self.config = codec, config
+        logging.getLogger("aiohttp.server").addFilter(_MISTAKES)  # once: a filter is kept once
         self.scheduler = Scheduler(codec, config.slots, config.queue, config.max_backlog,
                                    input_bound=4 * config.max_message, batched=config.batched)
         self.app = web.Application(middlewares=[self._access])
