@@ -190,6 +190,7 @@ class Replica:
         self.board = open_board(await asyncio.to_thread(head_node))
         self._winding: asyncio.Future | None = None
         self._ungated = False  # a stream came through a proxy without the gate (said once)
+        self._stuck: str | None = None  # why this replica fails its health checks, once a step stuck
         self._pusher = asyncio.ensure_future(self._push())
         log.info("replica %s serving %s on pid %d", self.id, folder, os.getpid())
 
@@ -209,23 +210,23 @@ class Replica:
 
     async def check_health(self) -> None:
         """Serve's health check: a step that never returns (a hung ONNX Runtime call) ends the
-        streams with a word and fails the check, so that Serve replaces this replica."""
+        streams with a word and fails the check from then on (a step that returns late is no
+        proof the engine is sound), so that Serve replaces this replica."""
         stuck = self.scheduler.stuck()
-        if stuck is None:
-            return
-        if not self.scheduler.draining:
-            log.error("replica %s: the codec's step has not returned for %.0f s; failing its health check",
-                      self.id, stuck)
+        if stuck is not None and self._stuck is None:
+            self._stuck = f"the codec's step had not returned for {stuck:.0f} s"
+            log.error("replica %s: %s; failing its health checks", self.id, self._stuck)
             self.scheduler.fail_all(ProtocolError("internal", (
                 f"the server's codec step has not returned for {stuck:.0f} s; this replica is being "
                 "replaced: connect again and resend from the start")))
-        raise RuntimeError(f"the codec's step has not returned for {stuck:.0f} s")
+        if self._stuck is not None:
+            raise RuntimeError(self._stuck)
 
     async def __del__(self):
         self._pusher.cancel()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.board.drop.remote(self.id), CALL)
-        if self.scheduler.stuck() is None:  # a stuck step never ends: Serve's kill takes it
+        if self._stuck is None:  # a stuck step may never end: Serve's kill takes it
             await self.scheduler.stop()
         self._convert.shutdown(wait=False)
 
