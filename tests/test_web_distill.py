@@ -1,7 +1,7 @@
 """The distilled NeuCodec in the browser (`--preset tiny-distill --target web`) on wasm against the
 Python runtime. Apart from test_web_windows.py so that the test processes share the browser's
-work (each file runs whole in one process); its WebGPU run is there, in the page that runs
-NeuCodec's graphs on WebGPU, whose compiled kernels it shares."""
+work (each file runs whole in one process); its WebGPU run is test_web.py's, in the one page that
+runs every codec on WebGPU, whose compiled kernels it shares."""
 
 from __future__ import annotations
 

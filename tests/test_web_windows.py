@@ -1,7 +1,8 @@
 """NeuCodec and XCodec2 in the browser: `--target web` folders whose graphs hold w2v-BERT's fbank
 features and the FSQ (codecs/neucodec/ingraph.py), and codecport.mjs's masked and windowed plans
 (codecport-windows.mjs), against the Python runtime on the same folder and on the numpy-quantizer
-smoke export of the same weights."""
+smoke export of the same weights. Their WebGPU run is test_web.py's, in the one page that runs
+every codec on WebGPU (a second WebGPU page in one Chromium cost some 20 s more on SwiftShader)."""
 
 from __future__ import annotations
 
@@ -10,39 +11,17 @@ import json
 import numpy as np
 import onnx
 import pytest
-from shared_exports import cli_export, shared
-from web_support import (
-    DECODE,
-    LOAD_ENCODE,
-    ROUND_TRIP,
-    Page,
-    clip,
-    distilled_web_folder,
-    mount,
-    same_fields,
-    served,
-    webgpu_page,
-)
+from web_support import BUCKETS, DECODE, ROUND_TRIP, Page, clip, same_fields, served, web_folder
 
 import codecport
 from codecport.export.check import check
 
 pytestmark = pytest.mark.browser
 
-# The smoke exports' model and length (registry.py), for the browser; NeuCodec's with a shorter
-# bucket. XCodec2's has none: buckets are one mechanism of the plans, which NeuCodec's folder
-# tests, and two more graphs would be a tenth of this file's cost.
-WEB_ARGS = ("--preset", "tiny", "--len", "4000", "--target", "web")
-BUCKETS = {"neucodec": ("--buckets", "2000"), "xcodec2": ()}
 # A clip through the bucket's graphs (NeuCodec's; XCodec2's masked main graphs), one through the
 # main graphs, two through windows (the last an odd length: 10000.5 samples at the tiny
 # NeuCodec's 8 kHz, which Python rounds to even).
 LENGTHS = (3000, 7900, 8320, 20001)
-
-
-def web_folder(tmp_path_factory, name: str):
-    return shared(tmp_path_factory, f"web-{name}",
-                  lambda folder: cli_export(folder, name, *WEB_ARGS, *BUCKETS[name]))
 
 
 @pytest.fixture(scope="module", params=["neucodec", "xcodec2"])
@@ -84,10 +63,6 @@ def test_folder_runs_whole_everywhere_and_as_the_numpy_folder(web, smoke_exports
         assert a.shape == b.shape and np.abs(a - b).max() < 1e-5
 
 
-ENCODE = """async (x) => {
-  const codes = await window.demo.codec.encode(Float32Array.from(x));
-  return {codes: Array.from(codes.data), shape: codes.shape};
-}"""
 DECODE_STREAM = """async ([data, sizes]) => {
   const c = window.demo.codec, d = c.decoderStream(), out = [];
   let at = 0, i = 0;
@@ -169,33 +144,3 @@ def test_browser_refuses_a_clip_under_a_frame_and_bad_codes(browser, web):
         assert short is None
     assert "codes must be integers in [0, 64)" in bad, bad
 
-
-def test_browser_on_webgpu(browser, tmp_path_factory):
-    """On WebGPU (SwiftShader here), NeuCodec's graphs (XCodec2's are the same ops): Python's codes
-    decode within 1e-3, and the browser's own codes agree with Python's. Then, in the same page
-    (whose compiled kernels it shares), the distilled encoder (`--preset tiny-distill`): its codes
-    of a clip, its local attention over several of its windows in one graph call, agree with the
-    Python runtime's (FSQ rounds what a GPU's float order moves, so not all). Skipped, saying so,
-    where no adapter appears."""
-    folder = web_folder(tmp_path_factory, "neucodec")
-    distilled = distilled_web_folder(tmp_path_factory)
-    with served(folder) as server:
-        page = webgpu_page(browser, server.url)
-        py = codecport.load(folder)
-        x = clip(LENGTHS[1], seed=3)
-        want = py.encode(x, 16000).data[0]
-        bare = py.decode(want)[0][0]
-        got = np.array(page.run(DECODE, [want.ravel().tolist(), list(want.shape)]), np.float32)
-        assert got.shape == bare.shape and np.abs(got - bare).max() < 1e-3
-        trip = page.run(ENCODE, x.tolist())  # the decode of the browser's codes is DECODE's, above
-        agree = (np.array(trip["codes"]).reshape(trip["shape"]) == want).mean()
-        assert agree > 0.9, agree
-
-        x = clip(3000, seed=5)  # one graph call of the distilled encoder
-        want = codecport.load(distilled).encode(x, 16000).data[0]
-        got = page.run(LOAD_ENCODE, [mount(page, "distilled", distilled), x.tolist()])
-        assert got["shape"] == list(want.shape)
-        agree = (np.array(got["codes"]).reshape(got["shape"]) == want).mean()
-        assert agree > 0.9, agree
-        assert page.problems == []
-        page.close()

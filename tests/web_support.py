@@ -162,6 +162,22 @@ def webgpu_page(browser, url: str) -> Page:
     return page
 
 
+# The smoke exports' model and length (registry.py), for the browser; NeuCodec's with a shorter
+# bucket. XCodec2's has none: buckets are one mechanism of the plans, which NeuCodec's folder
+# tests, and two more graphs would be a tenth of test_web_windows.py's cost.
+WEB_ARGS = ("--preset", "tiny", "--len", "4000", "--target", "web")
+BUCKETS = {"neucodec": ("--buckets", "2000"), "xcodec2": ()}
+
+
+def web_folder(tmp_path_factory, name: str) -> Path:
+    """NeuCodec's or XCodec2's web folder, built once a run (shared_exports.py): test_web.py's
+    WebGPU page runs NeuCodec's too."""
+    from shared_exports import cli_export, shared
+
+    return shared(tmp_path_factory, f"web-{name}",
+                  lambda folder: cli_export(folder, name, *WEB_ARGS, *BUCKETS[name]))
+
+
 def distilled_web_folder(tmp_path_factory) -> Path:
     """The distilled NeuCodec's web folder, built once a run (shared_exports.py)."""
     from shared_exports import cli_export, shared
