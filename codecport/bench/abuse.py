@@ -21,11 +21,46 @@ import socket
 import time
 from urllib.parse import urlsplit
 
+import click
 import numpy as np
 
 from . import procs
+from .load import open_folder
 
 CHUNK = 64 << 10  # bytes of a flooding message
+
+
+def run(configs, seconds: float, period: float) -> dict:
+    """A flooding client, then a slow reader, on each of `configs`' servers (bench/serve.py's
+    Config: url, proc, engine, folder) in turn; `period`: seconds of a coarse code frame."""
+    from ..serve.protocol import CodeLayout
+
+    codec = open_folder(configs[0].folder)
+    layout = CodeLayout.of(codec, codec.codebooks(None))
+    out = {}
+    for cfg in configs:
+        click.echo(f"  {cfg.name}: a flooding client for {seconds:g} s, then a slow reader ...")
+        out[cfg.name] = {
+            "flood": asyncio.run(flood(cfg.url, codec.streams, seconds, cfg.proc.pid, cfg.engine)),
+            "slow_reader": slow_reader(cfg.url, codec.streams, seconds, cfg.proc.pid, cfg.engine, layout,
+                                       1 / period)}
+    return out
+
+
+def lines(abused: dict) -> list[str]:
+    """The report's lines: each configuration's two clients, and what each process grew by."""
+    out = []
+    for name, a in abused.items():
+        f, r = a["flood"], a["slow_reader"]
+
+        def grown(d: dict) -> str:
+            return ", ".join(f"{role} +{mb:.0f}" for role, mb in d.items() if role != "node")
+
+        out.append(f"{name}: flood ({f['op']}, {f['seconds']:g} s): {f['sent_mib']:.1f} MiB went in, "
+                   f"{f['ended']}; peak RSS MB {grown(f['rss_grown_mb'])}")
+        out.append(f"{name}: slow reader: {r['ended']} after {r['seconds']:g} s, "
+                   f"{r['output_kib_sent']:.0f} KiB sent to it; peak RSS MB {grown(r['rss_grown_mb'])}")
+    return out
 
 
 def _peak(pids: dict[str, list[int]], peak: dict[str, float]) -> None:

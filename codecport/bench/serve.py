@@ -183,7 +183,7 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
             trial(cfg.url, spec, min(4, max_streams), min(WARMUP_SECONDS, seconds), seed, period)
 
         if abuse_seconds:
-            report["abuse"] = _abuse(configs, abuse_seconds, period)
+            report["abuse"] = abuse.run(configs, abuse_seconds, period)
             return report
 
         def bound_round():
@@ -228,22 +228,6 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
     return report
 
 
-def _abuse(configs: list[Config], seconds: float, period: float) -> dict:
-    """A flooding client, then a slow reader, on each configuration's server in turn."""
-    from ..serve.protocol import CodeLayout
-
-    codec = open_folder(configs[0].folder)
-    layout = CodeLayout.of(codec, codec.codebooks(None))
-    out = {}
-    for cfg in configs:
-        click.echo(f"  {cfg.name}: a flooding client for {seconds:g} s, then a slow reader ...")
-        out[cfg.name] = {
-            "flood": asyncio.run(abuse.flood(cfg.url, codec.streams, seconds, cfg.proc.pid, cfg.engine)),
-            "slow_reader": abuse.slow_reader(cfg.url, codec.streams, seconds, cfg.proc.pid, cfg.engine,
-                                             layout, 1 / period)}
-    return out
-
-
 def _period(folder: Path) -> float:
     """Seconds of a (coarse) code frame: a client's rhythm."""
     codec = open_folder(folder)
@@ -286,7 +270,7 @@ def lines(report: dict) -> list[str]:
     for --abuse, what the flooding client and the slow reader cost each)."""
     if "abuse" in report:
         return [f"{report['codec']} {report['preset']} on {report['provider']}, {report['cores']} cores",
-                *_abuse_lines(report["abuse"])]
+                *abuse.lines(report["abuse"])]
     out = [(f"{report['codec']} {report['preset']} on {report['provider']}, {report['cores']} cores, frames "
             f"of {report['period_ms']:.0f} ms, {report['trial_seconds']:g} s a trial"),
            ("| config | streams held | p50 / p95 / p99 frame latency | time to first audio p50 "
@@ -330,22 +314,6 @@ def lines(report: dict) -> list[str]:
                    f"{s['clients']}; well-behaved failed: {s['n_good_failed']}; slots active after: "
                    f"{s['health_after'].get('slots')}; RSS {s['rss_mb'][1]:.0f} -> {s['rss_mb'][-1]:.0f} MB "
                    f"(drift {s['rss_drift_mb']:+.1f} MB); checked {s['check']}")
-    return out
-
-
-def _abuse_lines(abused: dict) -> list[str]:
-    out = []
-    for name, a in abused.items():
-        f, r = a["flood"], a["slow_reader"]
-
-        def grown(d: dict) -> str:
-            return ", ".join(f"{role} +{mb:.0f}" for role, mb in d.items() if role != "node")
-
-        out.append(f"{name}: flood ({f['op']}, {f['seconds']:g} s): {f['sent_mib']:.1f} MiB went in, "
-                   f"{f['ended']}; peak RSS MB {grown(f['rss_grown_mb'])}")
-        out.append(f"{name}: slow reader: {r['ended']} after {r['seconds']:g} s, "
-                   f"{r['output_kib_sent']:.0f} KiB "
-                   f"sent to it; peak RSS MB {grown(r['rss_grown_mb'])}")
     return out
 
 

@@ -81,7 +81,7 @@ class Connection:
                 sched.metrics.errors[self.ws.failure] += 1
 
     async def refuse(self, error: ProtocolError, counted: bool = False) -> None:
-        """The JSON error, then the close (ws.Socket.refuse). `counted`: the stream counted it."""
+        """The JSON error, then the close (sockets.refuse). `counted`: the stream counted it."""
         if not counted:
             self.scheduler.metrics.errors[error.code] += 1
         log.info("%s a stream: %s: %s", "ended" if counted else "refused", error.code, error)
