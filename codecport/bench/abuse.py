@@ -135,6 +135,7 @@ def slow_reader(url: str, spec_streams: tuple[str, ...], seconds: float, server_
     else:  # a duplex stream's audio comes back as its codes' decoding
         for _ in range(16):
             _send(sock, (rng.standard_normal(CHUNK // 4) * 0.1).astype("<f4").tobytes(), 2)
+    _send(sock, json.dumps({"op": "end"}).encode(), 1)  # all its input is in: never idle-timed out
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds and _drops(url) == drops:
         _peak(pids, peak)
