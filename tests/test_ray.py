@@ -1054,3 +1054,38 @@ def test_an_address_that_answers_but_is_not_ray_is_refused_at_once(tiny_mimi_exp
             assert proc.returncode == 1 and len(lines) == 1 and "not as a Ray cluster" in lines[0], lines
             assert "GCS address" in lines[0] and time.monotonic() - t0 < 30, lines
         web.shutdown()
+
+
+def test_the_board_removes_itself_once_the_application_is_gone(monkeypatch):
+    """Under a RayService no driver removes the board: it asks Serve's controller, and once the
+    application it has seen is gone for three polls in a row it kills itself for good (a crash
+    would be restarted). An application not seen yet (the board opened first) keeps it."""
+    from types import SimpleNamespace
+
+    from codecport.serve import controller, replica
+
+    answers = iter([None, True, True, False, False, True, False, False, False])
+    killed = []
+
+    class Controller:
+        class get_serve_instance_details:  # noqa: N801 (Ray's method, with its .remote)
+            @staticmethod
+            async def remote():
+                return next(answers)
+
+    def stops(present, app, deployment):
+        if present is None:
+            return controller.Stops(False, frozenset(), False)
+        return controller.Stops(False, frozenset(), present)
+
+    monkeypatch.setattr(replica, "PUSH", 0.001)
+    monkeypatch.setattr(controller, "handle", lambda: Controller)
+    monkeypatch.setattr(controller, "parse", lambda raw: raw)
+    monkeypatch.setattr(controller, "stops", stops)
+    monkeypatch.setattr(replica.ray, "kill", lambda actor, no_restart: killed.append((actor, no_restart)))
+    monkeypatch.setattr(replica.ray, "get_runtime_context", lambda: SimpleNamespace(current_actor="board"))
+    board = replica.Board()
+    run(asyncio.wait_for(board._poll(), 10))
+    # Not gone at the first absence (None: before the application existed), nor after two
+    # absences in a row; gone at the third.
+    assert killed == [("board", True)] and next(answers, "spent") == "spent"

@@ -118,7 +118,11 @@ class Board:
                 seen, absent = seen or stops.present, 0 if stops.present else absent + 1
                 if seen and absent >= GONE_POLLS:
                     log.info("the application %s is gone: the board leaves", APP)
-                    ray.actor.exit_actor()
+                    # Killed for good: an exit from this task would end the task only, and a crash
+                    # would be restarted (max_restarts=-1).
+                    me = ray.get_runtime_context().current_actor
+                    await asyncio.to_thread(ray.kill, me, no_restart=True)
+                    return
             await asyncio.sleep(PUSH)
 
     def drop(self, key: str) -> None:
