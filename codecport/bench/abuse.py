@@ -141,20 +141,24 @@ def slow_reader(url: str, spec_streams: tuple[str, ...], seconds: float, server_
         _peak(pids, peak)
         time.sleep(0.1)
     took = time.monotonic() - t0
-    got, code = 0, None
+    got, code, closed = 0, None, False
     try:
         while True:
             op, payload = _read_frame(sock)
             if op == 2:
                 got += len(payload)
-            elif op == 1 and json.loads(payload).get("op") == "error":
-                code = json.loads(payload)["code"]
+            elif op == 1 and json.loads(payload).get("op") in ("error", "done"):
+                message = json.loads(payload)
+                code = message.get("code", message["op"])
             elif op == 8:
+                closed = True
                 break
     except OSError:
         pass
     sock.close()
-    return {"seconds": round(took, 1), "ended": code or "not dropped", "output_kib_sent": got / 1024,
+    # A client that reads nothing answers no ping either: the server's keepalive may cut it first.
+    ended = code or ("closed without an error" if closed else "cut off (no close: it answered no ping)")
+    return {"seconds": round(took, 1), "ended": ended, "output_kib_sent": got / 1024,
             "rss_base_mb": base, "rss_peak_mb": peak, "rss_grown_mb": {r: peak[r] - base[r] for r in base}}
 
 
