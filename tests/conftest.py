@@ -32,7 +32,7 @@ pytest_plugins = ["shared_exports", "mimi_cli_support", "web_support"]
 # The files that take longest, in the order a worker should start them (scripts/test.sh passes
 # --no-loadscope-reorder so xdist keeps it): one begun last would leave the others idle while it
 # runs alone. The durations a run prints at its end show when this goes stale.
-LONGEST_FIRST = ["test_web.py", "test_web_windows.py", "test_web_distill.py", "test_ray.py",
+LONGEST_FIRST = ["test_ray.py", "test_web.py", "test_web_windows.py", "test_web_distill.py",
                  "test_bench.py", "test_mimi_export.py", "test_tokenize.py", "test_bench_apps.py",
                  "test_tokenize_job.py", "test_rustymimi.py", "test_api.py", "test_builds.py",
                  "test_serve.py", "test_dac_export.py"]

@@ -42,6 +42,13 @@ def parse(raw) -> object:
                          "(pip install 'codecport[ray]')") from None
 
 
+def read(raw) -> dict:
+    """`raw`, the controller's answer as the plain dict it is, once `parse` has checked its shape
+    (a process keeps its Ray: the board checks the first answer only, and reads the rest as they
+    come, at a fraction of the schema's cost)."""
+    return raw
+
+
 @dataclass(frozen=True)
 class Stops:
     """What Serve is stopping of a deployment: the whole application (`deleting`), or replicas."""
@@ -52,16 +59,25 @@ class Stops:
     running: frozenset[str] = frozenset()  # the replicas Serve routes to
 
 
+def _get(thing, key: str, default=None):
+    """A field of a parsed answer (a schema's attribute) or of a raw one (a dict's key)."""
+    return thing.get(key, default) if isinstance(thing, dict) else getattr(thing, key, default)
+
+
+def _value(state) -> str:
+    return str(getattr(state, "value", state))
+
+
 def stops(details, app: str, deployment: str) -> Stops:
-    """`Stops` of `deployment` of `app` in parsed `details`."""
-    application = details.applications.get(app)
+    """`Stops` of `deployment` of `app` in `details`, parsed or read."""
+    application = (_get(details, "applications") or {}).get(app)
     if application is None:
         return Stops(False, frozenset(), False)
-    status = getattr(application.status, "value", application.status)
-    found = application.deployments.get(deployment)
-    replicas = [] if found is None else found.replicas
+    found = (_get(application, "deployments") or {}).get(deployment)
+    replicas = [] if found is None else _get(found, "replicas") or []
     # An application being deleted lists no deployments any more (`serve delete` from a shell).
-    state = {r.replica_id: getattr(r.state, "value", r.state) for r in replicas}
+    state = {_get(r, "replica_id"): _value(_get(r, "state")) for r in replicas}
+    status = _value(_get(application, "status"))
     return Stops(status == "DELETING", frozenset(k for k, v in state.items() if v == "STOPPING"), True,
                  frozenset(k for k, v in state.items() if v == "RUNNING"))
 

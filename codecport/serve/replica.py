@@ -41,8 +41,11 @@ log = logging.getLogger(__name__)
 NAMESPACE = "codecport"
 APP = DEPLOYMENT = "codec-serve"  # Serve's application and its one deployment, one per cluster
 BOARD = f"{APP}-board"
-PUSH = 0.5  # seconds between a replica's writes on the board (and the board's polls of Serve)
-FRESH = 2.0  # a replica not heard from for this long is gone from /health and /metrics
+# Seconds between a replica's writes on the board, and between the board's polls of Serve: an
+# idle deployment of two replicas cost half a core at twice a second (the controller's answer,
+# checked by its schema each time), a quarter at this pace with the schema checked once.
+PUSH = 1.0
+FRESH = 3.0  # a replica not heard from for this long is gone from /health and /metrics
 ASK = 2.0  # seconds the board waits for Serve's controller to say which replicas it stops
 CALL = 2.0  # seconds any call to the board may take (a board restarting holds nothing up)
 GONE_POLLS = 3  # the board leaves once this many polls in a row find the application gone
@@ -96,13 +99,15 @@ class Board:
         tells a replica's own code only once its requests have ended (`__del__`), and a stream is
         a request that would hold it until Serve's force-kill. Asked in a task of its own, so that
         a controller slow to answer (a node just lost) holds up no replica's push."""
-        seen, absent, failures = False, 0, 0
+        seen, absent, failures, checked = False, 0, 0, False
         while True:
             try:
                 if self._controller is None:
                     self._controller = await asyncio.to_thread(controller.handle)
                 raw = await asyncio.wait_for(self._controller.get_serve_instance_details.remote(), ASK)
-                stops = controller.stops(controller.parse(raw), APP, DEPLOYMENT)
+                stops = controller.stops(controller.read(raw) if checked else controller.parse(raw), APP,
+                                         DEPLOYMENT)
+                checked = True
             except controller.ShapeError as e:
                 if self.blind is None:
                     log.error("replicas being stopped will not be told to wind down: %s", e)
@@ -128,11 +133,13 @@ class Board:
     def drop(self, key: str) -> None:
         self.entries.pop(key, None)
 
-    def fresh(self) -> list[dict]:
-        """The live replicas' entries, each saying whether Serve routes to it yet (`serving`)."""
+    def fresh(self) -> dict:
+        """The live replicas' entries, each saying whether Serve routes to it yet (`serving`), and
+        why the board cannot see Serve's stops (`blind`), while it cannot."""
         now = time.monotonic()
-        return [{**entry, "serving": key in self.running} for key, (t, entry) in self.entries.items()
-                if now - t < FRESH]
+        return {"replicas": [{**entry, "serving": key in self.running}
+                             for key, (t, entry) in self.entries.items() if now - t < FRESH],
+                "blind": self.blind}
 
 
 def open_board(head: str | None = None):
@@ -283,20 +290,21 @@ class Replica:
             return None
         return Response(error_message("bad_request", why), status_code=421, media_type="application/json")
 
-    async def _board(self) -> list[dict] | None:
-        """Every live replica's entry, or None if the board did not answer in time."""
+    async def _board(self) -> tuple[list[dict] | None, str | None]:
+        """Every live replica's entry (None if the board did not answer in time), and why the
+        board cannot see which replicas Serve stops, if it cannot."""
         try:
-            entries = await asyncio.wait_for(self.board.fresh.remote(), CALL)
+            board = await asyncio.wait_for(self.board.fresh.remote(), CALL)
         except Exception as e:  # noqa: BLE001 (restarting, or its node slow: this replica answers alone)
             log.info("the board did not answer: %s", e)
-            return None
-        return sorted(entries, key=lambda e: (e["node"], e["pid"]))
+            return None, None
+        return sorted(board["replicas"], key=lambda e: (e["node"], e["pid"])), board["blind"]
 
     @app.get("/health")
     async def health(self, request: Request):
         if (refused := self._refused(request)) is not None:
             return refused
-        entries = await self._board()
+        entries, blind = await self._board()
         alone = entries is None
         if alone:
             entries = [{**self.where, **self.scheduler.health()}]
@@ -311,6 +319,8 @@ class Replica:
                 "gate": any(k.lower() == gate.HEADER for k, _ in request.scope.get("headers", []))}
         if alone:
             body["partial"] = "the deployment's board did not answer: this replica alone"
+        if blind:  # replicas that Serve stops would not be told: the operator must know
+            body["warning"] = blind
         if _loopback(request):  # where each replica runs is the cluster's map: for the machine itself
             body["detail"] = replicas
         return JSONResponse(body, status_code=200 if ok else 503)
@@ -319,7 +329,7 @@ class Replica:
     async def metrics(self, request: Request):
         if (refused := self._refused(request)) is not None:
             return refused
-        entries = await self._board()
+        entries, _ = await self._board()
         if entries is None:
             entries = [{"replica": self.id, "metrics": self.scheduler.metrics.render()}]
         text = merge({e["replica"]: e["metrics"] for e in entries})
