@@ -54,18 +54,24 @@ async def settle():
         await asyncio.sleep(0)
 
 
+async def accepted(window_out: int = 4096) -> tuple[Sides, asyncio.Task]:
+    """A /stream WebSocket through the gate, accepted by a replica that told it its bounds."""
+    sides = Sides()
+    task = sides.start()
+    await sides.client.put({"type": "websocket.connect"})
+    await settle()
+    await sides.replica_send({"type": "websocket.accept", gate.BOUNDS: {
+        "max_message": MAX, "window": WINDOW, "window_out": window_out}})
+    return sides, task
+
+
 def binary(n: int) -> dict:
     return {"type": "websocket.receive", "bytes": b"x" * n}
 
 
 def test_input_passes_within_the_window_and_waits_for_credit_beyond_it():
     async def go():
-        sides = Sides()
-        task = sides.start()
-        await sides.client.put({"type": "websocket.connect"})
-        await settle()
-        await sides.replica_send({"type": "websocket.accept", gate.BOUNDS: {
-            "max_message": MAX, "window": WINDOW, "window_out": 4096}})
+        sides, task = await accepted(4096)
         for _ in range(10):
             await sides.client.put(binary(900))
         await settle()
@@ -87,12 +93,7 @@ def test_input_passes_within_the_window_and_waits_for_credit_beyond_it():
 
 def test_a_message_past_the_bound_is_refused_in_the_gate_and_never_passed_on():
     async def go():
-        sides = Sides()
-        task = sides.start()
-        await sides.client.put({"type": "websocket.connect"})
-        await settle()
-        await sides.replica_send({"type": "websocket.accept", gate.BOUNDS: {
-            "max_message": MAX, "window": WINDOW, "window_out": 4096}})
+        sides, task = await accepted(4096)
         await sides.client.put(binary(MAX + 1))
         await settle()
         await sides.replica_send({"type": "websocket.send", "bytes": b"late"})  # after the close: dropped
@@ -112,12 +113,7 @@ def test_output_taken_by_uvicorn_is_acknowledged_to_the_replica():
     """What uvicorn took for the client is told to the replica, gathered until a quarter of the
     replica's window (256 of 1024 bytes) waits to be told."""
     async def go():
-        sides = Sides()
-        task = sides.start()
-        await sides.client.put({"type": "websocket.connect"})
-        await settle()
-        await sides.replica_send({"type": "websocket.accept", gate.BOUNDS: {
-            "max_message": MAX, "window": WINDOW, "window_out": 1024}})
+        sides, task = await accepted(1024)
         told = []
         for _ in range(5):
             await sides.replica_send({"type": "websocket.send", "bytes": b"y" * 200})
