@@ -76,11 +76,14 @@ def deployment_options(config: ServeConfig, plan: RayPlan, cpus: float) -> dict:
             # stops first: a new stream would wait for the successor).
             "max_surge_percent": 100,
             "request_router_config": RequestRouterConfig(request_router_class=ROUTER),
-            "ray_actor_options": {"num_cpus": cpus, "runtime_env": {"env_vars": {
-                "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}}}}
+            "ray_actor_options": {"num_cpus": cpus}}
     if plan.autoscale is None:
         opts["num_replicas"] = plan.replicas
     else:
+        # The slots in use reach the policy every second (Serve's default is every 10 s); a
+        # fixed deployment pushes nothing it needs, at Serve's own pace.
+        opts["ray_actor_options"]["runtime_env"] = {"env_vars": {
+            "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1"}}
         lo, hi = plan.autoscale
         # The policy sees each replica's most in use over the last 2 s (Serve's default is the
         # mean over 30 s: a stream's arrival would take 30 s to ask for a replica).
