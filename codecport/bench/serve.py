@@ -50,6 +50,9 @@ from .load import check_streams, duplex_of, open_folder, soak_run, trial
 from .measure import run_report
 from .prepare import build_folder, export_source_hash, fail, prepare, preset_of, stamped
 
+# The ramp's servers keep this much output for a client (codec-serve's default is 4 MiB): the
+# load's clients read late on a loaded machine, and are not dropped for it.
+RAMP_BACKLOG = 64 << 20
 WARMUP_SECONDS = 3.0  # a trial per server before any is measured (no longer than a trial)
 
 
@@ -72,13 +75,13 @@ class Config:
 
 # ---- the servers -------------------------------------------------------------------------------
 def start_server(folder: Path, pool: int, batched: bool, provider: str,
-                 engine: str = "local", max_backlog: int | None = 64 << 20) -> subprocess.Popen:
+                 engine: str = "local", max_backlog: int | None = RAMP_BACKLOG) -> subprocess.Popen:
     """`codec-serve` on a free port of 127.0.0.1, starting (`server_url` waits for it), in a
     session of its own (procs.py finds a Ray server's processes by it). `engine` "ray": one
     replica on a private local Ray, behind one proxy."""
     cmd = [sys.executable, "-c", "from codecport.cli.serve import serve_cli; serve_cli()", "-m", str(folder),
            "--slots", str(pool), "--port", "0", "--provider", provider]
-    if max_backlog is not None:  # the ramp's clients read late on a loaded machine: not dropped for it
+    if max_backlog is not None:  # None: codec-serve's own
         cmd += ["--max-backlog", str(max_backlog)]
     if not batched:
         cmd.append("--no-batch")
@@ -178,7 +181,7 @@ def bench_serve(spec, preset: str, slots: tuple[int, ...], precisions: tuple[str
         # released Mimi's 32-slot server on this 2-core machine), mostly on one core.
         for cfg in configs:
             cfg.proc = start_server(cfg.folder, max_streams, cfg.slots > 1, provider, cfg.engine,
-                                    None if abuse_seconds else 64 << 20)  # abused: codec-serve's own bounds
+                                    None if abuse_seconds else RAMP_BACKLOG)  # abused: its own bounds
         for cfg in configs:
             cfg.url = server_url(cfg.proc)
         click.echo("warming up every server (sessions, the bank's measured costs) ...")

@@ -44,7 +44,7 @@ class AsgiSocket:
         self._receive, self._send = receive, send
         self.send_buffer = send_buffer  # the client socket's SO_SNDBUF the gate sets (0: the system's)
         self.max_message, self.input_bound, self.window_out = max_message, input_bound, window_out
-        self.gated = any(k.lower() == gate.HEADER for k, _ in scope.get("headers", []))
+        self.gated = gate.passed(scope)
         self.window = 2 * (max_message + gate.OVERHEAD)  # what the gate lets be in flight
         self.told = False
         self.failure: str | None = None

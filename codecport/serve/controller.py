@@ -29,6 +29,12 @@ def handle():
     return ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
 
 
+def ask(actor=None):
+    """The controller's instance details, asked (an ObjectRef: `ray.get` it, or await it); `actor`,
+    the controller's handle where the caller keeps one (`handle()` is a blocking call)."""
+    return (actor or handle()).get_serve_instance_details.remote()
+
+
 def parse(raw) -> object:
     """`ServeInstanceDetails` of the controller's answer; ShapeError if the schema does not hold."""
     import ray
@@ -40,13 +46,6 @@ def parse(raw) -> object:
         raise ShapeError(f"Ray Serve {ray.__version__}'s controller answered in a shape codecport does not "
                          f"know ({str(e).splitlines()[0]}); use the Ray codecport was tested with "
                          "(pip install 'codecport[ray]')") from None
-
-
-def read(raw) -> dict:
-    """`raw`, the controller's answer as the plain dict it is, once `parse` has checked its shape
-    (a process keeps its Ray: the board checks the first answer only, and reads the rest as they
-    come, at a fraction of the schema's cost)."""
-    return raw
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,9 @@ def _value(state) -> str:
 
 
 def stops(details, app: str, deployment: str) -> Stops:
-    """`Stops` of `deployment` of `app` in `details`, parsed or read."""
+    """`Stops` of `deployment` of `app` in `details`, parsed, or the raw answer once one was (a
+    process keeps its Ray: the board checks its first answer's shape only, and reads the rest as
+    they come, at a fraction of the schema's cost)."""
     application = (_get(details, "applications") or {}).get(app)
     if application is None:
         return Stops(False, frozenset(), False)

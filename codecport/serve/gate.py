@@ -52,6 +52,11 @@ def cost(data: bytes | str | None) -> int:
     return len(data or b"") + OVERHEAD
 
 
+def passed(scope: dict) -> bool:
+    """Whether the request of ASGI `scope` came through a gate (its header, set there)."""
+    return any(k.lower() == HEADER for k, _ in scope.get("headers", []))
+
+
 def middlewares() -> list:
     """Serve's proxy callback (RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH): the gate."""
     from starlette.middleware import Middleware

@@ -169,10 +169,11 @@ def _run(ray, serve, folder, provider, fallback, options, config, plan, address,
         url = f"http://{f'[{host}]' if ':' in host else host}:{config.port}"
         if announce is not None:
             announce(url)
-        if not _gated(url, config):
+        if not _gated(url):
+            setting = " ".join(f"{k}={v}" for k, v in GATE.items())
             tell("warning: Serve's proxy here runs without codecport's gate, so a client's input and output "
-                 f"are not bounded in the proxy: set {next(iter(GATE))}={GATE[next(iter(GATE))]} in every "
-                 "node's environment before Ray starts (docs/serve.md)")
+                 f"are not bounded in the proxy: set {setting} in every node's environment before Ray "
+                 "starts (docs/serve.md)")
         if not _serve_until_stopped(ray, board, me, stop, tell):
             return
         try:  # the deployment is deleted only by its owner: a redeploy may have taken it over
@@ -215,7 +216,7 @@ def _serve_until_stopped(ray, board, me: str, stop: threading.Event, tell) -> bo
     return True
 
 
-def _gated(url: str, config: ServeConfig) -> bool:
+def _gated(url: str) -> bool:
     """Whether a request through Serve's proxy at `url` passed codecport's gate (/health says)."""
     import json
     import urllib.request
@@ -233,7 +234,7 @@ def _gated(url: str, config: ServeConfig) -> bool:
 def _listening(ray, controller, config: ServeConfig) -> int:
     """The port of Serve's proxies: the one asked for, or, where Serve was running already (a
     redeploy), the one it runs on, which must be where --host and --port say."""
-    details = controller.parse(ray.get(controller.handle().get_serve_instance_details.remote(), timeout=30))
+    details = controller.parse(ray.get(controller.ask(), timeout=30))
     host, running = controller.listening(details)
     if host != config.host or config.port not in (0, running):
         raise CodecportError(f"Ray Serve on this cluster listens on {host}:{running}; pass "

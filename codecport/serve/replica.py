@@ -104,9 +104,8 @@ class Board:
             try:
                 if self._controller is None:
                     self._controller = await asyncio.to_thread(controller.handle)
-                raw = await asyncio.wait_for(self._controller.get_serve_instance_details.remote(), ASK)
-                stops = controller.stops(controller.read(raw) if checked else controller.parse(raw), APP,
-                                         DEPLOYMENT)
+                raw = await asyncio.wait_for(controller.ask(self._controller), ASK)
+                stops = controller.stops(raw if checked else controller.parse(raw), APP, DEPLOYMENT)
                 checked = True
             except controller.ShapeError as e:
                 if self.blind is None:
@@ -181,9 +180,8 @@ class Replica:
                        config: ServeConfig):
         # Serve's controller must answer in the shape this codecport reads, or no replica would
         # ever be told it is being stopped: a replica of a Ray that changed it does not start.
-        details = await asyncio.wait_for(
-            (await asyncio.to_thread(controller.handle)).get_serve_instance_details.remote(), 30)
-        controller.parse(details)
+        actor = await asyncio.to_thread(controller.handle)
+        controller.parse(await asyncio.wait_for(controller.ask(actor), 30))
         path = Path(folder)
         spec = registry.codec_of_folder(path)
         self.codec = spec.runtime(path, provider, fallback, options)
@@ -316,7 +314,7 @@ class Replica:
                 "queued": sum(r["queued"] for r in replicas),
                 "connections": sum(r["connections"] for r in replicas), "replicas": len(replicas),
                 "serving": sum(bool(r.get("serving")) for r in replicas),
-                "gate": any(k.lower() == gate.HEADER for k, _ in request.scope.get("headers", []))}
+                "gate": gate.passed(request.scope)}
         if alone:
             body["partial"] = "the deployment's board did not answer: this replica alone"
         if blind:  # replicas that Serve stops would not be told: the operator must know
