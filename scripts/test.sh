@@ -15,6 +15,10 @@ bash scripts/setup_web.sh
 # Nothing spins waiting for work: ONNX Runtime's threads (CODECPORT_ORT_SPIN) and torch's OpenMP
 # threads (OMP_WAIT_POLICY) would spin in the time of the other two processes, on cores they share.
 export CODECPORT_ORT_SPIN=0 OMP_WAIT_POLICY=PASSIVE
+# Every process compiles codecport's modules once, not each time: where the machine sets
+# PYTHONDONTWRITEBYTECODE, each of the suite's ~300 Python processes (the CLI's, the workers', Ray's)
+# compiled what it imported anew, a tenth of a second or more each. (__pycache__ is ignored by git.)
+unset PYTHONDONTWRITEBYTECODE
 PYTEST=(.venv/bin/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25)
 # Every server and cluster a test starts stays on loopback: the suite runs in a private network
 # namespace whose one interface is loopback (Ray binds the machine's routable address otherwise,
