@@ -214,6 +214,14 @@ def smoke_exports(tmp_path_factory) -> dict:
     return _Lazy(builders)
 
 
+def qwen3tts_slots(tmp_path_factory) -> Path:
+    """The tiny Qwen3-TTS tokenizer with slot graphs (`--len 240 --slots 4`), through
+    `codec-export`, once a run: its export tests read the graphs and what the CLI said, its
+    server tests serve it."""
+    return shared(tmp_path_factory, "qwen3tts-slots", lambda folder: cli_export(
+        folder, "qwen3tts", "--preset", "tiny", "--len", "240", "--slots", "4"))
+
+
 @pytest.fixture(scope="session")
 def released_mimi(tmp_path_factory) -> tuple[Path, Path]:
     """(moshi-format weights file, export folder) of the released Mimi config with seeded random

@@ -8,7 +8,7 @@ import json
 import onnx
 import pytest
 from cli_support import invoke
-from shared_exports import cli_output
+from shared_exports import cli_output, qwen3tts_slots
 
 GRAPHS = {"encoder", "decoder", "decoder_step", "decoder_slots", "decoder_slots_s1", "decoder_slots_s2"}
 
@@ -28,11 +28,8 @@ def _ops_and_meta(path):
 
 @pytest.fixture(scope="module")
 def slotted(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen3tts") / "slots"
-    r = invoke("codec-export", "qwen3tts", "--preset", "tiny", "--len", "240", "--slots", "4",
-               "--random-init", "-o", out)
-    assert r.returncode == 0, r.stderr
-    return out, r
+    out = qwen3tts_slots(tmp_path_factory)
+    return out, cli_output(out)
 
 
 def test_every_graph_is_static_and_portable(slotted):

@@ -9,8 +9,8 @@ import asyncio
 
 import numpy as np
 import pytest
-from cli_support import process
 from serve_support import frame_chunks, ref_decode, run, serving
+from shared_exports import qwen3tts_slots
 
 import codecport
 from codecport.serve import ServeError, connect, stream
@@ -18,11 +18,7 @@ from codecport.serve import ServeError, connect, stream
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen3tts-serve") / "model"
-    r = process("codec-export", "qwen3tts", "--preset", "tiny", "--len", 240, "--slots", 4, "--random-init",
-                "-o", out, timeout=600)
-    assert r.returncode == 0, r.stderr
-    return out
+    return qwen3tts_slots(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

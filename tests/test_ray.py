@@ -430,10 +430,19 @@ def test_streams_on_two_replicas_are_each_exact_and_health_sees_both(mimi_on_ray
         assert np.array_equal(got[i].audio(), ref_decode(codec, codes)), i
     for i in range(2):
         assert np.array_equal(got[3 + i].audio(), ref_decode(codec, cs[i])), i
+
+    def opened(text: str) -> dict[str, float]:
+        return {m.group(1): float(m.group(2)) for m in re.finditer(
+            r'codec_serve_streams_total\{op="duplex",replica="([^"]+)"\} (\S+)', text)}
+
+    async def counted() -> bool:
+        async with aiohttp.ClientSession() as s, s.get(mimi_on_ray.url + "/metrics") as r:
+            return sum(opened(await r.text()).values()) >= 3
+
+    # /metrics is each replica's last report (a second apart): the one after the streams ended.
+    run(until(counted, "/metrics never counted the three duplex streams"))
     status, text = mimi_on_ray.get("/metrics")
-    opened = {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'codec_serve_streams_total\{op="duplex",replica="([^"]+)"\} (\S+)', text)}
-    assert status == 200 and len(opened) == 2 and sum(opened.values()) == 3, text
+    assert status == 200 and len(opened(text)) == 2 and sum(opened(text).values()) == 3, text
 
 
 def test_a_stream_no_replica_can_take_is_queued_then_told_busy(mimi_on_ray):
