@@ -5,25 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
+from support import official_snac
 
 from codecport.codecs.dac.model import DAC, PRESETS, init_random
 from codecport.codecs.mimi.model import PRESETS as MIMI_PRESETS
 from codecport.codecs.mimi.model import MimiModel
 from codecport.codecs.mimi.model import init_random as mimi_init_random
-
-pytest.register_assert_rewrite("shared_exports")  # a plugin (below) this file also imports from
-
-# E402: imported after the line above, which must come first for its asserts to be rewritten.
-from shared_exports import (  # noqa: E402, F401 (the constants the test files import from here)
-    MIMI_TINY_FRAMES,
-    MIMI_TINY_STEP,
-    SMOKE_BATCH,
-    SNAC_TINY_LEN,
-    TINY_CHUNK,
-    TINY_LEN,
-)
 
 # The exports every worker shares, the Mimi CLI tests' fixtures (shared by two test modules), and
 # the browser harness (Chromium, the tiny web exports).
@@ -76,15 +64,6 @@ def cache(tmp_path, monkeypatch):
     return xdg
 
 
-def noise(n: int, channels: int = 1, seed: int = 0, scale: float = 0.3) -> np.ndarray:
-    """Audio-like test signal `[channels, n]`: a few sines plus noise."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(n) / 16000
-    tones = sum(np.sin(2 * np.pi * f * t + rng.uniform(0, 6)) for f in rng.uniform(80, 4000, 4))
-    x = scale * (0.2 * tones + 0.5 * rng.standard_normal((channels, n)))
-    return x.astype(np.float32)
-
-
 @pytest.fixture(scope="session")
 def tiny_snac():
     from codecport.codecs.snac.model import PRESETS as SNAC_PRESETS
@@ -92,25 +71,6 @@ def tiny_snac():
     from codecport.codecs.snac.model import init_random as snac_init_random
 
     return snac_init_random(SNAC(SNAC_PRESETS["tiny"]), seed=0).eval()
-
-
-def official_snac(model):
-    """The official `snac.SNAC` of `model`'s config holding `model`'s weights (weight norm
-    unfolded back into the official parametrisation)."""
-    from snac import SNAC as Official
-
-    from codecport.models.checkpoint import unfold_weight_norm
-
-    official = Official(**model.cfg.to_kwargs()).eval()
-    official.load_state_dict(unfold_weight_norm(model.state_dict()))
-    return official
-
-
-def official_neucodec():
-    """The official `neucodec` package, imported offline (codecs/neucodec/facts.py)."""
-    from codecport.codecs.neucodec.facts import import_official
-
-    return import_official()
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ import pytest
 import soundfile as sf
 import torch
 from cli_support import invoke
-from conftest import noise
 from shared_exports import cli_export, cli_output, shared
+from support import noise
 
 from codecport import registry
 from codecport.codecs.mimi.export import rvq_of

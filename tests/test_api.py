@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import soundfile as sf
 from cli_support import invoke
-from conftest import noise
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shared_exports import copy_folder, shared
+from support import noise
 
 import codecport
 from codecport import registry

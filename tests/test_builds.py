@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import MIMI_TINY_FRAMES, MIMI_TINY_STEP, TINY_CHUNK, noise
 from onnx import TensorProto, helper, numpy_helper
-from shared_exports import ONE_THREAD
+from shared_exports import MIMI_TINY_FRAMES, MIMI_TINY_STEP, ONE_THREAD, TINY_CHUNK
+from support import noise
 
 import codecport
 from codecport.codecs.dac import export as export_dac_mod

@@ -17,7 +17,7 @@ import soundfile as sf
 import torch
 from cli_support import invoke, process
 from click.testing import CliRunner
-from conftest import noise
+from support import noise
 
 from codecport import __version__, registry
 from codecport.cli import export_cli, run_cli

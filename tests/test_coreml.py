@@ -11,8 +11,8 @@ import sys
 import coremltools as ct
 import pytest
 import torch
-from conftest import MIMI_TINY_STEP, TINY_CHUNK, TINY_LEN
 from coremltools.proto import MIL_pb2
+from shared_exports import MIMI_TINY_STEP, TINY_CHUNK, TINY_LEN
 
 from codecport import __version__
 from codecport.codecs.dac import export as dac_export
@@ -152,7 +152,7 @@ def test_missing_coremltools_says_what_to_install(monkeypatch, tmp_path, tiny_da
 def test_snac_decoder_with_its_mask_and_noise_inputs(tiny_snac, tmp_path):
     """SNAC's decoder, whose mask and per-block noise are inputs beside the latent: every input
     kept by name and shape, attention and Snake inside, no transposed conv."""
-    from conftest import SNAC_TINY_LEN
+    from shared_exports import SNAC_TINY_LEN
 
     from codecport.codecs.snac import export as snac_export
     geo = snac_export.Geometry.of(tiny_snac, SNAC_TINY_LEN, 1)

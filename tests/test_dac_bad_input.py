@@ -15,7 +15,8 @@ import pytest
 import soundfile as sf
 import torch
 from cli_support import invoke
-from conftest import TINY_CHUNK, noise
+from shared_exports import TINY_CHUNK
+from support import noise
 
 from codecport.codecs.dac.export import export_dac
 from codecport.codecs.dac.model import PRESETS

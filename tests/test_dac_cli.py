@@ -12,8 +12,8 @@ import pytest
 import soundfile as sf
 import torch
 from cli_support import invoke
-from conftest import TINY_CHUNK, TINY_LEN, noise
-from shared_exports import cli_export, cli_output, shared
+from shared_exports import TINY_CHUNK, TINY_LEN, cli_export, cli_output, shared
+from support import noise
 
 BIN = Path(sys.executable).parent
 GRAPHS = ("encoder.onnx", "decoder.onnx", "encoder_chunked.onnx", "decoder_chunked.onnx")

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from conftest import noise
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import noise
 
 from codecport.codecs.dac.model import DAC, PRESETS, init_random
 from codecport.codecs.dac.weights import load_dac

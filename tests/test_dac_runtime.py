@@ -8,7 +8,8 @@ import numpy as np
 import pyloudnorm
 import pytest
 import torch
-from conftest import TINY_CHUNK, TINY_LEN, noise
+from shared_exports import TINY_CHUNK, TINY_LEN
+from support import noise
 
 from codecport.codecs.dac.export import rvq_of
 from codecport.codecs.dac.runtime import DacCodec

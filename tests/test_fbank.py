@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import noise
+from support import noise
 from transformers import SeamlessM4TFeatureExtractor
 from transformers.audio_utils import mel_filter_bank
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import MIMI_TINY_STEP, noise
+from shared_exports import MIMI_TINY_STEP
+from support import noise
 
 from codecport.codecs.mimi.runtime import MimiCodec
 from codecport.errors import ProviderError

@@ -7,7 +7,7 @@ length. On the smoke exports (each registration's `--len`), which the suite shar
 from __future__ import annotations
 
 import pytest
-from conftest import noise
+from support import noise
 
 import codecport
 from codecport import registry

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import noise
 from mimi_cli_support import CFG, FIXED_ONLY_LEN, FRAME, SR, K, assert_one_line_error, cli, run, write_wav
+from support import noise
 
 
 # ---- bad audio in -------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import noise
 from safetensors.torch import load_file, save_file
+from support import noise
 
 from codecport.codecs.mimi import weights as mimi_weights
 from codecport.codecs.mimi.model import PRESETS, MimiModel, init_random

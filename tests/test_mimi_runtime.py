@@ -8,7 +8,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import MIMI_TINY_FRAMES, MIMI_TINY_STEP, noise
+from shared_exports import MIMI_TINY_FRAMES, MIMI_TINY_STEP
+from support import noise
 
 from codecport.codecs.mimi.export import export_mimi, rvq_of
 from codecport.codecs.mimi.runtime import MimiCodec

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from cli_support import invoke
-from conftest import noise
+from support import noise
 
 import codecport
 

@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import noise, official_neucodec
 from shared_exports import cli_export, shared, skipped_init
+from support import noise, official_neucodec
 from test_neucodec_download import env  # noqa: F401 (a fixture: a clean huggingface_hub environment)
 from web_support import distilled_web_folder
 

@@ -12,8 +12,8 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
-from conftest import noise, official_neucodec
 from shared_exports import skipped_init
+from support import noise, official_neucodec
 
 from codecport.codecs.neucodec.model import PRESETS, NeuCodec, fsq_codes, init_random
 

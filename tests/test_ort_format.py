@@ -8,7 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import TINY_LEN, noise
+from shared_exports import TINY_LEN
+from support import noise
 
 from codecport.codecs.dac.runtime import DacCodec
 from codecport.codecs.mimi.runtime import MimiCodec

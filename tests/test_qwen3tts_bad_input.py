@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from cli_support import invoke, process
-from conftest import noise
+from support import noise
 
 OFFICIAL = Path(__file__).parent / "data" / "qwen3tts-official"
 

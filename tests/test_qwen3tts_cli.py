@@ -10,7 +10,7 @@ import numpy as np
 import soundfile as sf
 import torch
 from cli_support import process
-from conftest import noise
+from support import noise
 
 import codecport
 from codecport.codecs.qwen3tts.model import PRESETS, Qwen3Model, init_random

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import noise
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import noise
 
 import codecport
 from codecport.codecs.qwen3tts.model import PRESETS, Qwen3Model, init_random

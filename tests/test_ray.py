@@ -37,8 +37,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
-from conftest import noise
 from serve_support import RawSocket, chunks, frame_chunks, in_thread, ref_decode, ref_encode, run, until
+from support import noise
 from tokenize_support import (
     BIN,
     add_bad_files,

@@ -139,6 +139,24 @@ def test_nothing_outside_a_codecs_folder_names_a_codec():
     assert not found, "\n".join(found)
 
 
+def test_no_test_file_imports_from_conftest(tmp_path):
+    """Helpers live in plain modules (support.py, shared_exports.py, ...): once a sub-folder has a
+    conftest.py of its own, pytest replaces `conftest` in sys.modules before loading each, and
+    `from conftest import` gets whichever it loaded last."""
+    def imports_conftest(path: Path) -> bool:
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.module == "conftest":
+                return True
+            if isinstance(n, ast.Import) and any(a.name == "conftest" for a in n.names):
+                return True
+        return False
+
+    (tmp_path / "t.py").write_text("from conftest import noise\n")
+    assert imports_conftest(tmp_path / "t.py")  # the check finds one
+    bad = sorted(p.relative_to(TESTS).as_posix() for p in TESTS.rglob("*.py") if imports_conftest(p))
+    assert not bad, bad
+
+
 def test_unknown_codec_says_which_there_are():
     with pytest.raises(registry.CodecportError,
                        match="codecport has dac, mimi, neucodec, qwen3tts, snac, xcodec2"):

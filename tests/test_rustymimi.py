@@ -14,9 +14,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from conftest import noise
 from safetensors.torch import load_file
 from shared_exports import ONE_THREAD, skipped_init
+from support import noise
 
 from codecport.codecs.mimi.export import export_mimi
 from codecport.codecs.mimi.model import PRESETS, MimiModel

@@ -23,7 +23,6 @@ import onnx
 import pytest
 import soxr
 from click.testing import CliRunner
-from conftest import noise
 from serve_support import (
     BIN,
     Gate,
@@ -42,6 +41,7 @@ from serve_support import (
     until,
 )
 from shared_exports import TINY_SLOTS, copy_folder
+from support import noise
 
 import codecport
 from codecport.cli.serve import serve_cli

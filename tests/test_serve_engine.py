@@ -12,8 +12,8 @@ import types
 import numpy as np
 import pytest
 import soxr
-from conftest import noise
 from serve_support import in_process, ref_encode, run
+from support import noise
 
 import codecport
 from codecport.runtime.slots import open_pool

@@ -13,8 +13,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from conftest import official_snac
 from shared_exports import TINY_SLOTS
+from support import official_snac
 
 import codecport
 from codecport.errors import CodecportError

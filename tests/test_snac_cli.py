@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 import torch
 from cli_support import invoke
-from conftest import noise
+from support import noise
 
 import codecport
 from codecport.codecs.snac.codesfile import to_orpheus

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import official_snac
+from support import official_snac
 from test_mimi_download import COMMITS, hub
 
 from codecport.codecs.snac.config import RELEASES

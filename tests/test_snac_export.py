@@ -10,7 +10,8 @@ import numpy as np
 import onnx
 import pytest
 from cli_support import invoke
-from conftest import SNAC_TINY_LEN, noise
+from shared_exports import SNAC_TINY_LEN
+from support import noise
 
 import codecport
 from codecport.codecs.snac.model import PRESETS

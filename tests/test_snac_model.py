@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import official_snac
+from support import official_snac
 
 from codecport.codecs.snac.model import PRESETS, SNAC, SnacConfig, init_random
 from codecport.codecs.snac.weights import load

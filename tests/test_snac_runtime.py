@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from conftest import SNAC_TINY_LEN, noise
+from shared_exports import SNAC_TINY_LEN
+from support import noise
 
 from codecport.codecs.snac.codesfile import from_orpheus, to_orpheus
 from codecport.codecs.snac.runtime import SnacCodec

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 from cli_support import invoke
-from conftest import SMOKE_BATCH
+from shared_exports import SMOKE_BATCH
 from tokenize_support import (
     add_bad_files,
     assert_codes,

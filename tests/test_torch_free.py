@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import noise
+from support import noise
 
 import codecport
 from codecport import registry

@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from cli_support import invoke
-from conftest import noise
+from support import noise
 from test_dac_model import _official_state
 
 import codecport

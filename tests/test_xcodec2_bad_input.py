@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 from cli_support import invoke
-from conftest import noise
 from mimi_cli_support import assert_one_line_error
 from shared_exports import damaged_copy
+from support import noise
 
 import codecport
 from codecport.errors import ModelFileError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import soundfile as sf
 from cli_support import invoke
-from conftest import noise
+from support import noise
 
 import codecport
 

@@ -10,8 +10,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from conftest import noise
 from shared_exports import skipped_init
+from support import noise
 from test_neucodec_model import masked_window
 
 from codecport.codecs.neucodec.fbank import Fbank

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import noise
+from support import noise
 
 import codecport
 from codecport.codecs.neucodec.facts import torch_codes
