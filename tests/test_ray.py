@@ -597,6 +597,35 @@ async def _active(url: str) -> dict[int, int]:
     return {r["pid"]: r["slots"]["active"] for r in (await _health(url))["detail"]}
 
 
+async def _fault_under_two_streams(url: str, xs: list, fault) -> tuple[int, list, Result]:
+    """Two duplex streams of `xs[0]` and `xs[1]`, one on each replica, halfway sent and each
+    having given output; then `fault(pid of the first stream's replica)`, a stream of `xs[2]` from
+    start to end, and the first two's rest. Returns (that pid, the two streams' outcomes, each a
+    Result or the error that ended it, the third stream's Result)."""
+    resume = asyncio.Event()
+    # The earlier tests' streams may still count on /health (a replica reports each second):
+    # the first stream's replica is the one holding a stream only once none is held before.
+    await until(lambda: _held_by(url, 0), "the earlier streams' slots never came back")
+    a = await connect(url, "duplex", codebooks=2)
+    await until(lambda: _held_by(url, 1), "the first stream never showed on /health")
+    first = next(pid for pid, n in (await _active(url)).items() if n == 1)
+    b = await connect(url, "duplex", codebooks=2)
+    await until(lambda: _held_by(url, 2), "the second stream never showed on /health")
+    assert set((await _active(url)).values()) == {1}  # one stream on each replica
+    results = [Result(a.info), Result(b.info)]
+    streams = [asyncio.ensure_future(_paused(c, chunks(x[:2400], [700, 900]), chunks(x[2400:], [800]),
+                                             resume, r)) for c, x, r in zip((a, b), xs, results)]
+    await until(lambda: all(r.pieces for r in results), "nothing came before the fault")
+    fault(first)
+    async with await connect(url, "duplex", codebooks=2, timeout=30) as c:
+        fresh = await stream(c, chunks(xs[2], [1000]), interval=0.01)
+    resume.set()
+    outcomes = await asyncio.gather(*streams, return_exceptions=True)
+    for c in (a, b):
+        await c.close()
+    return first, outcomes, fresh
+
+
 def test_a_replica_killed_mid_stream(mimi_on_ray, tiny_mimi_export):
     """Two duplex streams, one on each replica; the one replica's process is SIGKILLed midway.
     Its client is told the replica died (not a bare 1006), the other stream goes on bit-exact,
@@ -606,28 +635,10 @@ def test_a_replica_killed_mid_stream(mimi_on_ray, tiny_mimi_export):
     codec = codecport.load(tiny_mimi_export)
     xs = [noise(4800, seed=40 + i)[0] for i in range(3)]
 
-    async def go():
-        resume = asyncio.Event()
-        a = await connect(url, "duplex", codebooks=2)
-        await until(lambda: _held_by(url, 1), "the first stream never showed on /health")
-        victim = next(pid for pid, n in (await _active(url)).items() if n == 1)
-        b = await connect(url, "duplex", codebooks=2)
-        await until(lambda: _held_by(url, 2), "the second stream never showed on /health")
-        assert set((await _active(url)).values()) == {1}  # one stream on each replica
-        results = [Result(a.info), Result(b.info)]
-        streams = [asyncio.ensure_future(_paused(c, chunks(x[:2400], [700, 900]), chunks(x[2400:], [800]),
-                                                 resume, r)) for c, x, r in zip((a, b), xs, results)]
-        await until(lambda: results[0].pieces and results[1].pieces, "nothing came before the kill")
-        os.kill(victim, signal.SIGKILL)
-        async with await connect(url, "duplex", codebooks=2, timeout=30) as c:
-            fresh = await stream(c, chunks(xs[2], [1000]), interval=0.01)
-        resume.set()
-        lost, kept = await asyncio.gather(*streams, return_exceptions=True)
-        for c in (a, b):
-            await c.close()
-        return victim, lost, kept, fresh
+    def kill(pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
 
-    victim, lost, kept, fresh = run(go())
+    victim, (lost, kept), fresh = run(_fault_under_two_streams(url, xs, kill))
     assert isinstance(lost, ServeError) and lost.code == "closed" and "died" in str(lost), lost
     for got, x in ((kept, xs[1]), (fresh, xs[2])):
         codes = ref_encode(codec, x, 2)
@@ -689,33 +700,8 @@ def test_a_node_lost(mimi_on_ray, cluster, tiny_mimi_export):
     replicas = _replicas(mimi_on_ray, 2)
     second = set(_processes(sessions[1:]))
     assert len({r["pid"] in second for r in replicas}) == 2, replicas  # one replica a node
-
-    async def go():
-        resume = asyncio.Event()
-        # The earlier tests' streams may still count on /health (a replica reports each second):
-        # the first stream's replica is the one holding a stream only once none is held before.
-        await until(lambda: _held_by(url, 0), "the earlier streams' slots never came back")
-        a = await connect(url, "duplex", codebooks=2)
-        await until(lambda: _held_by(url, 1), "the first stream never showed on /health")
-        first = next(pid for pid, n in (await _active(url)).items() if n == 1)
-        b = await connect(url, "duplex", codebooks=2)
-        await until(lambda: _held_by(url, 2), "the second stream never showed on /health")
-        assert set((await _active(url)).values()) == {1}  # one stream on each replica
-        results = [Result(a.info), Result(b.info)]
-        streams = [asyncio.ensure_future(_paused(c, chunks(x[:2400], [700, 900]), chunks(x[2400:], [800]),
-                                                 resume, r)) for c, x, r in zip((a, b), xs, results)]
-        await until(lambda: all(r.pieces for r in results), "nothing came before the node was lost")
-        _kill(sessions[1:])
-        async with await connect(url, "duplex", codebooks=2, timeout=30) as c:
-            fresh = await stream(c, chunks(xs[2], [1000]), interval=0.01)
-        resume.set()
-        outcomes = await asyncio.gather(*streams, return_exceptions=True)
-        for c in (a, b):
-            await c.close()
-        return outcomes, fresh, first in second
-
-    outcomes, fresh, first_lost = run(go())
-    gone, kept = (0, 1) if first_lost else (1, 0)
+    first, outcomes, fresh = run(_fault_under_two_streams(url, xs, lambda _: _kill(sessions[1:])))
+    gone, kept = (0, 1) if first in second else (1, 0)
     lost = outcomes[gone]
     assert isinstance(lost, ServeError) and lost.code == "closed" and "died" in str(lost), outcomes
     for got, x in ((outcomes[kept], xs[kept]), (fresh, xs[2])):
